@@ -1,0 +1,5 @@
+import sys
+
+from remat_dsl.cli import main
+
+sys.exit(main())

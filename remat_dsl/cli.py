@@ -1,0 +1,165 @@
+"""The `remat` command: plan, check, codegen.
+
+Every user-facing error is a RematError: printed as `file:line:col: error: ...` with a
+hint, exit status 2, no traceback, and no output file left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from remat_dsl.errors import RematError
+
+EXIT_USER_ERROR = 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _argument_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except RematError as error:
+        print(error.format(), file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _argument_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="remat", description="Plan, check and compile rematerialization plans for PyTorch training.")
+    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    plan = sub.add_parser("plan", help="capture and profile a model, solve, print the plan on stdout")
+    plan.add_argument("model", help="model file, optionally path.py:factory")
+    plan.add_argument("--budget", required=True, help="bytes with a unit (1.5GiB, 800MB) or a percentage of the autograd peak (50%%)")
+    plan.add_argument("--solver", default="rotor", help="autograd, checkpoint-sqrt or rotor (default)")
+    plan.add_argument("--bandwidth", default="12GB", help="host<->device bandwidth per second (default 12GB)")
+    plan.add_argument("--repeats", type=int, default=5, help="timed runs per operation (median)")
+    plan.add_argument("-o", "--output", help="write the plan here instead of stdout")
+    plan.set_defaults(run=_plan)
+
+    check = sub.add_parser("check", help="validate a plan and report its predicted peak memory and time")
+    check.add_argument("plan")
+    check.set_defaults(run=_check)
+
+    codegen = sub.add_parser("codegen", help="generate a standalone PyTorch module that runs a plan")
+    codegen.add_argument("plan")
+    codegen.add_argument("-o", "--output", required=True, help="the .py file to write")
+    codegen.set_defaults(run=_codegen)
+    return parser
+
+
+def _plan(args) -> int:
+    from remat_dsl.model_file import load_model_file
+    from remat_dsl.pipeline import capture_graph
+    from remat_dsl.printer import print_plan
+    from remat_dsl.solve import autograd_peak, make_plan, parse_budget
+
+    model_file = load_model_file(args.model)
+    with _Progress(f"profiling {model_file.spec}") as progress:
+        captured = capture_graph(model_file, args.repeats, progress)
+    budget = parse_budget(args.budget, lambda: autograd_peak(captured.graph, captured.device))
+    bandwidth = parse_budget(args.bandwidth, lambda: 0)
+    _status(f"solving with {args.solver} for a budget of {budget} bytes")
+    plan = make_plan(captured.graph, model=model_file.spec, device=captured.device, budget=budget, solver=args.solver, bandwidth=bandwidth)
+    text = print_plan(plan)
+    if args.output:
+        write_atomically(Path(args.output), text)
+    else:
+        sys.stdout.write(text)
+    _status(f"predicted peak {plan.header.peak_bytes} bytes at {plan.header.peak_at}, time {plan.header.time_us / 1000:.3f} ms")
+    return 0
+
+
+def load_checked(path: str):
+    """Parse and simulate a plan file: (plan, simulation).  Raises PlanError."""
+    from remat_dsl.errors import PlanError
+    from remat_dsl.parser import parse
+    from remat_dsl.simulate import simulate
+
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise RematError(f"{path}: error: cannot read the plan: {exc.strerror}") from None
+    plan = parse(text, path)
+    try:
+        return plan, simulate(plan)
+    except PlanError as error:
+        error.path, error.source = error.path or path, error.source or text
+        raise
+
+
+def _check(args) -> int:
+    from remat_dsl.report import check_report
+
+    plan, sim = load_checked(args.plan)
+    print(check_report(args.plan, plan, sim))
+    if sim.peak_bytes > plan.header.budget:
+        raise RematError(
+            f"{args.plan}: error: the predicted peak {sim.peak_bytes} bytes (at {sim.peak_at}) is above the budget {plan.header.budget} bytes",
+            hint="plan again with a larger budget or another solver, or recompute/offload more before that line",
+        )
+    return 0
+
+
+def _codegen(args) -> int:
+    from remat_dsl.codegen import generate
+
+    plan, _ = load_checked(args.plan)
+    source = generate(plan, source=os.path.basename(args.plan))
+    write_atomically(Path(args.output), source)
+    _status(f"wrote {args.output}")
+    return 0
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file, so a failure leaves no half file."""
+    directory = path.resolve().parent
+    fd, temp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def _status(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+class _Progress:
+    """A rich progress bar on stderr (plain when stderr is not a terminal)."""
+
+    def __init__(self, description: str):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        console = Console(stderr=True)
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=not console.is_terminal)
+        self.description = description
+        self.task = None
+
+    def __enter__(self):
+        self.bar.start()
+        self.task = self.bar.add_task(self.description + " (capturing)", total=None)
+        return self
+
+    def start(self, total: int) -> None:
+        self.bar.update(self.task, total=total, description=self.description)
+
+    def advance(self, n: int) -> None:
+        self.bar.advance(self.task, n)
+
+    def __exit__(self, *exc) -> None:
+        self.bar.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,283 @@
+"""The plan IR: frozen dataclasses that every part of remat-dsl reads and writes.
+
+A `Plan` is a value. It holds the captured FB-graph (inputs, parameters, buffers, the
+operations and the tensors they allocate, the model outputs, the gradients returned for
+parameters, the buffer updates) and the schedule (a forward and a backward section of
+instructions, each on a named stream).  The parser (`remat_dsl.parser`) builds it from
+text, the printer (`remat_dsl.printer`) is the one way to turn it into text, the
+simulator (`remat_dsl.simulate`) checks it and predicts its peak memory and time, and the
+code generator (`remat_dsl.codegen`) renders it as a standalone PyTorch module.
+
+NOTE: [Units]
+Sizes are integer bytes.  Durations are integer microseconds (`*_us`), bandwidth is
+integer bytes per second.  Integers keep `parse(print(plan)) == plan` exact.
+
+NOTE: [Names]
+Operation names come from module paths (`transformer.h.0.ln_1`, with a local suffix such
+as `.mul_1` when a module runs several operations of one kind; backward operations carry
+`.bwd.`).  An operation's first output tensor has the operation's name; output k >= 1 is
+`NAME:k`.  Arguments refer to values with a `%` sigil: `%transformer.h.0.ln_1:1`.
+Parameters and buffers use their `state_dict` names, inputs their argument names, and the
+gradient the caller passes for model output k is `grad_output.k`.
+
+NOTE: [Instruction semantics]
+compute OP       first execution of OP (forward ops in `forward`, backward ops in
+                 `backward`, each exactly once).  Every tensor its arguments refer to must
+                 be resident and not awaiting a transfer; it allocates all of OP's outputs
+                 (peak during the op: resident + outputs + OP.temp_bytes).  Outputs that are
+                 already resident are discarded right after the op.
+recompute OP     any later execution of a forward OP, in either section.
+delete T         frees the device copy of T.  Model outputs (held by the caller) and
+                 parameter gradients (returned to autograd) cannot be deleted.
+offload T        starts copying resident T to host memory on the `d2h` stream.
+prefetch T       allocates T on the device and starts copying it back on the `h2d` stream;
+                 T must have a completed host copy and no device copy.
+wait T           the compute stream waits for T's pending transfer; required before a
+                 prefetched T is used and before an offloaded T is deleted.
+Random operations (dropout) that are recomputed replay the RNG state saved at their first
+execution; their `compute` instructions keep the captured order, so the random stream is
+consumed as in eager PyTorch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+COMPUTE_STREAM = "compute"
+D2H_STREAM = "d2h"
+H2D_STREAM = "h2d"
+STREAMS = (COMPUTE_STREAM, D2H_STREAM, H2D_STREAM)
+
+VERBS = ("compute", "recompute", "delete", "offload", "prefetch", "wait")
+VERB_STREAM = {
+    "compute": COMPUTE_STREAM,
+    "recompute": COMPUTE_STREAM,
+    "delete": COMPUTE_STREAM,
+    "wait": COMPUTE_STREAM,
+    "offload": D2H_STREAM,
+    "prefetch": H2D_STREAM,
+}
+
+FORWARD = "forward"
+BACKWARD = "backward"
+
+BUDGET_COUNTS = "activations, temporaries, outputs, gradients"
+
+
+@dataclass(frozen=True)
+class Span:
+    """Where a construct starts in its source file: 1-based line and column."""
+
+    line: int
+    col: int
+
+
+def _span() -> Span | None:
+    return field(default=None, compare=False, repr=False)
+
+
+# ---------------------------------------------------------------------------
+# Arguments of operations
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A reference to a named value (`%name`): input, parameter, buffer, tensor, tangent."""
+
+    name: str
+    span: Span | None = _span()
+
+
+@dataclass(frozen=True)
+class Sym:
+    """A torch constant written as a dotted name, e.g. `torch.float32`, `torch.strided`."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Call:
+    """A call inside an argument: a view (`aten.view.default(%x, [4, 8])`) or `torch.device("cpu")`.
+
+    Views allocate nothing; code generation inlines them where they are used.
+    """
+
+    target: str
+    args: tuple["Arg", ...] = ()
+    kwargs: tuple[tuple[str, "Arg"], ...] = ()
+
+
+@dataclass(frozen=True)
+class ListArg:
+    """A Python list of arguments: `[4, 8]`, `[%a, %b]`."""
+
+    items: tuple["Arg", ...] = ()
+
+
+@dataclass(frozen=True)
+class TupleArg:
+    """A Python tuple of arguments (used for model outputs): `(%a, %b)`."""
+
+    items: tuple["Arg", ...] = ()
+
+
+# int, float (inf, -inf, nan allowed), bool, None and str are plain Python constants.
+Arg = Union[Ref, Sym, Call, ListArg, TupleArg, int, float, bool, None, str]
+
+
+# ---------------------------------------------------------------------------
+# The FB-graph
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ValueDecl:
+    """An input, parameter, buffer or tangent: resident for the whole step, never scheduled.
+
+    shape: tuple of ints; dtype: torch dtype name without `torch.` (`float32`).
+    kind: "input" | "parameter" | "buffer" | "tangent".
+    """
+
+    kind: str
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    comments: tuple[str, ...] = ()
+    span: Span | None = _span()
+
+
+@dataclass(frozen=True)
+class TensorDecl:
+    """One allocation made by an operation: output `index` of `producer`.
+
+    nbytes: bytes of its storage (exactly shape x dtype size for contiguous tensors).
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    producer: str
+    index: int = 0
+    comments: tuple[str, ...] = ()
+    span: Span | None = _span()
+
+
+@dataclass(frozen=True)
+class Op:
+    """One allocating operation of the FB-graph.
+
+    phase: "forward" | "backward".  target: `aten.NAME.OVERLOAD`.
+    outputs: the tensor names it allocates, in output order (see NOTE: [Names]).
+    time_us: measured median duration (microseconds).  temp_bytes: memory it allocates
+    and frees while it runs, above its outputs (bytes).  random: it draws from the RNG.
+    """
+
+    name: str
+    phase: str
+    target: str
+    args: tuple[Arg, ...]
+    kwargs: tuple[tuple[str, Arg], ...]
+    outputs: tuple[str, ...]
+    time_us: int
+    temp_bytes: int = 0
+    random: bool = False
+    comments: tuple[str, ...] = ()
+    span: Span | None = _span()
+
+
+@dataclass(frozen=True)
+class Gradient:
+    """The gradient autograd receives for a parameter (`value` is None when it gets none)."""
+
+    parameter: str
+    value: Arg
+    span: Span | None = _span()
+
+
+@dataclass(frozen=True)
+class BufferUpdate:
+    """Buffer `buffer` takes the value of tensor `tensor` when its producer first runs."""
+
+    buffer: str
+    tensor: str
+    span: Span | None = _span()
+
+
+@dataclass(frozen=True)
+class Graph:
+    """The captured FB-graph: everything code generation needs besides the schedule.
+
+    outputs: what the model's forward returns (a Ref, Call of a view, or a Tuple/ListArg
+    tree of them), in the same structure as eager PyTorch returns it.
+    """
+
+    inputs: tuple[ValueDecl, ...]
+    parameters: tuple[ValueDecl, ...]
+    buffers: tuple[ValueDecl, ...]
+    tangents: tuple[ValueDecl, ...]
+    tensors: tuple[TensorDecl, ...]
+    ops: tuple[Op, ...]
+    outputs: Arg
+    gradients: tuple[Gradient, ...]
+    updates: tuple[BufferUpdate, ...] = ()
+
+
+# ---------------------------------------------------------------------------
+# The schedule
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """One line of a forward or backward section: `VERB TARGET on STREAM`.
+
+    verb: one of VERBS.  target: an operation name (compute, recompute) or a tensor name.
+    comments: full-line comments just above it; trailing: the comment after it, if any.
+    """
+
+    verb: str
+    target: str
+    stream: str
+    comments: tuple[str, ...] = ()
+    trailing: str | None = None
+    span: Span | None = _span()
+
+
+@dataclass(frozen=True)
+class Header:
+    """What the plan is for and what the tools predicted for it.
+
+    budget, peak_bytes: bytes.  time_us, compute_us, recompute_us: microseconds.
+    bandwidth: host<->device bytes per second.  peak_at: "forward:K" or "backward:K",
+    the 1-based index of the instruction where the peak occurs.
+    solver: the solver and its settings, e.g. "rotor slots=500".
+    status: "optimal", "feasible" or "hand-written".
+    """
+
+    model: str
+    device: str
+    budget: int
+    counts: str
+    solver: str
+    status: str
+    peak_bytes: int
+    peak_at: str
+    time_us: int
+    compute_us: int
+    recompute_us: int
+    bandwidth: int
+    comments: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A complete plan: header, FB-graph, forward and backward sections."""
+
+    header: Header
+    graph: Graph
+    forward: tuple[Instruction, ...]
+    backward: tuple[Instruction, ...]
+    comments: tuple[str, ...] = ()  # comment lines at the end of the file

@@ -1,0 +1,74 @@
+"""Measure the peak memory and time of a training step, the way the budget counts it.
+
+The budget counts what one forward and backward allocate above what is resident before the
+step (parameters, buffers, inputs): activations, temporaries, the outputs, the output
+gradients and the parameter gradients.  On CPU the PyTorch profiler's raw `[memory]`
+allocator events, ordered by time, with a running sum of their sizes give an exact,
+repeatable peak (../shared/notes/capture-probe.md); on CUDA we use
+`torch.cuda.max_memory_allocated` above the allocation at the start.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+import torch.utils._pytree as pytree
+from torch.profiler import ProfilerActivity, profile
+
+
+def training_step(module: torch.nn.Module, inputs: tuple) -> Callable[[], None]:
+    """One forward and backward of `module`, with unit output gradients made in the step."""
+
+    def step() -> None:
+        outputs = module(*inputs)
+        flat = [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor) and t.requires_grad]
+        grads = [torch.ones_like(t) for t in flat]
+        torch.autograd.backward(flat, grads)
+
+    return step
+
+
+def peak_bytes(step: Callable[[], None], device: str = "cpu") -> int:
+    """Peak bytes allocated while `step()` runs, above what was allocated before it."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    current = peak = 0
+    for _, nbytes in events:
+        current += nbytes
+        peak = max(peak, current)
+    return peak
+
+
+def step_peak(module: torch.nn.Module, inputs: tuple, device: str = "cpu") -> int:
+    """Measured peak of one training step of `module`; its gradients are reset first."""
+    module.zero_grad(set_to_none=True)
+    with torch.random.fork_rng():
+        peak = peak_bytes(training_step(module, inputs), device)
+    module.zero_grad(set_to_none=True)
+    return peak
+
+
+def step_seconds(module: torch.nn.Module, inputs: tuple, repeats: int = 5) -> float:
+    """Median wall time (seconds) of a training step of `module`, after one warm-up."""
+    step = training_step(module, inputs)
+    samples = []
+    with torch.random.fork_rng():
+        for index in range(repeats + 1):
+            module.zero_grad(set_to_none=True)
+            start = time.perf_counter()
+            step()
+            if index:
+                samples.append(time.perf_counter() - start)
+    module.zero_grad(set_to_none=True)
+    return statistics.median(samples)

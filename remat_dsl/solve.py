@@ -1,0 +1,170 @@
+"""Solvers behind one interface, and the path from a solver's decisions to a checked plan.
+
+Every solver takes the FB-graph and a budget (bytes) and returns a `Solution`: the order in
+which operations run.  `make_plan` lowers it (remat_dsl.lowering, the one lowering),
+simulates it exactly (remat_dsl.simulate) and writes the predictions into the header.
+
+NOTE: [Budget correction]
+Rotor plans blocks with a chain model of memory (papers/rotor-*, section 3) that does not
+see everything the exact simulation sees (the prelude's masks, parameter gradients piling
+up during the backward, the discretization).  When the lowered plan's simulated peak is
+above the budget, we solve again with the chain budget lowered by the excess, until it
+fits or the chain's own smallest budget is reached.  The smallest feasible budget we
+report is the simulated peak of the plan made at that smallest chain budget, so any budget
+at or above it gets a plan.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from remat_dsl import ir
+from remat_dsl.blocks import ChainPartition, partition
+from remat_dsl.errors import RematError
+from remat_dsl.lowering import lower
+from remat_dsl.simulate import simulate, with_predictions
+from remat_dsl.solvers.chain import ChainSchedule, InfeasibleBudget
+from remat_dsl.solvers.rotor import min_feasible_budget, solve_rotor
+from remat_dsl.solvers.sqrt import solve_checkpoint_sqrt
+
+DEFAULT_BANDWIDTH = 12 * 10**9  # bytes/s, PCIe 4 x16 in practice
+ROTOR_SLOTS = 500
+
+
+@dataclass(frozen=True)
+class Solution:
+    """What a solver decided: the op order, its name and settings, and its status."""
+
+    order: tuple[str, ...]
+    solver: str
+    status: str
+
+
+class BudgetError(RematError):
+    """No plan of this solver fits the budget; `smallest` is the smallest budget that does."""
+
+    def __init__(self, budget: int, smallest: int, solver: str):
+        self.budget, self.smallest = budget, smallest
+        super().__init__(
+            f"error: budget {format_bytes(budget)} is infeasible for solver {solver}: "
+            f"the smallest feasible budget is {format_bytes(smallest)} ({smallest} bytes)",
+            hint=f"plan with --budget {smallest} or more, or choose another solver",
+        )
+
+
+# --- budgets ----------------------------------------------------------------
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def parse_budget(text: str, autograd_peak: Callable[[], int]) -> int:
+    """`1.5GiB`, `800 MB`, `123456` (bytes) or `50%` of the autograd peak -> bytes.
+
+    Raises RematError on anything else.
+    """
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(%|[a-zA-Z]*)\s*", text)
+    if not match or (match.group(2) != "%" and match.group(2).lower() not in _UNITS):
+        raise RematError(
+            f"error: cannot read budget '{text}'",
+            hint="write bytes with a unit (1.5GiB, 800MB, 65536) or a percentage of the autograd peak (50%)",
+        )
+    value, unit = float(match.group(1)), match.group(2)
+    if unit == "%":
+        return math.floor(autograd_peak() * value / 100)
+    return math.floor(value * _UNITS[unit.lower()])
+
+
+def format_bytes(n: int) -> str:
+    """Human-readable size for messages (not the plan's exact format)."""
+    for unit, width in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= width:
+            return f"{n / width:.2f} {unit}"
+    return f"{n} B"
+
+
+# --- solvers ----------------------------------------------------------------
+
+
+def solve_autograd(graph: ir.Graph, budget: int) -> Solution:
+    """What PyTorch does: every op once, in graph order, saving what autograd saves."""
+    return Solution(tuple(op.name for op in graph.ops), "autograd", "baseline")
+
+
+def chain_order(part: ChainPartition, schedule: ChainSchedule) -> tuple[str, ...]:
+    """Op order for a chain schedule: the prelude, then each step's block ops."""
+    order = list(part.prelude)
+    for kind, block in schedule.ops:
+        ops = part.blocks[block - 1]
+        order += ops.backward if kind == "B" else ops.forward
+    return tuple(order)
+
+
+def solve_sqrt(graph: ir.Graph, budget: int) -> Solution:
+    """Chen et al.'s sqrt(n) segments over the chain of blocks (checkpoint_sequential)."""
+    part = partition(graph)
+    schedule = solve_checkpoint_sqrt(part.chain)
+    return Solution(chain_order(part, schedule), f"checkpoint-sqrt blocks={len(part.blocks)}", "heuristic")
+
+
+SOLVERS = ("autograd", "checkpoint-sqrt", "rotor")
+
+
+def make_plan(graph: ir.Graph, *, model: str, device: str, budget: int, solver: str, bandwidth: int = DEFAULT_BANDWIDTH, progress=None) -> ir.Plan:
+    """Solve, lower and simulate: a plan whose predicted peak is at most `budget`.
+
+    Raises BudgetError (with the smallest feasible budget) when the solver cannot fit.
+    """
+    if solver not in SOLVERS:
+        raise RematError(f"error: unknown solver '{solver}'", hint=f"choose one of: {', '.join(SOLVERS)}")
+    if solver == "rotor":
+        return _rotor_plan(graph, model, device, budget, bandwidth)
+    solution = solve_autograd(graph, budget) if solver == "autograd" else solve_sqrt(graph, budget)
+    plan = _lowered(graph, solution, model, device, budget, bandwidth)
+    if plan.header.peak_bytes > budget:
+        raise BudgetError(budget, plan.header.peak_bytes, solver)
+    return plan
+
+
+def _lowered(graph, solution: Solution, model, device, budget, bandwidth) -> ir.Plan:
+    forward, backward = lower(graph, list(solution.order))
+    header = ir.Header(model, device, budget, ir.BUDGET_COUNTS, solution.solver, solution.status, 0, "forward:1", 0, 0, 0, bandwidth)
+    plan = ir.Plan(header, graph, forward, backward)
+    return with_predictions(plan, simulate(plan))
+
+
+def autograd_peak(graph: ir.Graph, device: str) -> int:
+    """Simulated peak of the autograd plan (bytes): what a percentage budget refers to."""
+    plan = _lowered(graph, solve_autograd(graph, 0), "", device, 0, DEFAULT_BANDWIDTH)
+    return plan.header.peak_bytes
+
+
+def _rotor_plan(graph, model, device, budget, bandwidth) -> ir.Plan:
+    part = partition(graph)
+    floor = min_feasible_budget(part.chain)
+    chain_budget, status = budget, "optimal"
+    for attempt in range(9):
+        if attempt == 8:
+            chain_budget = floor
+        schedule = solve_rotor(part.chain, max(chain_budget, floor), ROTOR_SLOTS)
+        solution = Solution(chain_order(part, schedule), f"rotor slots={ROTOR_SLOTS} blocks={len(part.blocks)}", status)
+        plan = _lowered(graph, solution, model, device, budget, bandwidth)
+        excess = plan.header.peak_bytes - budget
+        if excess <= 0:
+            return plan
+        if chain_budget <= floor:
+            raise BudgetError(budget, plan.header.peak_bytes, "rotor")
+        chain_budget, status = chain_budget - max(excess, budget // 50), "feasible"
+    raise AssertionError("unreachable: the last attempt solves at the chain's floor")
+
+
+def smallest_rotor_budget(graph: ir.Graph, device: str) -> int:
+    """Simulated peak of rotor's plan at the chain's smallest budget (bytes)."""
+    part = partition(graph)
+    floor = min_feasible_budget(part.chain)
+    schedule = solve_rotor(part.chain, floor, ROTOR_SLOTS)
+    solution = Solution(chain_order(part, schedule), "rotor", "feasible")
+    return _lowered(graph, solution, "", device, 0, DEFAULT_BANDWIDTH).header.peak_bytes
+
