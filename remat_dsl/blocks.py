@@ -45,7 +45,8 @@ def partition(graph: ir.Graph, max_blocks: int = 40) -> ChainPartition:
     backward = [op for op in graph.ops if op.phase == ir.BACKWARD]
     prelude = _prelude(graph, forward, tensors)
     chain_ops = [op for op in forward if op.name not in prelude]
-    cuts = _choose_cuts(chain_ops, _separators(chain_ops, tensors), max_blocks)
+    skips = _skip_tensors(chain_ops, _separators(chain_ops, tensors, set()))
+    cuts = _choose_cuts(chain_ops, _separators(chain_ops, tensors, skips), max_blocks)
     fw_blocks = _split(chain_ops, cuts)
     bw_blocks = _assign_backward(backward, fw_blocks, tensors)
     blocks = tuple(BlockOps(tuple(o.name for o in f), tuple(o.name for o in b)) for f, b in zip(fw_blocks, bw_blocks))
@@ -66,12 +67,13 @@ def _prelude(graph: ir.Graph, forward: list[ir.Op], tensors) -> set[str]:
     return prelude
 
 
-def _separators(ops: list[ir.Op], tensors) -> list[int]:
-    """Positions i such that no tensor made before op i is read after op i."""
+def _separators(ops: list[ir.Op], tensors, skips: set[str]) -> list[int]:
+    """Positions i such that no tensor made before op i, other than a skip tensor, is read
+    after op i."""
     produced_at = {t: i for i, op in enumerate(ops) for t in op.outputs}
     reach = list(range(len(ops)))  # the furthest forward position reading a tensor made at i
     for j, op in enumerate(ops):
-        for t in op_uses(op, set(produced_at)):
+        for t in op_uses(op, set(produced_at) - skips):
             reach[produced_at[t]] = max(reach[produced_at[t]], j)
     result, furthest = [], -1
     for i in range(len(ops) - 1):
@@ -79,6 +81,20 @@ def _separators(ops: list[ir.Op], tensors) -> list[int]:
             result.append(i)
         furthest = max(furthest, reach[i])
     return result
+
+
+def _skip_tensors(ops: list[ir.Op], separators: list[int]) -> set[str]:
+    """Outputs of separator ops read again further on (residual and encoder-memory links).
+
+    NOTE: [Skip tensors]
+    Rotor's chain has one link between blocks.  A tensor made at a separator and read
+    again several ops later (the input of a residual block, the encoder output every
+    decoder layer attends to) would otherwise forbid every cut in between and leave one
+    huge block.  We let such tensors cross cuts: the lowering keeps them alive while read,
+    the exact simulation counts them, and the budget correction absorbs what rotor's
+    model does not see (remat_dsl.solve, NOTE: [Budget correction]).
+    """
+    return {t for i in separators for t in ops[i].outputs}
 
 
 def _choose_cuts(ops: list[ir.Op], separators: list[int], max_blocks: int) -> list[int]:

@@ -93,7 +93,7 @@ def _op_names(captured: Captured, step: StepProfile) -> dict[fx.Node, str]:
     names: dict[fx.Node, str] = {}
     for phase, profiles in ((ir.FORWARD, step.forward), (ir.BACKWARD, step.backward)):
         nodes = [n for n, info in profiles.items() if _allocates(info)]
-        memo: dict[fx.Node, str] = {}
+        memo: dict[fx.Node, str] = {} if phase == ir.BACKWARD else {n: module_path(n) for n in nodes}
         per_path = Counter(_inherited_path(n, memo) for n in nodes)
         seen: Counter = Counter()
         for node in nodes:

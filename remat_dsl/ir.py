@@ -254,7 +254,7 @@ class Header:
     bandwidth: host<->device bytes per second.  peak_at: "forward:K" or "backward:K",
     the 1-based index of the instruction where the peak occurs.
     solver: the solver and its settings, e.g. "rotor slots=500".
-    status: "optimal", "feasible" or "hand-written".
+    status: "optimal", "feasible", "baseline" (autograd), "heuristic" (checkpoint-sqrt) or "hand-written".
     """
 
     model: str

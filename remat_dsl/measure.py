@@ -10,13 +10,48 @@ repeatable peak (../shared/notes/capture-probe.md); on CUDA we use
 
 from __future__ import annotations
 
+import os
 import statistics
+import sys
 import time
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import torch
 import torch.utils._pytree as pytree
 from torch.profiler import ProfilerActivity, profile
+
+
+@contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    """Kineto prints `USDT ... profiler_start/stop` lines on the process's stderr."""
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+@contextmanager
+def memory_profiler() -> Iterator[profile]:
+    """`torch.profiler.profile` recording CPU allocator events, without kineto's chatter."""
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with _native_stderr_silenced():
+        prof.__enter__()
+    try:
+        yield prof
+    finally:
+        with _native_stderr_silenced():
+            prof.__exit__(None, None, None)
+
+
+def memory_events(prof: profile) -> list[tuple[int, int]]:
+    """(start_ns, bytes) of every allocation (+) and free (-), in time order."""
+    return sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
 
 
 def training_step(module: torch.nn.Module, inputs: tuple) -> Callable[[], None]:
@@ -40,11 +75,10 @@ def peak_bytes(step: Callable[[], None], device: str = "cpu") -> int:
         step()
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - base
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with memory_profiler() as prof:
         step()
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
     current = peak = 0
-    for _, nbytes in events:
+    for _, nbytes in memory_events(prof):
         current += nbytes
         peak = max(peak, current)
     return peak

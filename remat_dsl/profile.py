@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
-from torch.profiler import ProfilerActivity, profile, record_function
+from torch.profiler import record_function
 
 from remat_dsl.capture import Captured
+from remat_dsl.measure import memory_events, memory_profiler
 
 VIEW_EXTRA = {"aten._unsafe_view.default", "aten.alias.default", "aten.detach.default"}
 
@@ -119,7 +120,7 @@ def _run_graph(gm: fx.GraphModule, args: list, profiles: dict, repeats: int, pro
     env: dict[str, object] = {}
     placeholders = iter(args)
     calls = []
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with memory_profiler() as prof:
         for node in gm.graph.nodes:
             if node.op == "placeholder":
                 env[node.name] = next(placeholders)
@@ -177,13 +178,11 @@ def _describe(node: fx.Node, value, args, kwargs) -> NodeProfile:
 
 def _attribute_temp(prof, calls: list[fx.Node], profiles: dict) -> None:
     """Temporary bytes of each call: its peak inside its profiler range above its outputs."""
-    events = list(prof.profiler.kineto_results.events())
     ranges = {}
-    for e in events:
-        name = e.name()
-        if name.startswith("remat::"):
-            ranges[int(name[7:])] = (e.start_ns(), e.start_ns() + e.duration_ns())
-    memory = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+    for e in prof.profiler.kineto_results.events():
+        if e.name().startswith("remat::"):
+            ranges[int(e.name()[7:])] = (e.start_ns(), e.start_ns() + e.duration_ns())
+    memory = memory_events(prof)
     position = 0
     for index, node in enumerate(calls):
         if index not in ranges:

@@ -270,8 +270,7 @@ class _GraphIndex:
         raise PlanError(
             f"unknown value '%{ref.name}' in {where}",
             span=ref.span or fallback,
-            hint=_did_you_mean(ref.name, known)
-            or "refer to an input, parameter, buffer, tangent or tensor",
+            hint=_did_you_mean(ref.name, known) or "refer to an input, parameter, buffer, tangent or tensor",
         )
 
 
@@ -323,6 +322,18 @@ class _Simulator:
         self.peak_live: tuple[tuple[str, int], ...] = ()
         self.saved: tuple[str, ...] = ()
         self.last_recompute = self._last_random_recomputes(plan)
+        self.current = 0  # device bytes in use now: resident + tangents + RNG states
+        self.index = 0  # the instruction being replayed, 1-based in its section
+        self.instr: ir.Instruction | None = None
+        self._freed: list[tuple[str, int]] = []  # what that instruction freed (kept for `live`)
+        self._verbs = {
+            "compute": self._compute,
+            "recompute": self._recompute,
+            "delete": self._delete,
+            "offload": self._offload,
+            "prefetch": self._prefetch,
+            "wait": self._wait,
+        }
 
     def _last_random_recomputes(self, plan: ir.Plan) -> dict[str, tuple[str, int]]:
         """Random op -> (section, index) of its last recompute in the plan."""
@@ -334,10 +345,14 @@ class _Simulator:
                     last[op.name] = (section, index)
         return last
 
-    @property
-    def current(self) -> int:
-        """Device bytes in use now."""
-        return sum(self.resident.values()) + sum(self.tangents.values()) + sum(self.rng.values())
+    def _allocate(self, name: str, nbytes: int) -> None:
+        self.resident[name] = nbytes
+        self.current += nbytes
+
+    def _release(self, name: str) -> int:
+        nbytes = self.resident.pop(name)
+        self.current -= nbytes
+        return nbytes
 
     # -- sections -----------------------------------------------------------
 
@@ -347,11 +362,13 @@ class _Simulator:
         for index, instr in enumerate(instructions, 1):
             self.index = index
             self.instr = instr
-            self._freed: list[tuple[str, int]] = []  # what the instruction frees (for `live`)
+            self._freed = []
             self._check_verb_and_stream(instr)
             before = self.current
-            peak, extra = getattr(self, "_" + instr.verb)(instr)
-            self._record(Step(section, index, instr, before, max(peak, before, self.current), self.current), extra)
+            peak, extra = self._verbs[instr.verb](instr)
+            self._record(
+                Step(section, index, instr, before, max(peak, before, self.current), self.current), extra
+            )
 
     def end_forward(self, instructions: tuple[ir.Instruction, ...]) -> None:
         """Every forward op ran and every model output is resident; remember what is saved."""
@@ -377,6 +394,7 @@ class _Simulator:
     def start_backward(self) -> None:
         """The caller hands in the tangents: they are resident from here to the end."""
         self.tangents = {t.name: value_nbytes(t) for t in self.plan.graph.tangents}
+        self.current += sum(self.tangents.values())
 
     def end_backward(self, instructions: tuple[ir.Instruction, ...]) -> None:
         """Every backward op ran and every parameter gradient is resident."""
@@ -438,7 +456,9 @@ class _Simulator:
         live = [*self.resident.items(), *self.tangents.items()]
         live += [(f"rng state of {op}", n) for op, n in self.rng.items()]
         live += self._freed + extra  # freed by this instruction: still live at its peak
-        self.peak_live = tuple(sorted(live, key=lambda item: (-item[1], item[0])))
+        self.peak_live = tuple(
+            sorted((item for item in live if item[1]), key=lambda item: (-item[1], item[0]))
+        )
 
     def _check_verb_and_stream(self, instr: ir.Instruction) -> None:
         if instr.verb not in ir.VERB_STREAM:
@@ -497,6 +517,7 @@ class _Simulator:
         self.computed[op.name] = self._where()
         if op.random and op.name in self.last_recompute:
             self.rng[op.name] = self.rng_bytes
+            self.current += self.rng_bytes
         self.clocks.compute_us += op.time_us
         return self._run_op(op, instr)
 
@@ -522,17 +543,11 @@ class _Simulator:
 
     def _check_first_run(self, op: ir.Op, instr: ir.Instruction) -> None:
         where = self.computed.get(op.name)
-        if where is not None:
-            hint = (
-                f"write `recompute {op.name} on compute` to run it again"
-                if op.phase == ir.FORWARD
-                else "backward ops run exactly once: remove this line"
-            )
-            self._fail(f"'{op.name}' is already computed at {where}", hint, instr.span)
         if op.phase == ir.FORWARD and self.section != ir.FORWARD:
+            done = f" (its compute is at {where})" if where else ""
             self._fail(
-                f"forward op '{op.name}' is computed in the backward section",
-                f"compute it in the forward section; here write `recompute {op.name} on compute`",
+                f"forward op '{op.name}' is computed in the backward section{done}",
+                f"write `recompute {op.name} on compute` here; its first compute belongs in forward",
                 instr.span,
             )
         if op.phase == ir.BACKWARD and self.section != ir.BACKWARD:
@@ -541,6 +556,13 @@ class _Simulator:
                 "move this line to the backward section",
                 instr.span,
             )
+        if where is not None:
+            hint = (
+                f"write `recompute {op.name} on compute` to run it again"
+                if op.phase == ir.FORWARD
+                else "backward ops run exactly once: remove this line"
+            )
+            self._fail(f"'{op.name}' is already computed at {where}", hint, instr.span)
 
     def _check_random_order(self, op: ir.Op, instr: ir.Instruction) -> None:
         if not op.random:
@@ -564,10 +586,11 @@ class _Simulator:
         extra += [(f"temporaries of {op.name}", op.temp_bytes)] if op.temp_bytes else []
         for name, nbytes in out_bytes:
             if name not in self.resident:
-                self.resident[name] = nbytes
+                self._allocate(name, nbytes)
         self.clocks.streams[ir.COMPUTE_STREAM] += op.time_us
         if self.last_recompute.get(op.name) == (self.section, self.index) and instr.verb == "recompute":
             self._freed = [(f"rng state of {op.name}", self.rng.pop(op.name, 0))]
+            self.current -= self._freed[0][1]
         return peak, extra
 
     def _check_usable(self, name: str, op: ir.Op, instr: ir.Instruction) -> None:
@@ -612,7 +635,11 @@ class _Simulator:
     def _delete(self, instr: ir.Instruction) -> tuple[int, list]:
         name = instr.target
         if name in self.graph.model_outputs:
-            self._fail(f"cannot delete '{name}': it is a model output held by the caller", "remove this line", instr.span)
+            self._fail(
+                f"cannot delete '{name}': it is a model output held by the caller",
+                "remove this line",
+                instr.span,
+            )
         if name in self.graph.parameter_gradients:
             self._fail(
                 f"cannot delete '{name}': it is a parameter gradient returned to autograd",
@@ -627,7 +654,7 @@ class _Simulator:
                 f"add `wait {name} on compute` before this line",
                 instr.span,
             )
-        self._freed = [(name, self.resident.pop(name))]
+        self._freed = [(name, self._release(name))]
         self.deleted_at[name] = self._where()
         return 0, []
 
@@ -670,9 +697,11 @@ class _Simulator:
             self._fail(
                 f"cannot prefetch '{name}': "
                 + (f"its offload ({started}) was not waited for" if started else "it has no host copy"),
-                f"add `wait {name} on compute` before this line"
-                if started
-                else f"offload {name} and wait for it before deleting it",
+                (
+                    f"add `wait {name} on compute` before this line"
+                    if started
+                    else f"offload {name} and wait for it before deleting it"
+                ),
                 instr.span,
             )
         if name in self.resident:
@@ -681,7 +710,7 @@ class _Simulator:
                 f"remove this line, or delete {name} before it",
                 instr.span,
             )
-        self.resident[name] = self.graph.tensors[name].nbytes
+        self._allocate(name, self.graph.tensors[name].nbytes)
         self._start_transfer("prefetch", name, instr)
         return 0, []
 

@@ -1,0 +1,200 @@
+"""The chain model of rotor (Beaumont et al., "Optimal checkpointing for heterogeneous
+chains", section 3, Fig. 1a, Table 1) and the one replay of a chain sequence.
+
+A `Chain` is L blocks numbered 1..L as in the paper: block l computes a^l from a^{l-1}
+(F^l) and delta^{l-1} from delta^l (B^l); a^0 is the chain input.  A `ChainSchedule` is a
+sequence of steps `(kind, l)` with l in 1..L.  `simulate_chain` replays a sequence with
+exactly the semantics below; it is the ground truth the solvers are tested against.
+
+NOTE: [Step semantics]
+Memory holds three kinds of values: a^l (output of block l, or the chain input for l = 0),
+abar^l (everything B^l needs from block l, *including* a^l: while abar^l is live, a^l is
+available and costs nothing extra) and delta^l (gradient of a^l).  "has a^l" means a^l or
+abar^l is live.  A *plain* a^l is one held on its own, not inside abar^l.
+
+initially   a^0 (plain) and delta^L are live.  The loss is folded into block L, so delta^L
+            is the given seed gradient (typically a scalar) and counts from the start.
+F_all l     needs a^{l-1}; a^l and abar^l must not be live.  Peak during the step: live +
+            omega_abar^l + o_f^l.  After: abar^l is live; a^{l-1} is kept.
+F_ck l      needs a^{l-1}; a^l and abar^l must not be live.  Peak during the step: live +
+            omega_a^l + o_f^l.  After: plain a^l is live; a^{l-1} is kept (the checkpoint).
+F_n l       needs a^{l-1}; a^l and abar^l must not be live.  Peak during the step: live +
+            omega_a^l + o_f^l.  After: plain a^l is live; a *plain* a^{l-1} is freed (an
+            a^{l-1} inside abar^{l-1} stays, it is freed only by B^{l-1}).
+B l         needs delta^l, abar^l and a^{l-1}; delta^{l-1} must not be live.  Peak during
+            the step: live + omega_delta^{l-1} + o_b^l.  After: delta^{l-1} is live;
+            delta^l and abar^l are freed, and so is a *plain* a^{l-1} (checkpoint consumed;
+            an a^{l-1} inside abar^{l-1} stays for B^{l-1}).
+finally     only delta^0 may be live (B^1 frees a^0), and every B^l ran exactly once.
+
+These are Table 1's rows: F_all and F_ck keep their input, F_n and B consume a plain input.
+The peak of a sequence is the largest "peak during the step" (Definition 3.4); its time is
+the sum of u_f^l for every forward step and u_b^l for every backward step (Definition 3.2).
+A lowering translates: F_all = run the block with autograd recording, from a^{l-1}
+detached with requires_grad; F_ck = run under no_grad and keep the input; F_n = run under
+no_grad and drop the input unless it belongs to a recorded graph; B = backward through the
+recorded graph of block l with delta^l, read delta^{l-1}, then drop the graph and the input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+STEP_KINDS = ("F_all", "F_ck", "F_n", "B")
+FORWARD_KINDS = ("F_all", "F_ck", "F_n")
+
+ChainOp = tuple[str, int]  # (kind, l): kind in STEP_KINDS, block l in 1..L
+
+
+@dataclass(frozen=True)
+class Block:
+    """One stage l of the chain (rotor's notation, section 3.1); bytes and microseconds.
+
+    Raises ValueError when a field is not a non-negative int or xbar_bytes < x_bytes
+    (abar^l contains a^l, so it cannot be smaller).
+    """
+
+    fwd_us: int  # u_f^l, time of F^l (microseconds)
+    bwd_us: int  # u_b^l, time of B^l
+    x_bytes: int  # omega_a^l: size of the block's output a^l (the next block's input)
+    xbar_bytes: int  # omega_abar^l: memory kept by F_all^l (all tensors B^l needs, with a^l)
+    grad_bytes: int  # omega_delta^l: size of delta^l, the gradient of a^l
+    fwd_overhead: int  # o_f^l: extra transient memory while running F^l
+    bwd_overhead: int  # o_b^l: extra transient memory while running B^l
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"Block.{f.name} must be a non-negative int, got {value!r}")
+        if self.xbar_bytes < self.x_bytes:
+            raise ValueError(
+                f"Block.xbar_bytes ({self.xbar_bytes}) < x_bytes ({self.x_bytes}): "
+                "abar^l contains a^l, so it is at least as large"
+            )
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A chain of L >= 1 blocks plus the sizes of the chain input a^0 and its gradient."""
+
+    blocks: tuple[Block, ...]
+    input_bytes: int  # omega_a^0, size of a^0
+    input_grad_bytes: int  # omega_delta^0 (0 when the input needs no gradient)
+
+    def __post_init__(self) -> None:
+        if not self.blocks:
+            raise ValueError("a Chain needs at least one block")
+        for name in ("input_bytes", "input_grad_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"Chain.{name} must be a non-negative int, got {value!r}")
+
+    @property
+    def length(self) -> int:
+        return len(self.blocks)
+
+    def a_bytes(self, l: int) -> int:
+        """omega_a^l for l in 0..L."""
+        return self.input_bytes if l == 0 else self.blocks[l - 1].x_bytes
+
+    def delta_bytes(self, l: int) -> int:
+        """omega_delta^l for l in 0..L."""
+        return self.input_grad_bytes if l == 0 else self.blocks[l - 1].grad_bytes
+
+
+@dataclass(frozen=True)
+class ChainSchedule:
+    """A chain sequence and what the solver predicts for it.
+
+    `predicted_us`: makespan (microseconds) according to the solver; `predicted_peak`: peak
+    bytes of `simulate_chain(chain, ops)` (the undiscretized model).
+    """
+
+    ops: tuple[ChainOp, ...]
+    predicted_us: int
+    predicted_peak: int
+
+
+class InfeasibleBudget(Exception):
+    """No sequence of the solver fits `budget` bytes; `smallest_feasible` (bytes) does."""
+
+    def __init__(self, budget: int, smallest_feasible: int):
+        self.budget = budget
+        self.smallest_feasible = smallest_feasible
+        super().__init__(
+            f"no rematerialization sequence fits in a budget of {budget} bytes; "
+            f"the smallest feasible budget is {smallest_feasible} bytes"
+        )
+
+
+class InvalidChainSequence(ValueError):
+    """A sequence breaks the step semantics of NOTE: [Step semantics]."""
+
+
+def simulate_chain(chain: Chain, ops) -> tuple[int, int]:
+    """Replay `ops` on `chain`: (peak bytes, total microseconds).
+
+    Applies exactly NOTE: [Step semantics] (paper section 3.1, Table 1, Definitions
+    3.2-3.4).  Raises InvalidChainSequence (a ValueError) naming the first offending step.
+    """
+    L = chain.length
+    acts: dict[int, str] = {0: "a"}  # l -> "a" (plain a^l) or "abar" (abar^l, holds a^l)
+    grads = {L}
+    live = chain.input_bytes + chain.delta_bytes(L)
+    peak, total = live, 0
+    for i, op in enumerate(ops):
+        kind, l = op
+        where = f"step {i} ({kind}, {l})"
+        if kind not in STEP_KINDS:
+            raise InvalidChainSequence(f"{where}: unknown step kind, expected one of {STEP_KINDS}")
+        if not isinstance(l, int) or not 1 <= l <= L:
+            raise InvalidChainSequence(f"{where}: block index must be in 1..{L}")
+        block = chain.blocks[l - 1]
+        if l - 1 not in acts:
+            raise InvalidChainSequence(f"{where}: input a^{l - 1} is not live")
+        if kind in FORWARD_KINDS:
+            if l in acts:
+                raise InvalidChainSequence(f"{where}: a^{l} is already live")
+            out = block.xbar_bytes if kind == "F_all" else block.x_bytes
+            peak = max(peak, live + out + block.fwd_overhead)
+            live += out
+            acts[l] = "abar" if kind == "F_all" else "a"
+            if kind == "F_n" and acts[l - 1] == "a":
+                live -= chain.a_bytes(l - 1)
+                del acts[l - 1]
+            total += block.fwd_us
+            continue
+        if l not in grads:
+            raise InvalidChainSequence(f"{where}: delta^{l} is not live")
+        if acts.get(l) != "abar":
+            raise InvalidChainSequence(f"{where}: abar^{l} is not live (run F_all {l} first)")
+        if l - 1 in grads:
+            raise InvalidChainSequence(f"{where}: delta^{l - 1} is already live")
+        peak = max(peak, live + chain.delta_bytes(l - 1) + block.bwd_overhead)
+        live += chain.delta_bytes(l - 1) - chain.delta_bytes(l) - block.xbar_bytes
+        grads.remove(l)
+        grads.add(l - 1)
+        del acts[l]
+        if acts[l - 1] == "a":
+            live -= chain.a_bytes(l - 1)
+            del acts[l - 1]
+        total += block.bwd_us
+    if grads != {0} or acts:
+        left = sorted(f"a^{l}" if k == "a" else f"abar^{l}" for l, k in acts.items())
+        left += sorted(f"delta^{l}" for l in grads if l != 0)
+        raise InvalidChainSequence(f"sequence ends with {', '.join(left) or 'no delta^0'} live; only delta^0 may remain")
+    return peak, total
+
+
+def store_all_ops(chain: Chain) -> tuple[ChainOp, ...]:
+    """The sequence without rematerialization: F_all 1..L, then B L..1."""
+    L = chain.length
+    return tuple(("F_all", l) for l in range(1, L + 1)) + tuple(("B", l) for l in range(L, 0, -1))
+
+
+def store_all_schedule(chain: Chain) -> ChainSchedule:
+    """What plain autograd does, as a ChainSchedule (time = sum u_f + sum u_b)."""
+    ops = store_all_ops(chain)
+    peak, total = simulate_chain(chain, ops)
+    return ChainSchedule(ops, total, peak)

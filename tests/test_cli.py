@@ -1,0 +1,150 @@
+"""The `remat` command as a user runs it: check, codegen, errors, a hand-written offload plan."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from remat_dsl.model_file import load_model_file
+from remat_dsl.parser import parse_file
+from remat_dsl.printer import print_plan
+from remat_dsl.simulate import simulate
+from remat_dsl.verify import compare_training, load_generated
+
+ROOT = Path(__file__).resolve().parent.parent
+PLANS = ROOT / "tests" / "plans"
+TINY = str(ROOT / "tests" / "models" / "tiny_mlp.py")
+
+
+def remat(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "remat_dsl", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def without(text: str, verbs: tuple[str, ...]) -> str:
+    return "\n".join(line for line in text.split("\n") if not line.strip().startswith(verbs)) + ""
+
+
+# --- the hand-written offload plan -------------------------------------------
+
+
+def test_hand_written_offload_plan_passes_check():
+    result = remat("check", str(PLANS / "tiny_mlp_offload.plan"))
+    assert result.returncode == 0, result.stderr
+    assert "valid plan" in result.stdout
+    assert "out of date" not in result.stdout
+
+
+def test_offload_lowers_the_predicted_peak():
+    with_offload = parse_file(str(PLANS / "tiny_mlp_offload.plan"))
+    plain = parse_file(str(PLANS / "tiny_mlp_autograd.plan"))
+    assert simulate(with_offload).peak_bytes < simulate(plain).peak_bytes
+    assert simulate(with_offload).host_peak_bytes == 4096
+
+
+def test_offload_plan_module_gives_identical_gradients(tmp_path):
+    out = tmp_path / "fast_tiny.py"
+    result = remat("codegen", str(PLANS / "tiny_mlp_offload.plan"), "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    source = out.read_text()
+    assert "_offload(relu)" in source and "_prefetch(host_relu)" in source
+    comparison = compare_training(load_model_file(TINY), load_generated(out), steps=3)
+    assert comparison.identical, comparison.mismatched
+
+
+def test_plans_in_tests_are_canonical():
+    for path in PLANS.glob("tiny_mlp_*.plan"):
+        text = path.read_text()
+        assert print_plan(parse_file(str(path))) == text, path.name
+
+
+# --- user errors: file:line:col, a fix, exit 2, no traceback, no output file -
+
+
+def broken_plans(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    text = (PLANS / "tiny_mlp_autograd.plan").read_text()
+    lines = text.split("\n")
+    use_after_delete = list(lines)
+    # delete relu right after computing drop: the ReLU backward still needs it
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("compute  drop "))
+    use_after_delete.insert(at + 1, "  delete   relu    on compute")
+    syntax = [line.replace("compute  fc2     on compute", "compute  fc2     compute") for line in lines]
+    cases = {
+        "use_after_delete": ("\n".join(use_after_delete), "deleted"),
+        "syntax": ("\n".join(syntax), "error"),
+    }
+    written = {}
+    for name, (body, needle) in cases.items():
+        path = tmp_path / f"{name}.plan"
+        path.write_text(body)
+        written[name] = (path, needle)
+    return written
+
+
+@pytest.mark.parametrize("case", ["use_after_delete", "syntax"])
+def test_check_reports_location_and_fix(tmp_path, case):
+    path, needle = broken_plans(tmp_path)[case]
+    result = remat("check", str(path))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    first = result.stderr.splitlines()[0]
+    assert first.startswith(f"{path}:"), first
+    line, col = first[len(str(path)) + 1 :].split(":")[:2]
+    assert line.isdigit() and col.isdigit()
+    assert needle in result.stderr
+    assert "hint:" in result.stderr
+    assert "^" in result.stderr
+
+
+@pytest.mark.parametrize("case", ["use_after_delete", "syntax"])
+def test_codegen_of_invalid_plan_writes_nothing(tmp_path, case):
+    path, _ = broken_plans(tmp_path)[case]
+    out = tmp_path / "out.py"
+    result = remat("codegen", str(path), "-o", str(out))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert not out.exists()
+    assert not list(tmp_path.glob(".out.py*"))
+
+
+def test_use_after_delete_points_at_the_user(tmp_path):
+    path, _ = broken_plans(tmp_path)["use_after_delete"]
+    result = remat("check", str(path))
+    lines = path.read_text().split("\n")
+    line = int(result.stderr.splitlines()[0].split(":")[1])
+    assert "drop.bwd.threshold_backward" in lines[line - 1]
+
+
+def test_model_file_that_fails_to_import(tmp_path):
+    bad = tmp_path / "bad_model.py"
+    bad.write_text("import torch\n\nraise RuntimeError('boom')\n")
+    result = remat("plan", str(bad), "--budget", "50%")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert f"{bad}:3:1: error: the model file failed to import: RuntimeError: boom" in result.stderr
+
+
+def test_infeasible_budget_states_the_smallest(tmp_path):
+    result = remat("plan", TINY, "--budget", "1KiB", "--repeats", "1")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "smallest feasible budget is" in result.stderr
+    assert result.stdout == ""
+
+
+def test_bad_budget_text():
+    result = remat("plan", TINY, "--budget", "lots", "--repeats", "1")
+    assert result.returncode == 2
+    assert "cannot read budget 'lots'" in result.stderr
+
+
+def test_plan_prints_plan_on_stdout_and_progress_on_stderr(tmp_path):
+    result = remat("plan", TINY, "--budget", "100%", "--repeats", "1")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("remat-plan 1")
+    assert "solving with rotor" in result.stderr
+    plan_path = tmp_path / "tiny.plan"
+    plan_path.write_text(result.stdout)
+    assert remat("check", str(plan_path)).returncode == 0
