@@ -43,18 +43,18 @@ def partition(graph: ir.Graph, max_blocks: int = 40) -> ChainPartition:
     tensors = {t.name: t for t in graph.tensors}
     forward = [op for op in graph.ops if op.phase == ir.FORWARD]
     backward = [op for op in graph.ops if op.phase == ir.BACKWARD]
-    prelude = _prelude(graph, forward, tensors)
+    prelude = _prelude(graph, forward)
     chain_ops = [op for op in forward if op.name not in prelude]
-    skips = _skip_tensors(chain_ops, _separators(chain_ops, tensors, set()))
-    cuts = _choose_cuts(chain_ops, _separators(chain_ops, tensors, skips), max_blocks)
+    skips = _skip_tensors(chain_ops, _separators(chain_ops, set()))
+    cuts = _choose_cuts(chain_ops, _separators(chain_ops, skips), max_blocks)
     fw_blocks = _split(chain_ops, cuts)
-    bw_blocks = _assign_backward(backward, fw_blocks, tensors)
+    bw_blocks = _assign_backward(backward, fw_blocks)
     blocks = tuple(BlockOps(tuple(o.name for o in f), tuple(o.name for o in b)) for f, b in zip(fw_blocks, bw_blocks))
     chain = _chain_costs(graph, blocks, tensors)
     return ChainPartition(tuple(op.name for op in forward if op.name in prelude), blocks, chain)
 
 
-def _prelude(graph: ir.Graph, forward: list[ir.Op], tensors) -> set[str]:
+def _prelude(graph: ir.Graph, forward: list[ir.Op]) -> set[str]:
     params = {p.name for p in graph.parameters}
     depends: set[str] = set()  # tensors that depend on a parameter
     prelude: set[str] = set()
@@ -67,7 +67,7 @@ def _prelude(graph: ir.Graph, forward: list[ir.Op], tensors) -> set[str]:
     return prelude
 
 
-def _separators(ops: list[ir.Op], tensors, skips: set[str]) -> list[int]:
+def _separators(ops: list[ir.Op], skips: set[str]) -> list[int]:
     """Positions i such that no tensor made before op i, other than a skip tensor, is read
     after op i."""
     produced_at = {t: i for i, op in enumerate(ops) for t in op.outputs}
@@ -124,12 +124,12 @@ def _split(ops: list[ir.Op], cuts: list[int]) -> list[list[ir.Op]]:
     return [ops[bounds[k] + 1 : bounds[k + 1] + 1] for k in range(len(bounds) - 1)]
 
 
-def _assign_backward(backward: list[ir.Op], fw_blocks: list[list[ir.Op]], tensors) -> list[list[ir.Op]]:
+def _assign_backward(backward: list[ir.Op], fw_blocks: list[list[ir.Op]]) -> list[list[ir.Op]]:
     last = len(fw_blocks) - 1
     anchor: dict[tuple[str, ...], int] = {}
     for index, block in enumerate(fw_blocks):
         for op in block:
-            anchor[_module_of(op.name)] = index
+            anchor[tuple(op.name.split("."))] = index
     made_by: dict[str, int] = {}
     result: list[list[ir.Op]] = [[] for _ in fw_blocks]
     for op in backward:
@@ -141,10 +141,6 @@ def _assign_backward(backward: list[ir.Op], fw_blocks: list[list[ir.Op]], tensor
             made_by[t] = block
         result[block].append(op)
     return result
-
-
-def _module_of(name: str) -> tuple[str, ...]:
-    return tuple(name.split("."))
 
 
 def _anchor_of(module: tuple[str, ...], anchor: dict, last: int) -> int:

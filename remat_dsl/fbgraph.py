@@ -70,11 +70,14 @@ def module_path(node: fx.Node) -> str:
 
 
 def _inherited_path(node: fx.Node, memo: dict) -> str:
-    """The node's module path, or for nodes outside any module (gradient sums) the path of
-    their first argument that has one."""
+    """The node's module path; for nodes outside any module (sums of gradient
+    contributions) the path of an argument made inside a module, else inherited."""
     if node not in memo:
-        memo[node] = module_path(node) or next(
-            (p for p in (_inherited_path(a, memo) for a in node.all_input_nodes) if p), ""
+        inputs = node.all_input_nodes
+        memo[node] = (
+            module_path(node)
+            or next((p for p in map(module_path, inputs) if p), "")
+            or next((p for p in (_inherited_path(a, memo) for a in inputs) if p), "")
         )
     return memo[node]
 

@@ -306,7 +306,9 @@ class _Builder(Transformer):
     def start(self, c: list) -> ir.Plan:
         version = next(x for x in c if isinstance(x, Token))
         if version.value != str(FORMAT_VERSION):
-            raise _error(f"unsupported plan version {version}", version, f"this tool reads `remat-plan {FORMAT_VERSION}`")
+            raise _error(
+                f"unsupported plan version {version}", version, f"this tool reads `remat-plan {FORMAT_VERSION}`"
+            )
         sections = {x.name: x.items for x in c if isinstance(x, _Section)}
         header = next(x for x in c if isinstance(x, ir.Header))
         top = tuple(x.text for x in c if isinstance(x, _FileComment) and x.where == "top")
@@ -358,7 +360,9 @@ class _Builder(Transformer):
     def peak(self, c: list) -> dict:
         number, unit, where = c
         if not PEAK_AT_RE.fullmatch(where.value):
-            raise _error(f"bad peak position `{where}`", where, "write `forward:K` or `backward:K` (K: instruction number)")
+            raise _error(
+                f"bad peak position `{where}`", where, "write `forward:K` or `backward:K` (K: instruction number)"
+            )
         return {"peak_bytes": _amount(number, unit, SIZE_UNITS, "size"), "peak_at": where.value}
 
     def time(self, c: list) -> dict:
@@ -553,10 +557,21 @@ EXAMPLES = {
     "duration-unit": [_EXAMPLE_HEAD.replace("time 0.000 ms", "time 0.1")],
     "bandwidth-unit": [_EXAMPLE_HEAD.replace("1 GB/s", "1000000000")],
     "one-tuple": [_EXAMPLE_HEAD + "outputs\n  (%a)\n"],
-    "tensor-producer": [
-        _EXAMPLE_HEAD.replace("tensors\n", "tensors\n  t  [1]  float32  4 B\n"),
-        _EXAMPLE_HEAD.replace("tensors\n", "tensors\n  t  [1]  float32  4 B\n  u  [1]  float32  4 B  u\n"),
-        _EXAMPLE_HEAD.replace("tensors\n", "tensors\n  # c\n  t  [1]  float32  4 B\n  u  [1]  float32  4 B  u\n"),
+    "after-size": [
+        _EXAMPLE_HEAD.replace("tensors\n", "tensors\n" + lines)
+        for lines in (
+            "  t  [1]  float32  4 B\n",
+            "  t  [1]  float32  4 B\n  u  [1]  float32  4 B  u\n",
+            "  # c\n  t  [1]  float32  4 B\n  u  [1]  float32  4 B  u\n",
+        )
+    ]
+    + [
+        _EXAMPLE_HEAD + lines
+        for lines in (
+            "  o = f()  0.010 ms  0 B\n",
+            "  o = f()  0.010 ms  0 B\n  p = f()  0.010 ms  0 B  forward\n",
+            "  # c\n  o = f()  0.010 ms  0 B\n  p = f()  0.010 ms  0 B  forward\n",
+        )
     ],
 }
 
@@ -566,7 +581,22 @@ def _missing_on(line: str) -> tuple[str, str]:
     stream = ir.VERB_STREAM.get(words[0]) if words else None
     if stream and len(words) >= 2:
         return "expected `on STREAM` after the instruction", f"write `{words[0]} {words[1]} on {stream}`"
-    return "expected `on STREAM` after the instruction", f"write `VERB TARGET on STREAM`; streams are {_one_of(ir.STREAMS)}"
+    return (
+        "expected `on STREAM` after the instruction",
+        f"write `VERB TARGET on STREAM`; streams are {_one_of(ir.STREAMS)}",
+    )
+
+
+def _after_size(line: str) -> tuple[str, str] | None:
+    """A tensor or op line that ends too early after its size (a lost unit or column)."""
+    if "=" in line:
+        return "expected the phase after the temp size", "an op line ends `TIME  TEMP  forward|backward  [random]`"
+    if "[" in line:
+        return (
+            "expected the producer after the size",
+            "a tensor line is `NAME  [SHAPE]  DTYPE  SIZE  PRODUCER`; sizes need a unit (B, KiB, MiB, GiB)",
+        )
+    return None
 
 
 # label -> (the source line -> message and hint, or None where the label does not fit).
@@ -576,12 +606,7 @@ EXAMPLE_MESSAGES: dict[str, Callable[[str], tuple[str, str] | None]] = {
     "duration-unit": lambda line: ("a duration needs a unit", "write milliseconds, e.g. `0.120 ms` (or us, s)"),
     "bandwidth-unit": lambda line: ("a bandwidth needs a unit", "write e.g. `12 GB/s` or `12000000000 B/s`"),
     "one-tuple": lambda line: ("a one-element tuple needs a trailing comma", "write `(x,)`"),
-    "tensor-producer": lambda line: (
-        "expected the producer after the size",
-        "a tensor line is `NAME  [SHAPE]  DTYPE  SIZE  PRODUCER`; sizes need a unit (B, KiB, MiB, GiB)",
-    )
-    if "[" in line
-    else None,
+    "after-size": _after_size,
 }
 
 TERMINAL_WORDS = {
@@ -596,11 +621,12 @@ TERMINAL_WORDS = {
     "COMMENT": "a comment",
     "LINE_COMMENT": "a comment line",
     "RANDOM": "`random`",
-    "_NL": "a new line",
+    "_NL": "a line starting at column 1",
     "_NLI": "an indented line",
     "$END": "the end of the file",
 }
 ARG_STARTERS = {"REF", "INT", "FLOAT", "STRING"}
+LINE_STARTS = {"_NL", "_NLI", "LINE_COMMENT", "$END"}
 
 
 def _position_only(state: Any) -> Any:
@@ -660,9 +686,9 @@ def _keywords(expected: set[str]) -> list[str]:
     return sorted(words)
 
 
-def _found(token: Token) -> str:
+def _found(token: Token, expected: set[str]) -> str:
     if token.type in ("_NL", "_NLI"):
-        return "the end of the line"
+        return TERMINAL_WORDS[token.type] if expected <= LINE_STARTS else "the end of the line"
     if token.type == "$END":
         return "the end of the file"
     if token.type in ("COMMENT", "LINE_COMMENT"):
@@ -706,7 +732,7 @@ def _token_message(token: Token, expected: set[str]) -> str:
     word = token.value[:1].isalpha() and token.type not in ("COMMENT", "LINE_COMMENT")
     if word and token.value not in SECTIONS and set(_keywords(expected)) & set(SECTIONS):
         return f"unknown section `{token.value}`"
-    return f"expected {_expected_words(expected)}, found {_found(token)}"
+    return f"expected {_expected_words(expected)}, found {_found(token, expected)}"
 
 
 def _describe(error: UnexpectedInput) -> tuple[str, str | None]:
@@ -730,7 +756,7 @@ def _where(error: UnexpectedInput, text: str) -> tuple[int, int, int]:
     if token.type == "$END":
         return (*_end_of_text(text), 1)
     if token.type in ("_NL", "_NLI"):
-        if {"_NL", "_NLI"} & set(error.expected):  # wanted another kind of line: point at it
+        if set(error.expected) <= LINE_STARTS:  # wanted another kind of line: point at it
             return token.end_line, token.end_column, 1
         return token.line, token.column, 1  # the line ended early: point at its end
     return token.line, token.column, max(1, len(token.value))

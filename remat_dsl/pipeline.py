@@ -11,7 +11,7 @@ from remat_dsl import ir
 from remat_dsl.capture import capture
 from remat_dsl.fbgraph import build_graph
 from remat_dsl.model_file import ModelFile
-from remat_dsl.profile import profile_step
+from remat_dsl.profile import is_call, profile_step
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ def capture_graph(model_file: ModelFile, repeats: int = 5, progress=None) -> Cap
     model = model_file.build_model()
     inputs = tuple(model_file.sample_inputs())
     captured = capture(model, inputs)
-    total = sum(1 for g in (captured.forward, captured.backward) for n in g.graph.nodes if n.op == "call_function")
+    total = sum(1 for g in (captured.forward, captured.backward) for n in g.graph.nodes if is_call(n))
     if progress:
         progress.start(total)
     step = profile_step(captured, captured.example_primals, repeats, progress.advance if progress else None)

@@ -296,8 +296,7 @@ def _producer(t: ir.TensorDecl) -> str:
 
 def _tensors(tensors: Sequence[ir.TensorDecl]) -> list[str]:
     rows = [TENSOR_HEADING] + [
-        [_name(t.name), _shape(t.shape), _dtype(t.dtype), *size_parts(t.nbytes), _producer(t)]
-        for t in tensors
+        [_name(t.name), _shape(t.shape), _dtype(t.dtype), *size_parts(t.nbytes), _producer(t)] for t in tensors
     ]
     lines = _table(rows, right=frozenset({3}), tight=frozenset({4}))
     return ["tensors"] + (lines[:1] + _with_comments(tensors, lines[1:]) if tensors else [])
@@ -342,9 +341,7 @@ def _check_outputs(graph: ir.Graph) -> None:
     for op in graph.ops:
         derived = tuple(t.name for t in sorted(produced.get(op.name, []), key=lambda t: t.index))
         if derived != tuple(op.outputs):
-            raise ValueError(
-                f"op {op.name!r} lists outputs {op.outputs!r}, but the tensors table gives it {derived!r}"
-            )
+            raise ValueError(f"op {op.name!r} lists outputs {op.outputs!r}, but the tensors table gives it {derived!r}")
 
 
 def _sections(plan: ir.Plan) -> list[list[str]]:

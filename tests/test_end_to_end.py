@@ -130,3 +130,36 @@ def test_checkpoint_sqrt_trains_identically(example, tmp_path):
     plan = make_plan(captured.graph, model=model_file.spec, device=captured.device, budget=autograd, solver="checkpoint-sqrt")
     generated = load_generated(codegen_in_fresh_process(print_plan(plan), tmp_path))
     assert compare_training(model_file, generated, steps=2).identical
+
+
+def test_chain_partition_covers_the_graph(example):
+    from remat_dsl.blocks import partition
+    from remat_dsl.ir import BACKWARD, FORWARD
+
+    _, captured, _ = example
+    graph = captured.graph
+    part = partition(graph)
+    forward = [op.name for op in graph.ops if op.phase == FORWARD]
+    backward = sorted(op.name for op in graph.ops if op.phase == BACKWARD)
+    assert sorted(part.prelude) + sorted(n for b in part.blocks for n in b.forward) == sorted(part.prelude) + sorted(
+        n for n in forward if n not in part.prelude
+    )
+    assert [n for n in forward if n not in part.prelude] == [n for b in part.blocks for n in b.forward]
+    assert sorted(n for b in part.blocks for n in b.backward) == backward
+    assert len(part.blocks) == len(part.chain.blocks) >= 3
+
+
+def test_names_do_not_shift_when_the_model_grows():
+    from remat_dsl.model_file import ModelFile
+
+    gpt2 = load_model_file(str(ROOT / "examples/gpt2.py"))
+    module = sys.modules[gpt2.build_model.__module__]
+    names = []
+    for layers in (2, 3):
+        spec = ModelFile(f"gpt2-{layers}", lambda n=layers: module.build_model(n_layer=n), gpt2.sample_inputs, gpt2.loss_fn)
+        names.append({op.name for op in capture_graph(spec, repeats=1).graph.ops})
+    small, large = names
+    assert small <= large  # no op of the smaller model is renamed by adding a layer
+    added = large - small
+    assert sum(".h.2." in n for n in added) >= len(added) - 2
+    assert "transformer.h.0.mlp.c_fc" in small and "transformer.h.1.attn.bwd.bmm" in small
