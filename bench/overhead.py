@@ -109,7 +109,7 @@ def bench_example(path: str, rounds: int, workdir: Path) -> list[tuple]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=30)
     args = parser.parse_args()
     torch.manual_seed(0)
     rows = []

@@ -39,7 +39,7 @@ class _Namespace:
     PREFIX = {"parameter": "param_", "buffer": "buf_", "input": "in_", "tangent": ""}
 
     def __init__(self, graph: ir.Graph):
-        self.used: set[str] = {"ctx", "aten", "torch", "buffers", "outputs", "_r", "_state"}
+        self.used: set[str] = {"ctx", "torch", "buffers", "outputs", "_r", "_state"}
         self.var: dict[str, str] = {}
         for group in (graph.inputs, graph.parameters, graph.buffers, graph.tangents):
             for value in group:
@@ -49,7 +49,7 @@ class _Namespace:
 
     def _fresh(self, name: str) -> str:
         base = re.sub(r"\W", "_", name)
-        if base[0].isdigit() or keyword.iskeyword(base):
+        if base[0].isdigit() or keyword.iskeyword(base) or base.startswith("aten_"):
             base = "v_" + base
         candidate, k = base, 1
         while candidate in self.used:
@@ -89,7 +89,35 @@ def _render_call(call: ir.Call, var) -> str:
     args = [render_arg(a, var) for a in call.args] + [f"{k}={render_arg(v, var)}" for k, v in call.kwargs]
     if call.target == "operator.getitem":
         return f"{args[0]}[{args[1]}]"
-    return f"{call.target}({', '.join(args)})"
+    return f"{callable_name(call.target)}({', '.join(args)})"
+
+
+def callable_name(target: str) -> str:
+    """`aten.addmm.default` -> `aten_addmm_default`, bound once at the top of the module."""
+    return target.replace(".", "_") if target.startswith("aten.") else target
+
+
+def aten_targets(plan: ir.Plan) -> list[str]:
+    """Every aten operator the module calls (ops and inlined views), sorted."""
+    found: set[str] = set()
+
+    def walk(arg) -> None:
+        if isinstance(arg, ir.Call):
+            found.add(arg.target)
+            for a in (*arg.args, *(v for _, v in arg.kwargs)):
+                walk(a)
+        elif isinstance(arg, (ir.ListArg, ir.TupleArg)):
+            for a in arg.items:
+                walk(a)
+
+    for op in plan.graph.ops:
+        found.add(op.target)
+        for a in (*op.args, *(v for _, v in op.kwargs)):
+            walk(a)
+    walk(plan.graph.outputs)
+    for grad in plan.graph.gradients:
+        walk(grad.value)
+    return sorted(t for t in found if t.startswith("aten."))
 
 
 def _returns_tuple(target: str) -> bool:
@@ -126,6 +154,7 @@ class _Renderer:
         buffers = [self.var[b.name] for b in graph.buffers]
         return dict(
             device=self.plan.header.device,
+            operators=[(callable_name(t), t) for t in aten_targets(self.plan)],
             budget=_size(self.plan.header.budget),
             peak=_size(self.plan.header.peak_bytes),
             time=f"{self.plan.header.time_us / 1000:.3f} ms",
@@ -176,7 +205,7 @@ class _Renderer:
 
     def _call(self, op: ir.Op) -> list[str]:
         args = [render_arg(a, self.var) for a in op.args] + [f"{k}={render_arg(v, self.var)}" for k, v in op.kwargs]
-        call = f"{op.target}({', '.join(args)})"
+        call = f"{callable_name(op.target)}({', '.join(args)})"
         fresh = [t for t in op.outputs if t not in self.resident]
         self.resident.update(op.outputs)
         if not _returns_tuple(op.target):
@@ -267,7 +296,7 @@ def _rebuild(arg: ir.Arg, count: int) -> str:
 
 def _unpack(names: list[str], source: str) -> str:
     if not names:
-        return "pass"
+        return ""
     return f"({', '.join(names)},) = {source}"
 
 
