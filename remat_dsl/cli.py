@@ -58,13 +58,13 @@ def _plan(args) -> int:
     from remat_dsl.model_file import load_model_file
     from remat_dsl.pipeline import capture_graph
     from remat_dsl.printer import print_plan
-    from remat_dsl.solve import autograd_peak, make_plan, parse_budget
+    from remat_dsl.solve import autograd_peak, make_plan, parse_budget, parse_bytes
 
     model_file = load_model_file(args.model)
     with _Progress(f"profiling {model_file.spec}") as progress:
         captured = capture_graph(model_file, args.repeats, progress)
     budget = parse_budget(args.budget, lambda: autograd_peak(captured.graph, captured.device))
-    bandwidth = parse_budget(args.bandwidth, lambda: 0)
+    bandwidth = parse_bytes(args.bandwidth, "bandwidth", "per second")
     _status(f"solving with {args.solver} for a budget of {budget} bytes")
     plan = make_plan(captured.graph, model=model_file.spec, device=captured.device, budget=budget, solver=args.solver, bandwidth=bandwidth)
     text = print_plan(plan)

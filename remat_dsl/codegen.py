@@ -19,7 +19,8 @@ import jinja2
 import torch
 
 from remat_dsl import ir
-from remat_dsl.lowering import pinned_tensors, refs_in
+from remat_dsl.lowering import refs_in
+from remat_dsl.solve import format_bytes
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 
@@ -155,8 +156,8 @@ class _Renderer:
         return dict(
             device=self.plan.header.device,
             operators=[(callable_name(t), t) for t in aten_targets(self.plan)],
-            budget=_size(self.plan.header.budget),
-            peak=_size(self.plan.header.peak_bytes),
+            budget=format_bytes(self.plan.header.budget),
+            peak=format_bytes(self.plan.header.peak_bytes),
             time=f"{self.plan.header.time_us / 1000:.3f} ms",
             inputs=[(v.name, tuple(v.shape), v.dtype) for v in graph.inputs],
             parameters=[p.name for p in graph.parameters],
@@ -302,10 +303,3 @@ def _unpack(names: list[str], source: str) -> str:
 
 def _is_float(dtype: str) -> bool:
     return dtype.startswith(("float", "bfloat", "complex"))
-
-
-def _size(n: int) -> str:
-    for unit, width in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= width:
-            return f"{n / width:.2f} {unit}"
-    return f"{n} B"

@@ -50,7 +50,6 @@ def lower(graph: ir.Graph, order: list[str]) -> tuple[tuple[ir.Instruction, ...]
 
     order: op names; forward ops before the first backward op form the forward section.
     Returns (forward instructions, backward instructions).
-    Raises ValueError if a backward op comes before a forward op it would need to run.
     """
     ops = {op.name: op for op in graph.ops}
     tensor_names = {t.name for t in graph.tensors}

@@ -26,6 +26,7 @@ import torch.utils._pytree as pytree
 from torch.profiler import record_function
 
 from remat_dsl.capture import Captured
+from remat_dsl.errors import RematError
 from remat_dsl.measure import memory_events, memory_profiler
 
 VIEW_EXTRA = {"aten._unsafe_view.default", "aten.alias.default", "aten.detach.default"}
@@ -167,8 +168,6 @@ def _describe(node: fx.Node, value, args, kwargs) -> NodeProfile:
             outputs.append(None)
             continue
         if not isinstance(item, torch.Tensor):
-            from remat_dsl.errors import RematError
-
             raise RematError(f"error: operation {node.target} returns a {type(item).__name__}, which remat-dsl cannot schedule")
         storage = item.untyped_storage()
         alias = view or (storage.nbytes() > 0 and storage.data_ptr() in inputs)

@@ -65,16 +65,21 @@ def parse_budget(text: str, autograd_peak: Callable[[], int]) -> int:
 
     Raises RematError on anything else.
     """
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(%|[a-zA-Z]*)\s*", text)
-    if not match or (match.group(2) != "%" and match.group(2).lower() not in _UNITS):
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*%\s*", text)
+    if match:
+        return math.floor(autograd_peak() * float(match.group(1)) / 100)
+    return parse_bytes(text, "budget", "or a percentage of the autograd peak (50%)")
+
+
+def parse_bytes(text: str, what: str = "size", also: str = "") -> int:
+    """`1.5GiB`, `800 MB`, `12GB`, `65536` -> bytes.  Raises RematError on anything else."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in _UNITS:
         raise RematError(
-            f"error: cannot read budget '{text}'",
-            hint="write bytes with a unit (1.5GiB, 800MB, 65536) or a percentage of the autograd peak (50%)",
+            f"error: cannot read {what} '{text}'",
+            hint=f"write bytes with a unit (1.5GiB, 800MB, 65536) {also}".strip(),
         )
-    value, unit = float(match.group(1)), match.group(2)
-    if unit == "%":
-        return math.floor(autograd_peak() * value / 100)
-    return math.floor(value * _UNITS[unit.lower()])
+    return math.floor(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
 def format_bytes(n: int) -> str:
