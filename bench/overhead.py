@@ -5,8 +5,8 @@ plans with rotor, generates the module, and measures in this one run (this machi
 noisy, so every ratio compares timings taken here, interleaved round by round):
 
 * iteration time (forward + backward) relative to eager PyTorch;
-* relative to torch.utils.checkpoint on every block (each child of the model's largest
-  nn.ModuleList / nn.Sequential, non-reentrant);
+* relative to torch.utils.checkpoint on every block (the largest group of sibling modules
+  of one class: GPT-2's `transformer.h.*`, the ResNet's `layer1..layer4`; non-reentrant);
 * measured peak (bytes the step allocates above parameters and inputs, profiler events),
   beside the plan's prediction and eager's peak.
 
@@ -39,14 +39,25 @@ EXAMPLES = ["examples/gpt2.py", "examples/resnet.py"]
 FRACTIONS = [100, 70, 50]
 
 
+def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The largest group of sibling modules of one class: GPT-2's `transformer.h.*`,
+    the ResNet's `layer1..layer4`."""
+    groups: list[list[torch.nn.Module]] = []
+    for parent in model.modules():
+        by_class: dict[type, list[torch.nn.Module]] = {}
+        for child in parent.children():
+            by_class.setdefault(type(child), []).append(child)
+        groups += by_class.values()
+    return max(groups, key=len)
+
+
 class CheckpointEveryBlock(torch.nn.Module):
-    """The model with torch.utils.checkpoint around each block of its largest block list."""
+    """The model with torch.utils.checkpoint (non-reentrant) around each repeated block."""
 
     def __init__(self, model: torch.nn.Module):
         super().__init__()
         self.model = model
-        blocks = max((m for m in model.modules() if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential))), key=len)
-        for block in blocks:
+        for block in repeated_blocks(model):
             block.forward = self._wrap(block.forward)
 
     @staticmethod
