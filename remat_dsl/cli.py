@@ -40,6 +40,7 @@ def _argument_parser() -> argparse.ArgumentParser:
     plan.add_argument("--solver", default="rotor", help="autograd, checkpoint-sqrt or rotor (default)")
     plan.add_argument("--bandwidth", default="12GB", help="host<->device bandwidth per second (default 12GB)")
     plan.add_argument("--repeats", type=int, default=5, help="timed runs per operation (median)")
+    plan.add_argument("--profile", help="take every operation's time and temporary memory from this profile file (see `remat profile`) instead of measuring")
     plan.add_argument("-o", "--output", help="write the plan here instead of stdout")
     plan.set_defaults(run=_plan)
 
@@ -51,6 +52,12 @@ def _argument_parser() -> argparse.ArgumentParser:
     codegen.add_argument("plan")
     codegen.add_argument("-o", "--output", required=True, help="the .py file to write")
     codegen.set_defaults(run=_codegen)
+    from remat_dsl import profile_file
+    profile_file.add_parsers(sub)
+    from remat_dsl import diff, fmt
+    fmt.add_parsers(sub); diff.add_parsers(sub)
+    from remat_dsl import show
+    show.add_parsers(sub)
     return parser
 
 
@@ -61,8 +68,19 @@ def _plan(args) -> int:
     from remat_dsl.solve import autograd_peak, make_plan, parse_budget, parse_bytes
 
     model_file = load_model_file(args.model)
-    with _Progress(f"profiling {model_file.spec}") as progress:
-        captured = capture_graph(model_file, args.repeats, progress)
+    if args.profile:
+        from dataclasses import replace
+
+        from remat_dsl.profile_file import apply_profile, load_profile
+
+        profile = load_profile(args.profile)
+        with _Progress(f"capturing {model_file.spec}") as progress:
+            captured = capture_graph(model_file, args.repeats, progress, measure_time=False)
+        captured = replace(captured, graph=apply_profile(captured.graph, profile, model=model_file.spec))
+        _status(f"costs from {args.profile}")
+    else:
+        with _Progress(f"profiling {model_file.spec}") as progress:
+            captured = capture_graph(model_file, args.repeats, progress)
     budget = parse_budget(args.budget, lambda: autograd_peak(captured.graph, captured.device))
     bandwidth = parse_bytes(args.bandwidth, "bandwidth", "per second")
     _status(f"solving with {args.solver} for a budget of {budget} bytes")
@@ -100,10 +118,13 @@ def _check(args) -> int:
     plan, sim = load_checked(args.plan)
     print(check_report(args.plan, plan, sim))
     if sim.peak_bytes > plan.header.budget:
-        raise RematError(
-            f"{args.plan}: error: the predicted peak {sim.peak_bytes} bytes (at {sim.peak_at}) is above the budget {plan.header.budget} bytes",
-            hint="plan again with a larger budget or another solver, or recompute/offload more before that line",
-        )
+        from remat_dsl.errors import PlanError
+        from remat_dsl.report import check_budget
+
+        try:
+            check_budget(plan, sim)
+        except PlanError as error:
+            raise error.with_source(args.plan, Path(args.plan).read_text()) from None
     return 0
 
 

@@ -10,6 +10,8 @@
 The first line is `PATH:LINE:COL: error: MESSAGE` (`<plan>` when the path is unknown;
 without a span `PATH: error: MESSAGE`, or `error: MESSAGE` without a path either).  The source line and the carets are shown
 when both the span and the source text are known; `length` carets go under the culprit.
+Where the culprit is a word later on the line than the span (an instruction's target,
+say), `word` names it: once the source is known the column and carets move onto it.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ class PlanError(RematError):
 
     source: the whole text of the plan file, used to quote the offending line.
     length: how many characters of the line to underline (at least 1).
+    word: the culprit's text, if it is a word at or after `span` on that line; the
+    location and the carets then point at it (the first whole-word match).
     """
 
     def __init__(
@@ -57,12 +61,14 @@ class PlanError(RematError):
         path: str | None = None,
         source: str | None = None,
         length: int = 1,
+        word: str | None = None,
     ) -> None:
         super().__init__(message, hint=hint)
         self.span = span
         self.path = path
         self.source = source
         self.length = max(1, length)
+        self.word = word
 
     def with_source(self, path: str | None, source: str | None) -> PlanError:
         """Fill in the path and source text where they are still unknown; returns self."""
@@ -83,16 +89,33 @@ class PlanError(RematError):
     def _location(self) -> str | None:
         if self.span is None:
             return self.path
-        return f"{self.path or UNKNOWN_PATH}:{self.span.line}:{self.span.col}"
+        col, _ = self._culprit()
+        return f"{self.path or UNKNOWN_PATH}:{self.span.line}:{col}"
 
-    def _quote(self) -> list[str]:
+    def _line(self) -> str | None:
         if self.span is None or self.source is None:
-            return []
+            return None
         lines = self.source.split("\n")
         if not 1 <= self.span.line <= len(lines):
+            return None
+        return lines[self.span.line - 1].rstrip("\r")
+
+    def _culprit(self) -> tuple[int, int]:
+        """Column and caret count of the culprit: `word` on the span's line, else span and length."""
+        assert self.span is not None
+        line = self._line()
+        if self.word and line is not None:
+            found = re.compile(rf"(?<![^\s]){re.escape(self.word)}(?![^\s])").search(line, self.span.col - 1)
+            if found:
+                return found.start() + 1, len(self.word)
+        return self.span.col, self.length
+
+    def _quote(self) -> list[str]:
+        line = self._line()
+        if line is None:
             return []
-        line = lines[self.span.line - 1].rstrip("\r")
+        col, length = self._culprit()
         # Keep tabs in the caret prefix so the carets line up under tab-indented text.
-        prefix = "".join(c if c == "\t" else " " for c in line[: self.span.col - 1])
-        prefix += " " * max(0, self.span.col - 1 - len(line))
-        return [line, prefix + "^" * self.length]
+        prefix = "".join(c if c == "\t" else " " for c in line[: col - 1])
+        prefix += " " * max(0, col - 1 - len(line))
+        return [line, prefix + "^" * length]

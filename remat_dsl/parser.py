@@ -515,7 +515,15 @@ class _Builder(Transformer):
     def instruction(self, c: list) -> ir.Instruction:
         comments, (verb, target, stream, *trailing) = _split_comments(c)
         verb_text = _choose(verb, ir.VERBS, "verb", VERB_ALIASES)
-        stream_text = _choose(stream, ir.STREAMS, "stream")
+        if stream.value not in ir.STREAMS:
+            right = ir.VERB_STREAM[verb_text]
+            raise _error(
+                f"unknown stream `{stream}`",
+                stream,
+                f"`{verb_text}` runs on `{right}`: write `{verb_text} {target} on {right}` "
+                f"(the streams are {_one_of(ir.STREAMS)})",
+            )
+        stream_text = stream.value
         if ir.VERB_STREAM[verb_text] != stream_text:
             right = ir.VERB_STREAM[verb_text]
             raise _error(
@@ -768,10 +776,37 @@ def _number_before(line: str, col: int) -> tuple[int, int] | None:
     return (match.start() + 1, len(match.group())) if match else None
 
 
+def _column_one_word(error: UnexpectedInput, source_line: str, col: int) -> tuple[str, str, int] | None:
+    """Message, hint and length for a wrong word at column 1 (a section name is due there).
+
+    Covers a misspelled section name, also one that starts with a real one (`backwards`:
+    the lexer reads `backward` and stumbles on `s`), and an instruction left unindented.
+    """
+    if not isinstance(error, UnexpectedToken) or error.token.type in ("_NL", "_NLI", "$END"):
+        return None
+    match = re.match(r"[A-Za-z_][^\s#]*", source_line)
+    if not match or col > match.end() or match.group() in SECTIONS:
+        return None
+    word = match.group()
+    if word in ir.VERBS or word in VERB_ALIASES:
+        return (
+            "this instruction starts at column 1, where a section name belongs",
+            f"indent the items of a section: write `  {source_line.strip()}`",
+            len(word),
+        )
+    guess = _suggest(word, SECTIONS)
+    hint = f"did you mean `{guess}`?" if guess else "sections come in this order: " + ", ".join(SECTIONS)
+    return f"unknown section `{word}`", hint, len(word)
+
+
 def _syntax_error(error: UnexpectedInput, text: str, path: str | None) -> PlanError:
     line, col, length = _where(error, text)
     label = _match_example(error)
     source_line = text.split("\n")[line - 1] if 0 < line <= text.count("\n") + 1 else ""
+    column_one = _column_one_word(error, source_line, col)
+    if column_one is not None and not label:
+        message, hint, length = column_one
+        return PlanError(message, span=ir.Span(line, 1), hint=hint, path=path, source=text, length=length)
     if label == "missing-on":
         length = 1  # point at where `on` belongs
     elif label and label.endswith("-unit"):

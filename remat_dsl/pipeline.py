@@ -30,10 +30,12 @@ def device_of(inputs: tuple, model: torch.nn.Module) -> str:
     return "cpu"
 
 
-def capture_graph(model_file: ModelFile, repeats: int = 5, progress=None) -> Captured:
+def capture_graph(model_file: ModelFile, repeats: int = 5, progress=None, measure_time: bool = True) -> Captured:
     """Build the model, capture its training step and measure every op.
 
     progress: optional object with `start(total)` and `advance(n)` (a rich progress bar).
+    measure_time: False skips the timing loop: every op's time_us is 0 (sizes, aliasing
+    and temporary memory are still measured), for plans made from a profile file.
     """
     model = model_file.build_model()
     inputs = tuple(model_file.sample_inputs())
@@ -41,5 +43,5 @@ def capture_graph(model_file: ModelFile, repeats: int = 5, progress=None) -> Cap
     total = sum(1 for g in (captured.forward, captured.backward) for n in g.graph.nodes if is_call(n))
     if progress:
         progress.start(total)
-    step = profile_step(captured, captured.example_primals, repeats, progress.advance if progress else None)
+    step = profile_step(captured, captured.example_primals, repeats, progress.advance if progress else None, measure_time)
     return Captured(build_graph(captured, step, inputs), device_of(inputs, model))

@@ -8,7 +8,9 @@ exact storage sizes, or views of existing storage), its temporary memory and its
 * temporary memory: one pass under the PyTorch profiler with a `record_function` range per
   node; the allocator's `[memory]` events inside a range give the node's own peak above
   its outputs (../shared/notes/capture-probe.md, "Peak memory on CPU");
-* duration: median of `repeats` timed runs (microseconds), after one warm-up.
+* duration: median of `repeats` timed runs (microseconds), after one warm-up; with
+  `measure_time=False` no op is timed and every duration is 0 (sizes, aliasing and
+  temporary memory still come from the one real run).
 
 The RNG state is restored afterwards, so profiling draws nothing from the user's stream.
 """
@@ -84,18 +86,21 @@ def _schema_is_view(node: fx.Node) -> bool:
     return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
 
 
-def profile_step(captured: Captured, inputs_by_primal: list[torch.Tensor], repeats: int = 5, progress=None) -> StepProfile:
+def profile_step(
+    captured: Captured, inputs_by_primal: list[torch.Tensor], repeats: int = 5, progress=None, measure_time: bool = True
+) -> StepProfile:
     """Run the forward then the backward graph node by node and measure each node.
 
     inputs_by_primal: the real tensors for the forward placeholders, in order.
     progress: optional callable(advance: int) for a progress bar.
+    measure_time: False skips the timing loop (every time_us stays 0).
     """
     result = StepProfile()
     devices = sorted({t.device.index or 0 for t in inputs_by_primal if t.is_cuda})
     with torch.random.fork_rng(devices=devices), torch.no_grad():
-        env = _run_graph(captured.forward, inputs_by_primal, result.forward, repeats, progress)
+        env = _run_graph(captured.forward, inputs_by_primal, result.forward, repeats, progress, measure_time)
         bw_inputs = _backward_inputs(captured, env)
-        _run_graph(captured.backward, bw_inputs, result.backward, repeats, progress)
+        _run_graph(captured.backward, bw_inputs, result.backward, repeats, progress, measure_time)
     return result
 
 
@@ -116,7 +121,7 @@ def _backward_inputs(captured: Captured, fw_env: dict[str, object]) -> list[torc
     return values
 
 
-def _run_graph(gm: fx.GraphModule, args: list, profiles: dict, repeats: int, progress) -> dict[str, object]:
+def _run_graph(gm: fx.GraphModule, args: list, profiles: dict, repeats: int, progress, measure_time: bool = True) -> dict[str, object]:
     """Interpret `gm` on real tensors, filling `profiles`; returns name -> value."""
     env: dict[str, object] = {}
     placeholders = iter(args)
@@ -138,7 +143,7 @@ def _run_graph(gm: fx.GraphModule, args: list, profiles: dict, repeats: int, pro
     _attribute_temp(prof, calls, profiles)
     for node in calls:
         info = profiles[node]
-        if not all(o is None or o.alias for o in info.outputs):
+        if measure_time and not all(o is None or o.alias for o in info.outputs):
             fn_args, fn_kwargs = _materialize(node, env)
             info.time_us = _time(node, fn_args, fn_kwargs, repeats)
         if progress:

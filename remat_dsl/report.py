@@ -8,7 +8,11 @@ from rich.console import Console
 from rich.table import Table
 
 from remat_dsl import ir
+from remat_dsl.errors import PlanError
+from remat_dsl.simulate import iter_refs, op_refs
 from remat_dsl.solve import format_bytes
+
+LARGEST_LISTED = 5  # live tensors named when the peak is above the budget
 
 
 def instruction_line(plan: ir.Plan, at: str) -> str:
@@ -19,6 +23,48 @@ def instruction_line(plan: ir.Plan, at: str) -> str:
     if ins is None or ins.span is None:
         return at
     return f"{at}, line {ins.span.line}: {ins.verb} {ins.target}"
+
+
+def check_budget(plan: ir.Plan, sim) -> None:
+    """Raise PlanError at the peak instruction when the simulated peak is above the header's budget.
+
+    The message lists the largest tensors live at the peak (from the peak Step's `live`).
+    """
+    budget = plan.header.budget
+    if sim.peak_bytes <= budget:
+        return
+    section, _, index = sim.peak_at.partition(":")
+    instructions = plan.forward if section == ir.FORWARD else plan.backward
+    instr = instructions[int(index) - 1] if index.isdigit() and 0 < int(index) <= len(instructions) else None
+    step = next((s for s in sim.timeline if s.live), None)
+    live = step.live if step else ()
+    listed = ", ".join(f"{name} {format_bytes(nbytes)}" for name, nbytes in live[:LARGEST_LISTED])
+    more = f" and {len(live) - LARGEST_LISTED} more" if len(live) > LARGEST_LISTED else ""
+    over = sim.peak_bytes - budget
+    message = (
+        f"the predicted peak {format_bytes(sim.peak_bytes)} ({sim.peak_bytes} B) at {sim.peak_at} is "
+        f"{over} B above the budget {format_bytes(budget)} ({budget} B)"
+        + (f"; largest live here: {listed}{more}" if listed else "")
+    )
+    held = {ref.name for ref in iter_refs(plan.graph.outputs)}
+    held |= {ref.name for grad in plan.graph.gradients for ref in iter_refs(grad.value)}
+    # what the peak instruction itself allocates or reads cannot be freed before it
+    op = next((op for op in plan.graph.ops if instr is not None and op.name == instr.target), None)
+    if op is not None:
+        held |= set(op.outputs) | {ref.name for ref in op_refs(op)}
+    tensors = {t.name for t in plan.graph.tensors}
+    movable = [name for name, _ in live if name in tensors and name not in held]
+    if movable:
+        hint = (
+            f"free {over} B here: delete, recompute or offload '{movable[0]}' (or another saved tensor) "
+            f"before this line, or raise the budget to at least {sim.peak_bytes} B"
+        )
+    else:
+        hint = (
+            "every tensor live here is an output, a gradient or an operand of this line: raise the budget "
+            f"to at least {sim.peak_bytes} B, or plan again (`remat plan --budget`) with another solver"
+        )
+    raise PlanError(message, span=instr.span if instr else None, hint=hint, word=instr.target if instr else None)
 
 
 def check_report(path: str, plan: ir.Plan, sim) -> str:

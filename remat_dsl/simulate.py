@@ -229,6 +229,7 @@ class _GraphIndex:
                     f"gradient for unknown parameter '{grad.parameter}'",
                     span=grad.span,
                     hint=_did_you_mean(grad.parameter, parameters) or "declare it under parameters",
+                    length=len(grad.parameter),
                 )
             for ref in iter_refs(grad.value):
                 self._check_ref(ref, known, f"the gradient of '{grad.parameter}'", grad.span)
@@ -244,6 +245,7 @@ class _GraphIndex:
                 f"update of unknown buffer '{update.buffer}'",
                 span=update.span,
                 hint=_did_you_mean(update.buffer, buffers) or "declare it under buffers",
+                length=len(update.buffer),
             )
         if update.tensor not in self.tensors:
             raise PlanError(
@@ -271,6 +273,7 @@ class _GraphIndex:
             f"unknown value '%{ref.name}' in {where}",
             span=ref.span or fallback,
             hint=_did_you_mean(ref.name, known) or "refer to an input, parameter, buffer, tangent or tensor",
+            length=len(ref.name) + 1 if ref.span else 1,
         )
 
 
@@ -377,7 +380,7 @@ class _Simulator:
             if op.phase == ir.FORWARD and op.name not in self.computed:
                 self._fail(
                     f"forward op '{op.name}' is never computed in the forward section",
-                    f"add `compute {op.name} on compute` to the forward section, after its inputs are computed",
+                    f"add `compute {op.name} on compute` to the forward section{self._after_inputs(op)}",
                     span,
                 )
         for ref in self.graph.outputs:
@@ -402,8 +405,8 @@ class _Simulator:
         for op in self.plan.graph.ops:
             if op.phase == ir.BACKWARD and op.name not in self.computed:
                 self._fail(
-                    f"backward op '{op.name}' is never computed",
-                    f"add `compute {op.name} on compute` to the backward section, after its inputs are computed",
+                    f"backward op '{op.name}' is never computed: the backward section ends here without it",
+                    f"add `compute {op.name} on compute` to the backward section{self._after_inputs(op)}",
                     span,
                 )
         for ref in self.graph.gradients:
@@ -413,6 +416,15 @@ class _Simulator:
                     f"compute '{ref.name}' before the end of the backward section",
                     span,
                 )
+
+    def _after_inputs(self, op: ir.Op) -> str:
+        """Where a missing compute of `op` belongs: after the compute of its last-computed input."""
+        producers = {self.graph.tensors[r.name].producer for r in op_refs(op) if r.name in self.graph.tensors}
+        order = [name for name in self.computed if name in producers]
+        if not order:
+            return ", after its inputs are computed"
+        last = order[-1]
+        return f", after `compute {last}` ({self.computed[last]}) and before its inputs are deleted"
 
     def result(self) -> Simulation:
         """The Simulation of the replayed plan."""
@@ -439,7 +451,9 @@ class _Simulator:
     # -- helpers ------------------------------------------------------------
 
     def _fail(self, message: str, hint: str, span: ir.Span | None = None) -> NoReturn:
-        raise PlanError(message, span=span, hint=hint)
+        """Raise PlanError at `span`; at the current instruction, the carets go under its target."""
+        here = self.instr is not None and span is not None and span is self.instr.span
+        raise PlanError(message, span=span, hint=hint, word=self.instr.target if here else None)
 
     def _where(self) -> str:
         """How messages name the current instruction: "line N", else "forward:K"."""
@@ -623,12 +637,19 @@ class _Simulator:
                 f"add `compute {producer} on compute` before this line",
                 instr.span,
             )
-        prefetch = f", prefetch and wait {name} (it has a host copy)" if name in self.host_ready else ""
-        self._fail(
-            f"tensor '{name}' is used by '{op.name}' but was deleted at {deleted}",
-            f"move the delete after this line{prefetch} or recompute '{producer}' before it",
-            instr.span,
-        )
+        fixes = [f"move the delete at {deleted} after this line"]
+        if name in self.host_ready:
+            fixes.append(f"add `prefetch {name} on h2d` and `wait {name} on compute` before this line (it has a host copy)")
+        if self.graph.ops[producer].phase == ir.FORWARD:
+            fixes.append(f"add `recompute {producer} on compute` before this line")
+        hint = ("either " if len(fixes) > 1 else "") + "; or ".join(fixes)
+        if self.section == ir.BACKWARD and self.graph.ops[producer].phase == ir.FORWARD:
+            self._fail(
+                f"saved tensor '{name}' is missing at its backward use by '{op.name}': it was deleted at {deleted}",
+                hint,
+                instr.span,
+            )
+        self._fail(f"tensor '{name}' is used by '{op.name}' but was deleted at {deleted}", hint, instr.span)
 
     # -- delete, offload, prefetch, wait -----------------------------------
 
@@ -694,14 +715,26 @@ class _Simulator:
         name = instr.target
         if name not in self.host_ready:
             started = self.offloaded_at.get(name)
+            if started:
+                hint = f"add `wait {name} on compute` before this line"
+            elif name in self.resident:
+                hint = (
+                    f"remove this line: {name} is still on the device (to keep it on the host meanwhile, "
+                    f"`offload {name} on d2h`, `wait {name} on compute` and `delete {name} on compute` earlier)"
+                )
+            elif name in self.deleted_at:
+                producer = self.graph.ops[self.graph.tensors[name].producer]
+                hint = (
+                    f"add `offload {name} on d2h` and `wait {name} on compute` before its delete at "
+                    f"{self.deleted_at[name]}"
+                    + (f", or `recompute {producer.name} on compute` here instead" if producer.phase == ir.FORWARD else "")
+                )
+            else:
+                hint = f"{name} was never computed: compute it, offload it and wait for the offload first"
             self._fail(
                 f"cannot prefetch '{name}': "
                 + (f"its offload ({started}) was not waited for" if started else "it has no host copy"),
-                (
-                    f"add `wait {name} on compute` before this line"
-                    if started
-                    else f"offload {name} and wait for it before deleting it"
-                ),
+                hint,
                 instr.span,
             )
         if name in self.resident:

@@ -432,7 +432,7 @@ def test_unknown_stream():
         f"{location(where(text, 'gpu'))}: error: unknown stream `gpu`",
         "  offload  mm     on gpu      # keep a host copy",
         "                     ^^^",
-        "  hint: expected `compute`, `d2h` or `h2d`",
+        "  hint: `offload` runs on `d2h`: write `offload mm on d2h` (the streams are `compute`, `d2h` or `h2d`)",
     ]
 
 

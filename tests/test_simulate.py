@@ -383,14 +383,17 @@ def test_use_before_compute():
 def test_use_after_delete():
     plan = _plan(_replace(STORE_ALL_FWD, "compute y", "delete d\ncompute y"))
     _fails(
-        plan, "tensor 'd' is used by 'y' but was deleted at line 13", 14, "move the delete after this line"
+        plan, "tensor 'd' is used by 'y' but was deleted at line 13", 14, "move the delete at line 13 after this line"
     )
 
 
 def test_use_after_delete_hints_prefetch_when_host_copy_exists():
     plan = _plan(OFFLOAD_FWD, _replace(OFFLOAD_BWD, "prefetch d:1\nwait d:1\n", ""))
     _fails(
-        plan, f"tensor 'd:1' is used by '{DROP_BWD}' but was deleted at line 17", 31, "prefetch and wait d:1"
+        plan,
+        f"saved tensor 'd:1' is missing at its backward use by '{DROP_BWD}': it was deleted at line 17",
+        31,
+        "add `prefetch d:1 on h2d` and `wait d:1 on compute` before this line",
     )
 
 

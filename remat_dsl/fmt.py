@@ -1,0 +1,75 @@
+"""`remat fmt FILE...`: rewrite plan files in the canonical layout of `remat_dsl.printer`.
+
+Formatting is parse + print: comments are kept (the parser attaches them to items), and
+the result is a fixed point (`fmt(fmt(text)) == fmt(text)`).  Every file is read and
+parsed before any is written, so an unreadable or invalid file changes nothing.
+
+`--check` writes nothing: it lists the files that would change on stdout and exits 1
+when there are any (0 otherwise), for CI.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from remat_dsl.errors import PlanError, RematError
+
+EXIT_WOULD_CHANGE = 1
+
+
+def read_plan_text(path: str) -> str:
+    """The UTF-8 text of the plan file at `path`; raises RematError when it cannot be read."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise RematError(f"{path}: error: cannot read the plan: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise RematError(f"{path}: error: cannot read the plan: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def canonical_text(text: str, path: str | None = None) -> str:
+    """The canonical text of a plan's `text`; raises PlanError (with `path`) when it does not parse."""
+    from remat_dsl.parser import parse
+    from remat_dsl.printer import print_plan
+
+    plan = parse(text, path)
+    try:
+        return print_plan(plan)
+    except ValueError as exc:
+        raise PlanError(f"cannot print the plan canonically: {exc}", path=path) from None
+
+
+def add_parsers(subparsers) -> None:
+    """Register `remat fmt` on the `add_subparsers()` object of the `remat` command."""
+    fmt = subparsers.add_parser("fmt", help="rewrite plan files in the canonical layout (comments kept)")
+    fmt.add_argument("files", nargs="+", metavar="FILE", help="plan files to rewrite in place")
+    fmt.add_argument("--check", action="store_true", help="change nothing; list the files that would change and exit 1 if any")
+    fmt.set_defaults(run=run_fmt)
+
+
+def run_fmt(args) -> int:
+    """`remat fmt [--check] FILE...`: 0 when done (or nothing to change), 1 for --check with changes."""
+    formatted = _formatted(args.files)
+    changed = [(path, new) for path, old, new in formatted if new != old]
+    if args.check:
+        for path, _ in changed:
+            print(path)
+        if changed:
+            print(f"{len(changed)} of {len(formatted)} plan file(s) would be reformatted by `remat fmt`", file=sys.stderr)
+        return EXIT_WOULD_CHANGE if changed else 0
+    from remat_dsl.cli import write_atomically
+
+    for path, new in changed:
+        write_atomically(Path(path), new)
+        print(f"reformatted {path}", file=sys.stderr)
+    return 0
+
+
+def _formatted(paths: list[str]) -> list[tuple[str, str, str]]:
+    """(path, current text, canonical text) of every file, all parsed before returning."""
+    result = []
+    for path in dict.fromkeys(paths):  # a file named twice is formatted once
+        text = read_plan_text(path)
+        result.append((path, text, canonical_text(text, path)))
+    return result
