@@ -12,6 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from remat_dsl import diff, fmt, profile_file, show
 from remat_dsl.errors import RematError
 
 EXIT_USER_ERROR = 2
@@ -52,12 +53,8 @@ def _argument_parser() -> argparse.ArgumentParser:
     codegen.add_argument("plan")
     codegen.add_argument("-o", "--output", required=True, help="the .py file to write")
     codegen.set_defaults(run=_codegen)
-    from remat_dsl import profile_file
-    profile_file.add_parsers(sub)
-    from remat_dsl import diff, fmt
-    fmt.add_parsers(sub); diff.add_parsers(sub)
-    from remat_dsl import show
-    show.add_parsers(sub)
+    for module in (profile_file, fmt, diff, show):
+        module.add_parsers(sub)
     return parser
 
 
