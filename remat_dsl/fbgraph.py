@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import operator
 import re
-from collections import Counter, defaultdict
+from collections import Counter
 
 import torch
 import torch.fx as fx

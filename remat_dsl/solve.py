@@ -26,7 +26,7 @@ from remat_dsl.blocks import ChainPartition, partition
 from remat_dsl.errors import RematError
 from remat_dsl.lowering import lower
 from remat_dsl.simulate import simulate, with_predictions
-from remat_dsl.solvers.chain import ChainSchedule, InfeasibleBudget
+from remat_dsl.solvers.chain import ChainSchedule
 from remat_dsl.solvers.rotor import min_feasible_budget, solve_rotor
 from remat_dsl.solvers.sqrt import solve_checkpoint_sqrt
 

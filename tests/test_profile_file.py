@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from remat_dsl import ir
 from remat_dsl.errors import PlanError
 from remat_dsl.model_file import load_model_file
 from remat_dsl.parser import parse

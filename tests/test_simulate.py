@@ -14,7 +14,6 @@ The tangent grad_output.0 is float32[4, 8]: 128 bytes.
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 from hypothesis import given, settings
