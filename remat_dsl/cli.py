@@ -37,7 +37,9 @@ def _argument_parser() -> argparse.ArgumentParser:
 
     plan = sub.add_parser("plan", help="capture and profile a model, solve, print the plan on stdout")
     plan.add_argument("model", help="model file, optionally path.py:factory")
-    plan.add_argument("--budget", required=True, help="bytes with a unit (1.5GiB, 800MB) or a percentage of the autograd peak (50%%)")
+    plan.add_argument("--budget", help="bytes with a unit (1.5GiB, 800MB) or a percentage of the autograd peak (50%%); default: the constraints' budget")
+    plan.add_argument("--constraints", help="a file of constraint lines: keep/recompute/offload/no-offload \"GLOB\", budget SIZE")
+    plan.add_argument("--from", dest="from_plan", help="re-solve with this plan's constraints and budget")
     plan.add_argument("--solver", default="rotor", help="autograd, checkpoint-sqrt or rotor (default)")
     plan.add_argument("--bandwidth", default="12GB", help="host<->device bandwidth per second (default 12GB)")
     plan.add_argument("--repeats", type=int, default=5, help="timed runs per operation (median)")
@@ -78,10 +80,14 @@ def _plan(args) -> int:
     else:
         with _Progress(f"profiling {model_file.spec}") as progress:
             captured = capture_graph(model_file, args.repeats, progress)
-    budget = parse_budget(args.budget, lambda: autograd_peak(captured.graph, captured.device))
+    constraints, budget_text = _constraints_and_budget(args)
+    budget = parse_budget(budget_text, lambda: autograd_peak(captured.graph, captured.device))
     bandwidth = parse_bytes(args.bandwidth, "bandwidth", "per second")
     _status(f"solving with {args.solver} for a budget of {budget} bytes")
-    plan = make_plan(captured.graph, model=model_file.spec, device=captured.device, budget=budget, solver=args.solver, bandwidth=bandwidth)
+    plan = make_plan(
+        captured.graph, model=model_file.spec, device=captured.device, budget=budget, solver=args.solver,
+        bandwidth=bandwidth, constraints=constraints,
+    )  # fmt: skip
     text = print_plan(plan)
     if args.output:
         write_atomically(Path(args.output), text)
@@ -91,8 +97,27 @@ def _plan(args) -> int:
     return 0
 
 
+def _constraints_and_budget(args) -> tuple[tuple, str]:
+    """Constraints from --from PLAN and --constraints FILE, and the budget text to use:
+    --budget, else the last `budget` constraint, else the --from plan's budget."""
+    from remat_dsl.constraints import budget_of, located, read_constraints
+    from remat_dsl.parser import parse_file
+
+    constraints, fallback = (), None
+    if args.from_plan:
+        old = parse_file(args.from_plan)
+        constraints, fallback = located(old.constraints, args.from_plan), old.header.budget
+    if args.constraints:
+        constraints += read_constraints(args.constraints)
+    budget = args.budget or budget_of(constraints) or fallback
+    if budget is None:
+        raise RematError("error: no budget given", hint="pass --budget (2GiB, 50%), or a `budget SIZE` constraint, or --from PLAN")
+    return constraints, str(budget)
+
+
 def load_checked(path: str):
     """Parse and simulate a plan file: (plan, simulation).  Raises PlanError."""
+    from remat_dsl.constraints import check_plan
     from remat_dsl.errors import PlanError
     from remat_dsl.parser import parse
     from remat_dsl.simulate import simulate
@@ -103,7 +128,9 @@ def load_checked(path: str):
         raise RematError(f"{path}: error: cannot read the plan: {exc.strerror}") from None
     plan = parse(text, path)
     try:
-        return plan, simulate(plan)
+        simulation = simulate(plan)
+        check_plan(plan)
+        return plan, simulation
     except PlanError as error:
         error.path, error.source = error.path or path, error.source or text
         raise

@@ -272,12 +272,36 @@ class Header:
     comments: tuple[str, ...] = ()
 
 
+CONSTRAINT_KINDS = ("keep", "recompute", "offload", "no-offload", "budget")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """One line of the constraint language: `KIND "PATTERN"` or `budget SIZE`.
+
+    kind: one of CONSTRAINT_KINDS.  pattern: a glob over tensor names
+    (`transformer.h.*.attn.*`), None for `budget`.  size: bytes, for `budget` only.
+    keep: no matching tensor is recomputed; recompute: matching tensors are not kept from
+    forward to backward but recomputed before their backward use; offload: matching saved
+    tensors go to host memory between their forward and backward uses; no-offload: they
+    never do; budget: the budget when `--budget` is not given.
+    """
+
+    kind: str
+    pattern: str | None = None
+    size: int | None = None
+    comments: tuple[str, ...] = ()
+    span: Span | None = _span()
+    source: str | None = field(default=None, compare=False, repr=False)  # "FILE:LINE" for messages
+
+
 @dataclass(frozen=True)
 class Plan:
-    """A complete plan: header, FB-graph, forward and backward sections."""
+    """A complete plan: header, constraints, FB-graph, forward and backward sections."""
 
     header: Header
     graph: Graph
     forward: tuple[Instruction, ...]
     backward: tuple[Instruction, ...]
     comments: tuple[str, ...] = ()  # comment lines at the end of the file
+    constraints: tuple[Constraint, ...] = ()

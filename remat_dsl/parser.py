@@ -299,6 +299,19 @@ def _with_outputs(ops: tuple[ir.Op, ...], tensors: tuple[ir.TensorDecl, ...]) ->
 # ---------------------------------------------------------------------------
 
 
+def constraint_of(kind: Token, value, comments: tuple[str, ...] = ()) -> ir.Constraint:
+    """A Constraint from its kind word and its value (a STRING token or a size in bytes)."""
+    word = _choose(kind, ir.CONSTRAINT_KINDS, "constraint")
+    is_pattern = isinstance(value, Token)
+    if word == "budget" and is_pattern:
+        raise _error("`budget` takes a size", value, "write for example `budget 2 GiB`")
+    if word != "budget" and not is_pattern:
+        raise _error(f"`{word}` takes a quoted glob pattern", kind, f'write for example `{word} "transformer.h.*.attn.*"`')
+    if is_pattern:
+        return ir.Constraint(word, json.loads(value.value), None, comments, _span(kind))
+    return ir.Constraint(word, None, value, comments, _span(kind))
+
+
 class _Builder(Transformer):
     """Builds ir dataclasses from the parse tree of grammar/plan.lark."""
 
@@ -324,7 +337,10 @@ class _Builder(Transformer):
             gradients=sections["gradients"],
             updates=sections.get("updates", ()),
         )
-        return ir.Plan(replace(header, comments=top), graph, sections["forward"], sections["backward"], end)
+        return ir.Plan(
+            replace(header, comments=top), graph, sections["forward"], sections["backward"], end,
+            sections.get("constraints", ()),
+        )  # fmt: skip
 
     def top_comment(self, c: list) -> _FileComment:
         return _FileComment("top", _comment_text(c[0]))
@@ -382,6 +398,14 @@ class _Builder(Transformer):
 
     def duration(self, c: list) -> int:
         return _amount(c[0], c[1], DURATION_UNITS, "duration")
+
+    # --- constraints
+    def constraints(self, c: list) -> _Section:
+        return _Section("constraints", _items(c))
+
+    def constraint(self, c: list) -> ir.Constraint:
+        comments, (kind, value) = _split_comments(c)
+        return constraint_of(kind, value, comments)
 
     # --- the FB-graph
     def inputs(self, c: list) -> _Section:

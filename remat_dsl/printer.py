@@ -333,6 +333,12 @@ def _schedule(title: str, instructions: Sequence[ir.Instruction]) -> list[str]:
     return [title] + _with_comments(instructions, lines)
 
 
+def _constraint_row(c: ir.Constraint) -> list[str]:
+    if c.kind not in ir.CONSTRAINT_KINDS:
+        raise ValueError(f"cannot print constraint kind {c.kind!r}")
+    return [c.kind, format_size(c.size) if c.kind == "budget" else _string(c.pattern)]
+
+
 def _check_outputs(graph: ir.Graph) -> None:
     """Op.outputs is not printed: it must equal the tensors each op produces, by index."""
     produced: dict[str, list[ir.TensorDecl]] = {}
@@ -350,7 +356,10 @@ def _sections(plan: ir.Plan) -> list[list[str]]:
         (g.buffers, lambda: _values("buffers", g.buffers)),
         (g.tangents, lambda: _values("tangents", g.tangents)),
     ]
-    sections = [_header(plan.header), _values("inputs", g.inputs), _values("parameters", g.parameters)]
+    sections = [_header(plan.header)]
+    if plan.constraints:
+        sections.append(["constraints"] + _with_comments(plan.constraints, _table([_constraint_row(c) for c in plan.constraints])))
+    sections += [_values("inputs", g.inputs), _values("parameters", g.parameters)]
     sections += [render() for items, render in optional if items]
     sections += [_tensors(g.tensors), _ops(g.ops), ["outputs", INDENT + format_arg(g.outputs)]]
     sections.append(_assignments("gradients", [(gr.parameter, format_arg(gr.value)) for gr in g.gradients]))

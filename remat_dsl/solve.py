@@ -23,6 +23,7 @@ from typing import Callable
 
 from remat_dsl import ir
 from remat_dsl.blocks import ChainPartition, partition
+from remat_dsl.constraints import add_offloads, check_conflicts, constrain_order, constraint_lines
 from remat_dsl.errors import RematError
 from remat_dsl.lowering import lower
 from remat_dsl.simulate import simulate, with_predictions
@@ -117,75 +118,113 @@ def solve_sqrt(graph: ir.Graph, budget: int) -> Solution:
 SOLVERS = ("autograd", "checkpoint-sqrt", "rotor")
 
 
-def make_plan(graph: ir.Graph, *, model: str, device: str, budget: int, solver: str, bandwidth: int = DEFAULT_BANDWIDTH, progress=None) -> ir.Plan:
+def make_plan(
+    graph: ir.Graph,
+    *,
+    model: str,
+    device: str,
+    budget: int,
+    solver: str,
+    bandwidth: int = DEFAULT_BANDWIDTH,
+    constraints: tuple[ir.Constraint, ...] = (),
+) -> ir.Plan:
     """Solve, lower and simulate: a plan whose predicted peak is at most `budget`.
 
-    Raises BudgetError (with the smallest feasible budget) when the solver cannot fit.
+    constraints: keep/recompute/offload/no-offload lines every solver honours
+    (remat_dsl.constraints).  Raises BudgetError (with the smallest feasible budget) when
+    the solver cannot fit, and RematError naming the lines when constraints conflict.
     """
     if solver not in SOLVERS:
         raise RematError(f"error: unknown solver '{solver}'", hint=f"choose one of: {', '.join(SOLVERS)}")
-    if solver == "rotor":
-        return _rotor_plan(graph, model, device, budget, bandwidth)
-    solution = solve_autograd(graph, budget) if solver == "autograd" else solve_sqrt(graph, budget)
-    plan = _lowered(graph, solution, model, device, budget, bandwidth)
-    if plan.header.peak_bytes > budget:
-        raise BudgetError(budget, plan.header.peak_bytes, solver)
-    return plan
+    check_conflicts(graph, constraints)
+    context = _Context(graph, model, device, budget, bandwidth, constraints)
+    try:
+        if solver == "rotor":
+            return _rotor_plan(context)
+        solution = solve_autograd(graph, budget) if solver == "autograd" else solve_sqrt(graph, budget)
+        plan = context.lowered(solution)
+        if plan.header.peak_bytes > budget:
+            raise BudgetError(budget, plan.header.peak_bytes, solver)
+        return plan
+    except BudgetError as error:
+        if not any(c.kind != "budget" for c in constraints):
+            raise
+        budget_lines = [c.source for c in constraints if c.kind == "budget" and c.size == budget and c.source]
+        where = f" ({budget_lines[-1]})" if budget_lines else ""
+        raise RematError(
+            f"error: the constraints at {constraint_lines(constraints)} and the budget {format_bytes(budget)}{where} "
+            f"cannot all hold with solver {solver}: the smallest budget that satisfies them is "
+            f"{format_bytes(error.smallest)} ({error.smallest} bytes)",
+            hint=f"raise the budget to {error.smallest} bytes or more, or relax the keep/offload/recompute lines",
+        ) from None
 
 
-def _lowered(graph, solution: Solution, model, device, budget, bandwidth) -> ir.Plan:
-    forward, backward = lower(graph, list(solution.order))
-    header = ir.Header(model, device, budget, ir.BUDGET_COUNTS, solution.solver, solution.status, 0, "forward:1", 0, 0, 0, bandwidth)
-    plan = ir.Plan(header, graph, forward, backward)
-    return with_predictions(plan, simulate(plan))
+@dataclass(frozen=True)
+class _Context:
+    """What every lowering of one `make_plan` call shares."""
+
+    graph: ir.Graph
+    model: str
+    device: str
+    budget: int
+    bandwidth: int
+    constraints: tuple[ir.Constraint, ...]
+
+    def lowered(self, solution: Solution) -> ir.Plan:
+        order = constrain_order(self.graph, list(solution.order), self.constraints)
+        forward, backward = add_offloads(self.graph, *lower(self.graph, order), self.constraints)
+        h = ir.Header(self.model, self.device, self.budget, ir.BUDGET_COUNTS, solution.solver, solution.status, 0, "forward:1", 0, 0, 0, self.bandwidth)
+        plan = ir.Plan(h, self.graph, forward, backward, constraints=self.constraints)
+        return with_predictions(plan, simulate(plan))
 
 
 def autograd_peak(graph: ir.Graph, device: str) -> int:
     """Simulated peak of the autograd plan (bytes): what a percentage budget refers to."""
-    plan = _lowered(graph, solve_autograd(graph, 0), "", device, 0, DEFAULT_BANDWIDTH)
-    return plan.header.peak_bytes
+    context = _Context(graph, "", device, 0, DEFAULT_BANDWIDTH, ())
+    return context.lowered(solve_autograd(graph, 0)).header.peak_bytes
 
 
-def _rotor_plan(graph, model, device, budget, bandwidth) -> ir.Plan:
+def _rotor_plan(context: _Context) -> ir.Plan:
+    graph, budget = context.graph, context.budget
     part = partition(graph)
     name = f"rotor slots={ROTOR_SLOTS} blocks={len(part.blocks)}"
-    store_all = _lowered(graph, Solution(solve_autograd(graph, budget).order, name, "optimal"), model, device, budget, bandwidth)
+    store_all = context.lowered(Solution(solve_autograd(graph, budget).order, name, "optimal"))
     if store_all.header.peak_bytes <= budget:
         return store_all  # nothing recomputed: no plan can be faster
     floor = min_feasible_budget(part.chain, ROTOR_SLOTS)
     chain_budget, status = budget, "optimal"
     for _ in range(8):
-        plan = _rotor_at(graph, part, max(chain_budget, floor), name, status, model, device, budget, bandwidth)
+        plan = _rotor_at(context, part, max(chain_budget, floor), name, status)
         excess = plan.header.peak_bytes - budget
         if excess <= 0:
             return plan
         if chain_budget <= floor:
             break
         chain_budget, status = chain_budget - max(excess, budget // 50), "feasible"
-    best = min(_floor_plans(graph, part, floor, name, model, device, budget, bandwidth), key=lambda p: p.header.peak_bytes)
+    best = min(_floor_plans(context, part, floor, name), key=lambda p: p.header.peak_bytes)
     if best.header.peak_bytes > budget:
         raise BudgetError(budget, best.header.peak_bytes, "rotor")
     return best
 
 
-def _rotor_at(graph, part, chain_budget, name, status, model, device, budget, bandwidth) -> ir.Plan:
+def _rotor_at(context: _Context, part, chain_budget: int, name: str, status: str) -> ir.Plan:
     schedule = solve_rotor(part.chain, chain_budget, ROTOR_SLOTS)
-    return _lowered(graph, Solution(chain_order(part, schedule), name, status), model, device, budget, bandwidth)
+    return context.lowered(Solution(chain_order(part, schedule), name, status))
 
 
 FLOOR_SWEEP = (1.0, 1.05, 1.1, 1.2, 1.35, 1.5)
 
 
-def _floor_plans(graph, part, floor, name, model, device, budget, bandwidth):
+def _floor_plans(context: _Context, part, floor: int, name: str):
     """Plans at chain budgets a little above the chain's floor: the least-memory ones."""
     for factor in FLOOR_SWEEP:
-        yield _rotor_at(graph, part, math.ceil(floor * factor), name, "feasible", model, device, budget, bandwidth)
+        yield _rotor_at(context, part, math.ceil(floor * factor), name, "feasible")
 
 
-def smallest_rotor_budget(graph: ir.Graph, device: str) -> int:
+def smallest_rotor_budget(graph: ir.Graph, device: str, constraints: tuple[ir.Constraint, ...] = ()) -> int:
     """The least simulated peak (bytes) of rotor's plans near the chain's smallest budget:
     `make_plan(..., solver="rotor")` succeeds at any budget at or above it."""
     part = partition(graph)
     floor = min_feasible_budget(part.chain, ROTOR_SLOTS)
-    plans = _floor_plans(graph, part, floor, "rotor", "", device, 0, DEFAULT_BANDWIDTH)
-    return min(p.header.peak_bytes for p in plans)
+    context = _Context(graph, "", device, 0, DEFAULT_BANDWIDTH, constraints)
+    return min(p.header.peak_bytes for p in _floor_plans(context, part, floor, "rotor"))
