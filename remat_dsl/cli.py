@@ -49,6 +49,7 @@ def _argument_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check", help="validate a plan and report its predicted peak memory and time")
     check.add_argument("plan")
+    check.add_argument("--model", nargs="?", const="", help="also check the plan against a model file (default: the one in its header)")
     check.set_defaults(run=_check)
 
     codegen = sub.add_parser("codegen", help="generate a standalone PyTorch module that runs a plan")
@@ -140,6 +141,8 @@ def _check(args) -> int:
     from remat_dsl.report import check_report
 
     plan, sim = load_checked(args.plan)
+    if args.model is not None:
+        _check_model(args.plan, plan, args.model or plan.header.model)
     print(check_report(args.plan, plan, sim))
     if sim.peak_bytes > plan.header.budget:
         from remat_dsl.errors import PlanError
@@ -150,6 +153,16 @@ def _check(args) -> int:
         except PlanError as error:
             raise error.with_source(args.plan, Path(args.plan).read_text()) from None
     return 0
+
+
+def _check_model(path: str, plan, spec: str) -> None:
+    from remat_dsl.errors import PlanError
+    from remat_dsl.model_file import check_plan_matches, load_model_file
+
+    try:
+        check_plan_matches(plan, load_model_file(spec))
+    except PlanError as error:
+        raise error.with_source(path, Path(path).read_text()) from None
 
 
 def _codegen(args) -> int:

@@ -91,3 +91,36 @@ def _import(path: Path):
 def _innermost_frame_in(exc: BaseException, path: Path):
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename).resolve() == path.resolve()]
     return frames[-1] if frames else None
+
+
+def check_plan_matches(plan, model_file: ModelFile) -> None:
+    """Raise PlanError at the first input or parameter declaration of `plan` that the model
+    file's `sample_inputs()` / `build_model()` contradicts (another model, other shapes)."""
+    import torch
+
+    from remat_dsl.errors import PlanError
+
+    inputs = [t for t in model_file.sample_inputs() if isinstance(t, torch.Tensor)]
+    hint = f"plan again for this model: remat plan {model_file.spec} --budget ..."
+    if len(inputs) != len(plan.graph.inputs):
+        first = plan.graph.inputs[0].span if plan.graph.inputs else None
+        raise PlanError(f"the plan takes {len(plan.graph.inputs)} inputs but {model_file.spec} gives {len(inputs)}", span=first, hint=hint)
+    for decl, tensor in zip(plan.graph.inputs, inputs):
+        _check_value(decl, tensor, "input", model_file.spec, hint)
+    params = dict(model_file.build_model().named_parameters())
+    for decl in plan.graph.parameters:
+        if decl.name not in params:
+            raise PlanError(f"the plan is for another model: {model_file.spec} has no parameter '{decl.name}'", span=decl.span, hint=hint, length=len(decl.name))
+        _check_value(decl, params[decl.name], "parameter", model_file.spec, hint)
+
+
+def _check_value(decl, tensor, what: str, spec: str, hint: str) -> None:
+    from remat_dsl.errors import PlanError
+
+    actual = f"{str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)}"
+    expected = f"{decl.dtype}{list(decl.shape)}"
+    if actual != expected:
+        raise PlanError(
+            f"the plan was made for {what} '{decl.name}' {expected}, but {spec} gives {actual}",
+            span=decl.span, hint=hint, length=len(decl.name),
+        )

@@ -148,3 +148,25 @@ def test_plan_prints_plan_on_stdout_and_progress_on_stderr(tmp_path):
     plan_path = tmp_path / "tiny.plan"
     plan_path.write_text(result.stdout)
     assert remat("check", str(plan_path)).returncode == 0
+
+
+def test_check_against_the_model_named_in_the_header():
+    result = remat("check", str(PLANS / "tiny_mlp_offload.plan"), "--model")
+    assert result.returncode == 0, result.stderr
+
+
+def test_check_against_another_model(tmp_path):
+    plan = str(PLANS / "tiny_mlp_offload.plan")
+    result = remat("check", plan, "--model", str(ROOT / "examples" / "resnet.py"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith(f"{plan}:20:3: error: the plan was made for input 'x' float32[16, 32], but ")
+    assert "gives float32[8, 3, 32, 32]" in result.stderr and "hint: plan again for this model" in result.stderr
+
+
+def test_check_against_other_input_shapes(tmp_path):
+    text = (PLANS / "tiny_mlp_offload.plan").read_text().replace("x  float32[16, 32]", "x  float32[8, 32]")
+    path = tmp_path / "shapes.plan"
+    path.write_text(text)
+    result = remat("check", str(path), "--model", TINY)
+    assert result.returncode == 2
+    assert f"{path}:20:3: error: the plan was made for input 'x' float32[8, 32], but" in result.stderr
