@@ -201,6 +201,19 @@ def plan_text(case: Case) -> str:
     return text.split(CUT)[0]
 
 
+def canonical(text: str) -> str:
+    """The text in the canonical layout when it parses (so `remat fmt --check` passes on
+    the corpus wherever it can), else as edited (the syntax-error cases)."""
+    from remat_dsl.errors import PlanError
+    from remat_dsl.parser import parse
+    from remat_dsl.printer import print_plan
+
+    try:
+        return print_plan(parse(text))
+    except PlanError:
+        return text
+
+
 def relative_path(name: str) -> str:
     """How the corpus names a plan on the command line: relative to the repository root."""
     return f"tests/invalid_plans/{name}.plan"
@@ -233,7 +246,7 @@ def write_corpus(update: bool) -> list[str]:
             (HERE / f"{stale.stem}.diag").unlink(missing_ok=True)
     changed = []
     for case in CASES:
-        (HERE / f"{case.name}.plan").write_text(plan_text(case), encoding="utf-8")
+        (HERE / f"{case.name}.plan").write_text(canonical(plan_text(case)), encoding="utf-8")
         if update:
             status, _, stderr = check_in_process(relative_path(case.name))
             if status != 2:
