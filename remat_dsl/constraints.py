@@ -203,8 +203,18 @@ def _crossing(forward, backward, ops, names) -> set[str]:
     return resident & used
 
 
+def _runs(instructions, tensor, ops, names, *, making: bool):
+    """Indices of compute/recompute instructions that read `tensor` (or make it, if `making`)."""
+    for i, ins in enumerate(instructions):
+        if ins.verb not in ("compute", "recompute"):
+            continue
+        op = ops[ins.target]
+        if tensor in op_uses(op, names) or (making and tensor in op.outputs):
+            yield i
+
+
 def _offload_after_last_use(forward, tensor, ops, names):
-    last = max(i for i, ins in enumerate(forward) if ins.verb in ("compute", "recompute") and (tensor in ops[ins.target].outputs or tensor in op_uses(ops[ins.target], names)))
+    last = max(_runs(forward, tensor, ops, names, making=True))
     moves = [
         ir.Instruction("offload", tensor, ir.D2H_STREAM),
         ir.Instruction("wait", tensor, ir.COMPUTE_STREAM),
@@ -214,11 +224,12 @@ def _offload_after_last_use(forward, tensor, ops, names):
 
 
 def _prefetch_before_first_use(backward, tensor, ops, names):
-    first = next(i for i, ins in enumerate(backward) if ins.verb in ("compute", "recompute") and tensor in op_uses(ops[ins.target], names))
+    first = next(_runs(backward, tensor, ops, names, making=False))
     computes = [i for i, ins in enumerate(backward[:first]) if ins.verb in ("compute", "recompute")]
     at = computes[-PREFETCH_LEAD] if len(computes) >= PREFETCH_LEAD else 0
-    prefetched = backward[:at] + [ir.Instruction("prefetch", tensor, ir.H2D_STREAM)] + backward[at:first + 0]
-    return prefetched + [ir.Instruction("wait", tensor, ir.COMPUTE_STREAM)] + backward[first:]
+    prefetch = ir.Instruction("prefetch", tensor, ir.H2D_STREAM)
+    wait = ir.Instruction("wait", tensor, ir.COMPUTE_STREAM)
+    return backward[:at] + [prefetch] + backward[at:first] + [wait] + backward[first:]
 
 
 # --- checking a plan against its own constraints -----------------------------
