@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from remat_dsl import ir
-from remat_dsl.lowering import op_uses, refs_in
+from remat_dsl.lowering import op_uses
 from remat_dsl.solvers.chain import Block, Chain
 
 
@@ -59,8 +59,7 @@ def _prelude(graph: ir.Graph, forward: list[ir.Op]) -> set[str]:
     depends: set[str] = set()  # tensors that depend on a parameter
     prelude: set[str] = set()
     for op in forward:
-        names = [n for a in (*op.args, *(v for _, v in op.kwargs)) for n in refs_in(a)]
-        if any(n in params or n in depends for n in names):
+        if any(ref.name in params or ref.name in depends for ref in ir.op_refs(op)):
             depends.update(op.outputs)
         else:
             prelude.add(op.name)

@@ -142,7 +142,6 @@ class _Renderer:
                 self.recomputes_left[i.target] = self.recomputes_left.get(i.target, 0) + 1
         self.resident: set[str] = set()
         self.host: set[str] = set()
-        self.events: set[str] = set()
         self.rng: set[str] = set()
 
     def context(self) -> dict:
@@ -221,12 +220,10 @@ class _Renderer:
 
     def _offload(self, tensor: str) -> list[str]:
         self.host.add(tensor)
-        self.events.add(tensor)
         return [f"{self.names.host(tensor)}, {self.names.event(tensor)} = _offload({self.var[tensor]})"]
 
     def _prefetch(self, tensor: str) -> list[str]:
         self.resident.add(tensor)
-        self.events.add(tensor)
         return [f"{self.var[tensor]}, {self.names.event(tensor)} = _prefetch({self.names.host(tensor)})"]
 
     def _wait(self, tensor: str) -> list[str]:

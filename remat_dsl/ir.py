@@ -42,7 +42,7 @@ consumed as in eager PyTorch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Iterator, Union
 
 COMPUTE_STREAM = "compute"
 D2H_STREAM = "d2h"
@@ -127,6 +127,20 @@ class TupleArg:
 Arg = Union[Ref, Sym, Call, ListArg, TupleArg, int, float, bool, None, str]
 
 
+def iter_refs(arg: Arg) -> Iterator[Ref]:
+    """Every Ref inside an argument tree (Call, ListArg, TupleArg), left to right."""
+    if isinstance(arg, Ref):
+        yield arg
+    elif isinstance(arg, Call):
+        for item in arg.args:
+            yield from iter_refs(item)
+        for _, item in arg.kwargs:
+            yield from iter_refs(item)
+    elif isinstance(arg, (ListArg, TupleArg)):
+        for item in arg.items:
+            yield from iter_refs(item)
+
+
 # ---------------------------------------------------------------------------
 # The FB-graph
 # ---------------------------------------------------------------------------
@@ -186,6 +200,14 @@ class Op:
     random: bool = False
     comments: tuple[str, ...] = ()
     span: Span | None = _span()
+
+
+def op_refs(op: Op) -> Iterator[Ref]:
+    """Every Ref in an op's positional and keyword arguments."""
+    for arg in op.args:
+        yield from iter_refs(arg)
+    for _, arg in op.kwargs:
+        yield from iter_refs(arg)
 
 
 @dataclass(frozen=True)

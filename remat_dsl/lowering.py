@@ -18,23 +18,12 @@ from remat_dsl import ir
 
 def refs_in(arg: ir.Arg) -> list[str]:
     """Names referred to (`%name`) anywhere inside an argument tree."""
-    if isinstance(arg, ir.Ref):
-        return [arg.name]
-    if isinstance(arg, ir.Call):
-        return [n for a in (*arg.args, *(v for _, v in arg.kwargs)) for n in refs_in(a)]
-    if isinstance(arg, (ir.ListArg, ir.TupleArg)):
-        return [n for a in arg.items for n in refs_in(a)]
-    return []
+    return [ref.name for ref in ir.iter_refs(arg)]
 
 
 def op_uses(op: ir.Op, tensors: set[str]) -> list[str]:
     """Tensor names (allocations, not parameters/inputs) that `op` reads, in order, unique."""
-    seen: dict[str, None] = {}
-    for arg in (*op.args, *(v for _, v in op.kwargs)):
-        for name in refs_in(arg):
-            if name in tensors:
-                seen.setdefault(name)
-    return list(seen)
+    return list(dict.fromkeys(ref.name for ref in ir.op_refs(op) if ref.name in tensors))
 
 
 def pinned_tensors(graph: ir.Graph) -> set[str]:

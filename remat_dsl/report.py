@@ -9,7 +9,7 @@ from rich.table import Table
 
 from remat_dsl import ir
 from remat_dsl.errors import PlanError
-from remat_dsl.simulate import iter_refs, op_refs
+from remat_dsl.ir import iter_refs, op_refs
 from remat_dsl.solve import format_bytes
 
 LARGEST_LISTED = 5  # live tensors named when the peak is above the budget

@@ -77,7 +77,7 @@ class CategoryTimeline:
 
 def tensor_categories(graph: ir.Graph) -> dict[str, str]:
     """Category of every tensor and tangent of the graph (see CATEGORIES)."""
-    from remat_dsl.simulate import iter_refs, op_refs
+    from remat_dsl.ir import iter_refs, op_refs
 
     producer_phase = {op.name: op.phase for op in graph.ops}
     read_by_backward = {

@@ -32,9 +32,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from dataclasses import dataclass, field
-from typing import Iterator, NoReturn
+from typing import NoReturn
 
 from remat_dsl import ir
+from remat_dsl.ir import iter_refs, op_refs
 from remat_dsl.errors import PlanError
 
 CPU_RNG_STATE_BYTES = 5056  # torch.get_rng_state() on CPU: a uint8 tensor of 5056 bytes
@@ -170,28 +171,6 @@ def simulate(plan: ir.Plan, *, device: str | None = None) -> Simulation:
 # ---------------------------------------------------------------------------
 # The graph, indexed by name
 # ---------------------------------------------------------------------------
-
-
-def iter_refs(arg: ir.Arg) -> Iterator[ir.Ref]:
-    """Every Ref inside an argument tree (Call, ListArg, TupleArg), left to right."""
-    if isinstance(arg, ir.Ref):
-        yield arg
-    elif isinstance(arg, ir.Call):
-        for item in arg.args:
-            yield from iter_refs(item)
-        for _, item in arg.kwargs:
-            yield from iter_refs(item)
-    elif isinstance(arg, (ir.ListArg, ir.TupleArg)):
-        for item in arg.items:
-            yield from iter_refs(item)
-
-
-def op_refs(op: ir.Op) -> Iterator[ir.Ref]:
-    """Every Ref in an op's positional and keyword arguments."""
-    for arg in op.args:
-        yield from iter_refs(arg)
-    for _, arg in op.kwargs:
-        yield from iter_refs(arg)
 
 
 def _did_you_mean(name: str, choices) -> str | None:
