@@ -127,6 +127,7 @@ def make_plan(
     solver: str,
     bandwidth: int = DEFAULT_BANDWIDTH,
     constraints: tuple[ir.Constraint, ...] = (),
+    time_limit: float | None = None,
 ) -> ir.Plan:
     """Solve, lower and simulate: a plan whose predicted peak is at most `budget`.
 
