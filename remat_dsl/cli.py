@@ -43,6 +43,7 @@ def _argument_parser() -> argparse.ArgumentParser:
     plan.add_argument("--solver", default="rotor", help="autograd, checkpoint-sqrt or rotor (default)")
     plan.add_argument("--bandwidth", default="12GB", help="host<->device bandwidth per second (default 12GB)")
     plan.add_argument("--repeats", type=int, default=5, help="timed runs per operation (median)")
+    plan.add_argument("--time-limit", type=_seconds, metavar="SECONDS", help="stop the solver after this many seconds (MILP solvers: the best plan found so far, status `feasible` with its gap); default: no limit")
     plan.add_argument("--profile", help="take every operation's time and temporary memory from this profile file (see `remat profile`) instead of measuring")
     plan.add_argument("-o", "--output", help="write the plan here instead of stdout")
     plan.set_defaults(run=_plan)
@@ -84,18 +85,44 @@ def _plan(args) -> int:
     constraints, budget_text = _constraints_and_budget(args)
     budget = parse_budget(budget_text, lambda: autograd_peak(captured.graph, captured.device))
     bandwidth = parse_bytes(args.bandwidth, "bandwidth", "per second")
-    _status(f"solving with {args.solver} for a budget of {budget} bytes")
+    limit = f", time limit {args.time_limit:g} s" if args.time_limit is not None else ""
+    _status(f"solving with {args.solver} for a budget of {budget} bytes{limit}")
     plan = make_plan(
         captured.graph, model=model_file.spec, device=captured.device, budget=budget, solver=args.solver,
-        bandwidth=bandwidth, constraints=constraints,
+        bandwidth=bandwidth, constraints=constraints, time_limit=args.time_limit,
     )  # fmt: skip
     text = print_plan(plan)
     if args.output:
         write_atomically(Path(args.output), text)
     else:
         sys.stdout.write(text)
-    _status(f"predicted peak {plan.header.peak_bytes} bytes at {plan.header.peak_at}, time {plan.header.time_us / 1000:.3f} ms")
+    _status(f"predicted peak {plan.header.peak_bytes} bytes at {plan.header.peak_at}, time {plan.header.time_us / 1000:.3f} ms; {solver_status(plan.header)}")
     return 0
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a number of seconds > 0 (`--time-limit`)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, e.g. 60 or 2.5, got '{text}'") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got '{text}' (leave the option out for no limit)")
+    return value
+
+
+def solver_status(header) -> str:
+    """`status optimal`, or with what the header records of the solve: `status feasible, gap 1.23%, solve time 2.4 s`."""
+    from remat_dsl.printer import format_gap, format_seconds
+
+    parts = [f"status {header.status}"]
+    if header.gap is not None:
+        parts.append(f"gap {format_gap(header.gap)}")
+    if header.solve_seconds is not None:
+        parts.append(f"solve time {format_seconds(header.solve_seconds)}")
+    return ", ".join(parts)
 
 
 def _constraints_and_budget(args) -> tuple[tuple, str]:
@@ -144,6 +171,8 @@ def _check(args) -> int:
     if args.model is not None:
         _check_model(args.plan, plan, args.model or plan.header.model)
     print(check_report(args.plan, plan, sim))
+    if plan.header.gap is not None or plan.header.solve_seconds is not None:
+        print(solver_status(plan.header))
     if sim.peak_bytes > plan.header.budget:
         from remat_dsl.errors import PlanError
         from remat_dsl.report import check_budget

@@ -5,6 +5,10 @@ canonical texts (`difflib`, so layout-only edits never show up as changes):
 
 - budget, predicted peak (bytes, where) and predicted time (microseconds, shown in ms)
   before and after, from simulating each plan (`remat_dsl.simulate`);
+- the solver's status and, when either plan has one, its MIP gap, from the headers.  The
+  header's `solve-time` is how long the solver ran, not a property of the plan: a
+  change of it is one `note:` line, it is left out of the line diff, and `--exit-code`
+  ignores it (`printer.without_solve_time`);
 - tensors whose policy changed.  A tensor is `offloaded` when the schedule has an
   `offload` of it, `recomputed` when it has a `recompute` of its producer (both when it
   has both), `kept` otherwise (computed once, never deleted-then-recomputed);
@@ -30,6 +34,7 @@ import os
 import sys
 from collections import Counter
 from dataclasses import dataclass
+from decimal import Decimal
 
 from remat_dsl import ir
 from remat_dsl.errors import PlanError
@@ -38,6 +43,8 @@ from remat_dsl.fmt import read_plan_text
 KEPT, RECOMPUTED, OFFLOADED = "kept", "recomputed", "offloaded"
 MAX_LISTED = 50  # changes listed per kind in the summary; the line diff shows them all
 ABSENT = "(absent)"
+NO_GAP = "(none)"  # a plan whose solver reports no gap
+NO_SOLVE_TIME = "(unknown)"
 
 
 # ---------------------------------------------------------------------------
@@ -212,6 +219,51 @@ def _delta(old: int, new: int, unit: str) -> str:
     return f"({change}, {100 * (new - old) / old:+.1f}%)" if old else f"({change})"
 
 
+def _gap(h: ir.Header) -> str:
+    from remat_dsl.printer import format_gap
+
+    return NO_GAP if h.gap is None else format_gap(h.gap)
+
+
+def _points(old: str, new: str) -> str:
+    """The change from gap `old` to gap `new` (printed percentages) in percentage points."""
+    delta = Decimal(new.rstrip("%")) - Decimal(old.rstrip("%"))
+    whole, _, frac = f"{delta:+f}".partition(".")
+    return f"({whole}.{frac.rstrip('0').ljust(2, '0')} points)"
+
+
+def _status_rows(old: ir.Plan | None, new: ir.Plan | None) -> list[list[str]]:
+    """Rows `what, before, after, change` for the status and, if either plan has one, the gap."""
+
+    def row(what: str, show) -> list[str]:
+        before, after = (show(p.header) if p else ABSENT for p in (old, new))
+        if not (old and new):
+            change = ""
+        elif before == after:
+            change = "(unchanged)"
+        elif what == "gap" and NO_GAP not in (before, after):
+            change = _points(before, after)
+        else:
+            change = "(changed)"
+        return [what, before, after, change]
+
+    rows = [row("status", lambda h: h.status)]
+    if any(p and p.header.gap is not None for p in (old, new)):
+        rows.append(row("gap", _gap))
+    return rows
+
+
+def _solve_time_note(old: ir.Plan, new: ir.Plan) -> str | None:
+    """One line when the solve times differ: they are not a change of the plan."""
+    from remat_dsl.printer import format_seconds
+
+    a, b = old.header.solve_seconds, new.header.solve_seconds
+    if a == b:
+        return None
+    show = [NO_SOLVE_TIME if t is None else format_seconds(t) for t in (a, b)]
+    return f"  note: solve time {show[0]} -> {show[1]} (how long the solver ran, not a change of the plan; not in the line diff)"
+
+
 def _figure_rows(old: Figures | None, new: Figures | None) -> list[list[str]]:
     """Rows `what, before, after, change` for budget, peak and time; ABSENT for a missing side."""
     fields = [
@@ -247,13 +299,16 @@ def summary_lines(old: Side, new: Side) -> list[str]:
     fig_old = figures(old.plan) if old.plan else None
     fig_new = figures(new.plan) if new.plan else None
     lines = [f"plan summary: {old.label} -> {new.label}"]
-    lines += _table([["", "before", "after", "change"], *_figure_rows(fig_old, fig_new)])
+    rows = _figure_rows(fig_old, fig_new) + _status_rows(old.plan, new.plan)
+    lines += _table([["", "before", "after", "change"], *rows])
     for side, fig in ((old, fig_old), (new, fig_new)):
         if side.error:
             lines.append(f"  note: {side.label} is not a valid plan: {side.error.splitlines()[0]}")
         elif fig and fig.note:
             lines.append(f"  note: {side.label} does not simulate, figures from its header: {fig.note}")
     if old.plan and new.plan:
+        solve_time = _solve_time_note(old.plan, new.plan)
+        lines += [solve_time] if solve_time else []
         lines += _change_lines(old.plan, new.plan)
     return lines
 
@@ -281,17 +336,32 @@ def _graph_note(old: ir.Plan, new: ir.Plan) -> str | None:
     return f"  note: the graphs differ: {len(b - a)} tensor(s) only after, {len(a - b)} only before"
 
 
+def compared_text(side: Side) -> str:
+    """The text the line diff and `--exit-code` compare: the canonical text less its
+    `solve-time` line for a plan, the raw text otherwise."""
+    if side.plan is None:
+        return side.text
+    from remat_dsl.printer import without_solve_time
+
+    return without_solve_time(side.text)
+
+
 def line_diff(old: Side, new: Side) -> list[str]:
-    """The unified diff of the two texts (canonical where they parse), without line ends."""
-    return list(
-        difflib.unified_diff(old.text.splitlines(), new.text.splitlines(), old.label, new.label, lineterm="")
-    )
+    """The unified diff of the two texts (canonical where they parse, `solve-time` left
+    out), without line ends."""
+    a, b = compared_text(old), compared_text(new)
+    return list(difflib.unified_diff(a.splitlines(), b.splitlines(), old.label, new.label, lineterm=""))
 
 
 def render(old: Side, new: Side) -> str:
     """Summary, a blank line, then the line diff (or a line saying the texts are equal)."""
     diff = line_diff(old, new)
-    body = diff if diff else ["(the canonical texts are identical)"]
+    if diff:
+        body = diff
+    elif old.text != new.text:
+        body = ["(the canonical texts are identical but for the solve time)"]
+    else:
+        body = ["(the canonical texts are identical)"]
     return "\n".join(summary_lines(old, new) + [""] + body) + "\n"
 
 
@@ -303,6 +373,8 @@ def textconv(side: Side) -> str:
         return "\n".join(lines) + "\n" + side.text
     fig = figures(side.plan)
     rows = [["budget", _size(fig.budget)], ["predicted peak", f"{_size(fig.peak_bytes)} at {fig.peak_at}"], ["predicted time", _ms(fig.time_us)]]
+    h = side.plan.header
+    rows.append(["status", h.status if h.gap is None else f"{h.status}, gap {_gap(h)}"])
     per_tensor = policies(side.plan)
     rows.append([KEPT, f"{sum(p == KEPT for p in per_tensor.values())} tensors"])
     rows += [[p, name] for name, p in per_tensor.items() if p != KEPT]
@@ -322,7 +394,7 @@ def add_parsers(subparsers) -> None:
     diff = subparsers.add_parser("diff", help="semantic summary and line diff of two plans")
     diff.add_argument("old", help="the plan before (/dev/null: none)")
     diff.add_argument("new", help="the plan after (/dev/null: none)")
-    diff.add_argument("--exit-code", action="store_true", help="exit 1 when the canonical texts differ")
+    diff.add_argument("--exit-code", action="store_true", help="exit 1 when the canonical texts differ (the solve time aside)")
     diff.set_defaults(run=run_diff)
 
     git = subparsers.add_parser("git-diff", help="git's external diff driver (diff.remat.command); GIT_EXTERNAL_DIFF arguments")
@@ -336,10 +408,10 @@ def add_parsers(subparsers) -> None:
 
 
 def run_diff(args) -> int:
-    """`remat diff OLD NEW`: 0 (or 1 with --exit-code when they differ); invalid plans raise."""
+    """`remat diff OLD NEW`: 0 (or 1 with --exit-code when they differ, solve time aside); invalid plans raise."""
     old, new = load_side(args.old), load_side(args.new)
     sys.stdout.write(render(old, new))
-    return 1 if args.exit_code and old.text != new.text else 0
+    return 1 if args.exit_code and compared_text(old) != compared_text(new) else 0
 
 
 def run_git_diff(args) -> int:

@@ -277,6 +277,19 @@ class Header:
     the 1-based index of the instruction where the peak occurs.
     solver: the solver and its settings, e.g. "rotor slots=500".
     status: "optimal", "feasible", "baseline" (autograd), "heuristic" (checkpoint-sqrt) or "hand-written".
+    A MILP solver stopped by its time limit before proving optimality writes "feasible"
+    with a `gap`.
+
+    gap: the relative MIP gap of the solution as a fraction (0.0123 is 1.23%), None for
+    solvers that report none.  Stored rounded to 6 decimals of the fraction (4 decimals
+    of the percentage); printed `gap  1.23%` (2 to 4 decimals).
+    solve_seconds: wall time spent solving, in seconds; None when unknown (hand-written
+    plans, older plans).  Stored rounded to 0.1 s; printed `solve-time  2.4 s`.  It is
+    the one header field that differs between two runs with the same model, profile and
+    budget (`printer.without_solve_time`).
+    Both are rounded at construction (`Header(...)`, `dataclasses.replace`), so that
+    `parse(print(plan)) == plan` holds exactly; -0.0 is stored as 0.0.  The printer
+    refuses negative, infinite and NaN values.
     """
 
     model: str
@@ -292,6 +305,28 @@ class Header:
     recompute_us: int
     bandwidth: int
     comments: tuple[str, ...] = ()
+    gap: float | None = None
+    solve_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.gap is not None:
+            object.__setattr__(self, "gap", round_gap(self.gap))
+        if self.solve_seconds is not None:
+            object.__setattr__(self, "solve_seconds", round_seconds(self.solve_seconds))
+
+
+GAP_DECIMALS = 6  # of the fraction: 4 decimals of the percentage
+SECONDS_DECIMALS = 1
+
+
+def round_gap(gap: float) -> float:
+    """A relative gap (fraction) as Header stores it: rounded to GAP_DECIMALS, a float, never -0.0."""
+    return float(round(gap, GAP_DECIMALS)) + 0.0
+
+
+def round_seconds(seconds: float) -> float:
+    """A solve time (seconds) as Header stores it: rounded to 0.1 s, a float, never -0.0."""
+    return float(round(seconds, SECONDS_DECIMALS)) + 0.0
 
 
 CONSTRAINT_KINDS = ("keep", "recompute", "offload", "no-offload", "budget")

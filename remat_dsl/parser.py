@@ -11,7 +11,9 @@ The grammar is grammar/plan.lark (LALR(1), contextual lexer).  A plan looks like
       budget      64 KiB
       counts      "activations, temporaries, outputs, gradients"
       solver      "hand"
-      status      hand-written                # optimal | feasible | baseline | heuristic | hand-written
+      status      feasible                    # optimal | feasible | baseline | heuristic | hand-written
+      gap         1.23%                       # optional: relative MIP gap, 0 to 4 decimals
+      solve-time  2.4 s                       # optional: seconds spent solving, 0 or 1 decimal
       peak        48 KiB at backward:3
       time        0.120 ms
       compute     0.100 ms
@@ -50,7 +52,7 @@ The grammar is grammar/plan.lark (LALR(1), contextual lexer).  A plan looks like
 (The `# ...` annotations after header values, tensor rows and section names above are
 for this docstring only: the format keeps trailing comments on instructions alone.)
 Section names start at column 1 and items are indented.  buffers, tangents and updates
-may be left out.  Arguments: `%name` references, `torch.NAME` constants, ints, floats
+may be left out, and so may the header's `gap` and `solve-time` lines (ir.Header).  Arguments: `%name` references, `torch.NAME` constants, ints, floats
 (`inf`, `-inf`, `nan`), "strings", None/True/False, `[lists]`, `(tuples,)` and calls
 `target(args, key=value)`.  Units: see remat_dsl.printer (NOTE: [Units]); the canonical
 layout is the printer's.
@@ -77,7 +79,7 @@ import functools
 import json
 import re
 from dataclasses import dataclass, replace
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -91,19 +93,27 @@ from remat_dsl.printer import (
     BANDWIDTH_UNITS,
     DURATION_UNITS,
     FORMAT_VERSION,
+    GAP_PERCENT_DECIMALS,
     OP_HEADING,
     PEAK_AT_RE,
     PHASES,
+    SECONDS_DECIMALS,
     SIZE_UNITS,
+    SOLVE_TIME_UNIT,
     STATUSES,
     SYM_PREFIX,
     TENSOR_HEADING,
 )
 
+GAP_STEP = f"0.{'0' * (GAP_PERCENT_DECIMALS - 1)}1%"
 GRAMMAR_PATH = Path(__file__).resolve().parent.parent / "grammar" / "plan.lark"
 SECTIONS = (
     "header", "inputs", "parameters", "buffers", "tangents", "tensors", "ops",
     "outputs", "gradients", "updates", "forward", "backward",
+)  # fmt: skip
+HEADER_KEYS = (
+    "model", "device", "budget", "counts", "solver", "status", "gap", "solve-time",
+    "peak", "time", "compute", "recompute", "bandwidth",
 )  # fmt: skip
 
 VERB_ALIASES = {
@@ -243,6 +253,16 @@ def _amount(number: Token, unit: Token, units: dict[str, int], what: str) -> int
     return value
 
 
+def _decimals(number: str) -> int:
+    """How many decimals a NUMBER writes, trailing zeros aside: `1.230` -> 2."""
+    return len(number.partition(".")[2].rstrip("0"))
+
+
+def _rounded(number: str, decimals: int) -> str:
+    """`number` rounded half-up to `decimals` decimals, for hints."""
+    return str(Decimal(number).quantize(Decimal(1).scaleb(-decimals), rounding=ROUND_HALF_UP))
+
+
 def parse_size(text: str) -> int:
     """Bytes from a size such as `64 KiB`, `1.5 MiB` or `4096 B` (also `64KiB`).
 
@@ -372,6 +392,32 @@ class _Builder(Transformer):
 
     def status(self, c: list) -> dict:
         return {"status": _choose(c[0], STATUSES, "status")}
+
+    def gap(self, c: list) -> dict:
+        number = c[0]
+        if _decimals(number.value) > GAP_PERCENT_DECIMALS:
+            raise _error(
+                f"gap `{number}%` has more than {GAP_PERCENT_DECIMALS} decimals",
+                number,
+                f"gaps are stored to {GAP_STEP} (see ir.Header); write e.g. `{_rounded(number.value, GAP_PERCENT_DECIMALS)}%`",
+            )
+        return {"gap": float(Decimal(number.value).scaleb(-2))}
+
+    def solve_time(self, c: list) -> dict:
+        number, unit = c
+        if unit.value != SOLVE_TIME_UNIT:
+            raise _error(
+                f"unknown solve-time unit `{unit}`",
+                unit,
+                f"the solve time is written in seconds, e.g. `2.4 {SOLVE_TIME_UNIT}`",
+            )
+        if _decimals(number.value) > SECONDS_DECIMALS:
+            raise _error(
+                f"solve time `{number} {unit}` has more than {SECONDS_DECIMALS} decimal",
+                number,
+                f"solve times are stored to 0.1 s (see ir.Header); write e.g. `{_rounded(number.value, SECONDS_DECIMALS)} s`",
+            )
+        return {"solve_seconds": float(number.value)}
 
     def peak(self, c: list) -> dict:
         number, unit, where = c
@@ -588,6 +634,16 @@ EXAMPLES = {
     "size-unit": [_EXAMPLE_HEAD.replace("budget 1 KiB", "budget 1024")],
     "duration-unit": [_EXAMPLE_HEAD.replace("time 0.000 ms", "time 0.1")],
     "bandwidth-unit": [_EXAMPLE_HEAD.replace("1 GB/s", "1000000000")],
+    "gap-value": [_EXAMPLE_HEAD.replace("optimal\n", f"optimal\n  gap {value}\n") for value in ("x", "")],
+    "gap-unit": [_EXAMPLE_HEAD.replace("optimal\n", f"optimal\n  gap 1{value}\n") for value in ("", " x")],
+    "solve-time-value": [
+        _EXAMPLE_HEAD.replace("optimal\n", f"optimal\n{gap}  solve-time {value}\n")
+        for gap in ("", "  gap 1%\n")
+        for value in ("x", "")
+    ],
+    "solve-time-unit": [
+        _EXAMPLE_HEAD.replace("optimal\n", f"optimal\n{gap}  solve-time 1\n") for gap in ("", "  gap 1%\n")
+    ],
     "one-tuple": [_EXAMPLE_HEAD + "outputs\n  (%a)\n"],
     "after-size": [
         _EXAMPLE_HEAD.replace("tensors\n", "tensors\n" + lines)
@@ -631,6 +687,38 @@ def _after_size(line: str) -> tuple[str, str] | None:
     return None
 
 
+def _header_value(line: str) -> str:
+    """What follows the key of a header line, a comment and outer blanks aside."""
+    match = re.match(r"\s*\S+\s+([^#]*)", line)
+    return match.group(1).strip() if match else ""
+
+
+def _gap_value(line: str) -> tuple[str, str]:
+    value = _header_value(line)
+    hint = "write the relative MIP gap in percent, e.g. `gap         1.23%` (leave the line out when there is none)"
+    if not value:
+        return "expected the gap (in percent) after `gap`", hint
+    if value.startswith("-"):
+        return f"a gap cannot be negative (`{value}`)", hint
+    if re.fullmatch(r"[0-9]+(\.[0-9]+)?", value):
+        return "a gap needs a `%`", hint
+    return f"bad gap `{value}`", hint
+
+
+def _solve_time_value(line: str) -> tuple[str, str]:
+    value = _header_value(line)
+    hint = "write the seconds spent solving, e.g. `solve-time  2.4 s` (leave the line out when unknown)"
+    if not value:
+        return "expected the solve time (in seconds) after `solve-time`", hint
+    if value.startswith("-"):
+        return f"a solve time cannot be negative (`{value}`)", hint
+    if re.fullmatch(r"[0-9]+(\.[0-9]+)?", value):
+        return "a solve time needs a unit", hint
+    return f"bad solve time `{value}`", hint
+
+
+HEADER_VALUE_LABELS = ("gap-", "solve-time-")  # errors located on the whole value of the line
+
 # label -> (the source line -> message and hint, or None where the label does not fit).
 EXAMPLE_MESSAGES: dict[str, Callable[[str], tuple[str, str] | None]] = {
     "missing-on": _missing_on,
@@ -638,6 +726,10 @@ EXAMPLE_MESSAGES: dict[str, Callable[[str], tuple[str, str] | None]] = {
     "duration-unit": lambda line: ("a duration needs a unit", "write milliseconds, e.g. `0.120 ms` (or us, s)"),
     "bandwidth-unit": lambda line: ("a bandwidth needs a unit", "write e.g. `12 GB/s` or `12000000000 B/s`"),
     "one-tuple": lambda line: ("a one-element tuple needs a trailing comma", "write `(x,)`"),
+    "gap-value": _gap_value,
+    "gap-unit": _gap_value,
+    "solve-time-value": _solve_time_value,
+    "solve-time-unit": _solve_time_value,
     "after-size": _after_size,
 }
 
@@ -748,6 +840,8 @@ def _token_hint(token: Token, expected: set[str]) -> str | None:
     if token.type == "$END":
         return "the file ends early; a plan has the sections " + ", ".join(SECTIONS)
     is_section = set(keywords) & set(SECTIONS)
+    if token.value in HEADER_KEYS and keywords and set(keywords) <= set(HEADER_KEYS):
+        return "the header's lines come once each, in this order: " + ", ".join(HEADER_KEYS) + " (gap and solve-time may be left out)"
     if token.value in SECTIONS and is_section:
         return "sections come in this order: " + ", ".join(SECTIONS)
     guess = _suggest(token.value, keywords) if token.value[:1].isalpha() else None
@@ -833,6 +927,9 @@ def _syntax_error(error: UnexpectedInput, text: str, path: str | None) -> PlanEr
         return PlanError(message, span=ir.Span(line, 1), hint=hint, path=path, source=text, length=length)
     if label == "missing-on":
         length = 1  # point at where `on` belongs
+    elif label and label.startswith(HEADER_VALUE_LABELS) and _header_value(source_line):
+        value = re.match(r"\s*\S+\s+", source_line)  # underline the whole value
+        col, length = value.end() + 1, len(_header_value(source_line))
     elif label and label.endswith("-unit"):
         col, length = _number_before(source_line, col) or (col, length)  # the number lacking a unit
     message, hint = (EXAMPLE_MESSAGES[label](source_line) if label else None) or _describe(error)

@@ -37,7 +37,10 @@ least one unit and a whole number of thousandths of it (`4 KiB`, `1.5 MiB`,
 `256.125 KiB`), else bytes (`12345 B`).  Durations (integer microseconds) are written
 in milliseconds with three decimals (`0.120 ms`).  Bandwidth (integer bytes/s) is
 written in decimal GB/s when it is a whole number of MB/s (`12 GB/s`, `12.5 GB/s`),
-else `N B/s`.
+else `N B/s`.  The header's optional `gap` (a fraction, stored to 6 decimals) is written
+in percent with 2 to 4 decimals (`1.23%`, `0.0125%`, `0.00%`), its optional
+`solve-time` (seconds, stored to 0.1 s) with one decimal (`2.4 s`); both lines come
+right after `status` and are left out when the field is None.
 
 Printing raises ValueError for a plan that could not be read back exactly (a name
 that is not a dotted identifier, a comment with a line break, ...).
@@ -49,6 +52,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Sequence
+from decimal import Decimal
 
 from remat_dsl import ir
 
@@ -59,6 +63,10 @@ INDENT = "  "
 GAP = "  "
 
 STATUSES = ("optimal", "feasible", "baseline", "heuristic", "hand-written")
+GAP_PERCENT_DECIMALS = ir.GAP_DECIMALS - 2  # most decimals of a printed gap (percent)
+SECONDS_DECIMALS = ir.SECONDS_DECIMALS
+SOLVE_TIME_KEY = "solve-time"
+SOLVE_TIME_UNIT = "s"
 PHASES = (ir.FORWARD, ir.BACKWARD)
 SIZE_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 DURATION_UNITS = {"us": 1, "ms": 1000, "s": 1_000_000}
@@ -115,6 +123,47 @@ def format_bandwidth(bytes_per_s: int) -> str:
     if bytes_per_s % 10**6 == 0:
         return f"{_thousandths(bytes_per_s // 10**6)} GB/s"
     return f"{bytes_per_s} B/s"
+
+
+def format_gap(gap: float) -> str:
+    """A relative gap (fraction, as ir.Header stores it) in percent, exactly: 0.0123 -> `1.23%`.
+
+    2 to 4 decimals; the digits are those of `repr(gap)` moved two places, so the text
+    reads back as the same float.  Raises ValueError for a negative, infinite or NaN gap,
+    or one with more than 6 decimals (ir.Header rounds at construction).
+    """
+    if not isinstance(gap, float) or not math.isfinite(gap) or gap < 0:
+        raise ValueError(f"cannot print gap {gap!r}: a finite fraction >= 0 (0.0123 is 1.23%)")
+    whole, _, frac = format(Decimal(repr(gap)).scaleb(2), "f").partition(".")
+    frac = frac.rstrip("0")
+    if len(frac) > GAP_PERCENT_DECIMALS:
+        raise ValueError(f"cannot print gap {gap!r}: more than {ir.GAP_DECIMALS} decimals (see ir.round_gap)")
+    return f"{whole}.{frac.ljust(2, '0')}%"
+
+
+def format_seconds(seconds: float) -> str:
+    """A solve time (seconds, as ir.Header stores it) with one decimal: 2.4 -> `2.4 s`.
+
+    Raises ValueError for a negative, infinite or NaN time, or one not rounded to 0.1 s.
+    """
+    if not isinstance(seconds, float) or not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"cannot print solve time {seconds!r}: a finite number of seconds >= 0")
+    text = f"{seconds:.{SECONDS_DECIMALS}f}"
+    if float(text) != seconds:
+        raise ValueError(f"cannot print solve time {seconds!r}: not rounded to 0.1 s (see ir.round_seconds)")
+    return f"{text} {SOLVE_TIME_UNIT}"
+
+
+def without_solve_time(text: str) -> str:
+    """Canonical plan text less its header's `solve-time` line (the one line that may
+    differ between two runs of a deterministic solver); other text is returned as is."""
+    head, sep, rest = text.partition("\n\n")  # `remat-plan 1` and the comments above it
+    header, sep2, tail = rest.partition("\n\n")
+    if not header.startswith("header\n"):
+        return text
+    prefix = f"{INDENT}{SOLVE_TIME_KEY:<{HEADER_KEY_WIDTH}}"
+    lines = [line for line in header.split("\n") if not line.startswith(prefix)]
+    return head + sep + "\n".join(lines) + sep2 + tail
 
 
 # ---------------------------------------------------------------------------
@@ -275,6 +324,8 @@ def _header(h: ir.Header) -> list[str]:
         ("counts", _string(h.counts)),
         ("solver", _string(h.solver)),
         ("status", h.status),
+        *([("gap", format_gap(h.gap))] if h.gap is not None else []),
+        *([(SOLVE_TIME_KEY, format_seconds(h.solve_seconds))] if h.solve_seconds is not None else []),
         ("peak", f"{format_size(h.peak_bytes)} at {h.peak_at}"),
         ("time", format_duration(h.time_us)),
         ("compute", format_duration(h.compute_us)),

@@ -170,3 +170,62 @@ def test_check_against_other_input_shapes(tmp_path):
     result = remat("check", str(path), "--model", TINY)
     assert result.returncode == 2
     assert f"{path}:20:3: error: the plan was made for input 'x' float32[8, 32], but" in result.stderr
+
+
+# --- solver status: gap, solve time, --time-limit -------------------------------
+
+
+def test_check_shows_status_gap_and_solve_time(tmp_path):
+    from dataclasses import replace
+
+    plan = parse_file(PLANS / "tiny_mlp_offload.plan")
+    path = tmp_path / "milp.plan"
+    path.write_text(print_plan(replace(plan, header=replace(plan.header, status="feasible", gap=0.0123, solve_seconds=2.4))))
+    result = remat("check", str(path))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.endswith("\nstatus feasible, gap 1.23%, solve time 2.4 s\n")
+    plain = remat("check", str(PLANS / "tiny_mlp_offload.plan"))
+    assert plain.returncode == 0 and "\nstatus " not in plain.stdout and "gap" not in plain.stdout
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("-1", "expected a number of seconds > 0, got '-1'"),
+        ("0", "expected a number of seconds > 0, got '0'"),
+        ("abc", "expected a number of seconds, e.g. 60 or 2.5, got 'abc'"),
+        ("nan", "expected a number of seconds > 0, got 'nan'"),
+        ("inf", "expected a number of seconds > 0, got 'inf'"),
+    ],
+)
+def test_bad_time_limit_exits_2(value, message):
+    result = remat("plan", TINY, "--budget", "100%", f"--time-limit={value}")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert f"remat plan: error: argument --time-limit: {message}" in result.stderr
+    assert result.stdout == ""
+
+
+def test_time_limit_goes_to_make_plan(tmp_path, monkeypatch, capsys):
+    from remat_dsl import cli, solve
+
+    seen = []
+    real = solve.make_plan
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("time_limit", "missing"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(solve, "make_plan", spy)
+    out = tmp_path / "tiny.plan"
+    assert cli.main(["plan", TINY, "--budget", "100%", "--repeats", "1", "--time-limit", "2.5", "-o", str(out)]) == 0
+    assert cli.main(["plan", TINY, "--budget", "100%", "--repeats", "1", "-o", str(out)]) == 0
+    assert seen == [2.5, None]
+    err = capsys.readouterr().err
+    assert "time limit 2.5 s" in err and "; status optimal" in err
+    assert parse_file(out).header.status == "optimal"
+
+
+def test_plan_help_mentions_time_limit():
+    result = remat("plan", "--help")
+    assert "--time-limit SECONDS" in result.stdout

@@ -128,6 +128,28 @@ def tool_plans(tmp_path_factory) -> list[Path]:
     return paths + [cli_plan]
 
 
+def with_solver_status(path: Path, out: Path, **changes) -> Path:
+    """A copy of the plan at `path` with header fields changed (status, gap, solve_seconds), canonical."""
+    plan = parse_file(path)
+    out.write_text(print_plan(dataclasses.replace(plan, header=dataclasses.replace(plan.header, **changes))))
+    return out
+
+
+def test_fmt_check_on_a_plan_with_gap_and_solve_time(tmp_path, capsys):
+    path = with_solver_status(OFFLOAD, tmp_path / "milp.plan", status="feasible", gap=0.0123, solve_seconds=2.4)
+    canonical = path.read_text()
+    assert "\n  status      feasible\n  gap         1.23%\n  solve-time  2.4 s\n  peak  " in canonical
+    assert run("fmt", "--check", str(path)) == 0
+    assert capsys.readouterr().out == ""
+    path.write_text(messy(canonical).replace("  gap         1.23%\n", "  gap 1.2300 %\n").replace("  solve-time  2.4 s\n", "  solve-time 2.4s\n"))
+    assert run("fmt", "--check", str(path)) == fmt.EXIT_WOULD_CHANGE
+    assert capsys.readouterr().out.splitlines() == [str(path)]
+    assert run("fmt", str(path)) == 0
+    assert path.read_text() == canonical
+    result = remat("fmt", "--check", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_fmt_check_passes_on_plans_the_tools_write(tool_plans):
     result = remat("fmt", "--check", *map(str, tool_plans))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -150,6 +172,55 @@ def test_diff_of_the_sample_pair_reports_relu_offloaded_and_the_peak_change(caps
     assert line_diff.startswith(f"{AUTOGRAD}\n+++ {OFFLOAD}\n@@ ")
     assert "\n+  offload  relu    on d2h\n" in line_diff
     assert "\x1b" not in out
+
+
+def test_diff_summary_shows_the_status_change_of_the_sample_pair(capsys):
+    assert run("diff", str(AUTOGRAD), str(OFFLOAD)) == 0
+    summary = capsys.readouterr().out.partition("\n--- ")[0]
+    assert re.search(r"^  status\s+baseline\s+hand-written\s+\(changed\)$", summary, re.M)
+    assert "  gap " not in summary and "solve time" not in summary  # neither plan has one
+
+
+def test_diff_summary_shows_status_and_gap_changes(tmp_path, capsys):
+    old = with_solver_status(OFFLOAD, tmp_path / "old.plan", status="optimal", gap=0.0, solve_seconds=12.5)
+    new = with_solver_status(OFFLOAD, tmp_path / "new.plan", status="feasible", gap=0.0123, solve_seconds=60.0)
+    assert run("diff", "--exit-code", str(old), str(new)) == 1
+    out = capsys.readouterr().out
+    summary, _, line_diff = out.partition("\n--- ")
+    assert re.search(r"^  status\s+optimal\s+feasible\s+\(changed\)$", summary, re.M)
+    assert re.search(r"^  gap\s+0.00%\s+1.23%\s+\(\+1.23 points\)$", summary, re.M)
+    assert re.search(r"^  predicted peak\s+.*\(unchanged\)$", summary, re.M)
+    assert [line for line in summary.splitlines() if "solve time" in line] == [
+        "  note: solve time 12.5 s -> 60.0 s (how long the solver ran, not a change of the plan; not in the line diff)"
+    ]
+    assert "operations: 0 added, 0 removed, 0 moved" in summary
+    assert "\n-  status      optimal\n-  gap         0.00%\n+  status      feasible\n+  gap         1.23%\n" in line_diff
+    assert "solve-time" not in line_diff
+
+    hand = with_solver_status(OFFLOAD, tmp_path / "hand.plan")  # no gap, no solve time
+    assert run("diff", str(hand), str(new)) == 0
+    summary = capsys.readouterr().out.partition("\n--- ")[0]
+    assert re.search(r"^  status\s+hand-written\s+feasible\s+\(changed\)$", summary, re.M)
+    assert re.search(r"^  gap\s+\(none\)\s+1.23%\s+\(changed\)$", summary, re.M)
+    assert "  note: solve time (unknown) -> 60.0 s " in summary
+
+
+def test_a_solve_time_change_alone_is_not_a_change(tmp_path, capsys):
+    old = with_solver_status(OFFLOAD, tmp_path / "old.plan", status="optimal", gap=0.0, solve_seconds=1.2)
+    new = with_solver_status(OFFLOAD, tmp_path / "new.plan", status="optimal", gap=0.0, solve_seconds=3.0)
+    assert old.read_text() != new.read_text()
+    assert run("diff", "--exit-code", str(old), str(new)) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^  status\s+optimal\s+optimal\s+\(unchanged\)$", out, re.M)
+    assert re.search(r"^  gap\s+0.00%\s+0.00%\s+\(unchanged\)$", out, re.M)
+    assert [line for line in out.splitlines() if "solve time" in line] == [
+        "  note: solve time 1.2 s -> 3.0 s (how long the solver ran, not a change of the plan; not in the line diff)",
+        "(the canonical texts are identical but for the solve time)",
+    ]
+    assert "tensors with a new policy: 0" in out and "operations: 0 added, 0 removed, 0 moved" in out
+    assert "\n--- " not in out
+    assert run("diff", "--exit-code", str(old), str(old)) == 0
+    assert "solve time" not in capsys.readouterr().out  # equal solve times: no note
 
 
 def test_diff_ignores_layout_and_reports_identical_plans(tmp_path, capsys):
@@ -238,7 +309,16 @@ def test_textconv_prints_a_summary_header_then_the_canonical_text(capsys):
     assert "#   predicted peak  32.29 KiB (33068 B) at backward:12" in header
     assert re.search(r"^#   kept\s+17 tensors$", header, re.M)
     assert re.search(r"^#   offloaded\s+relu$", header, re.M)
+    assert re.search(r"^#   status\s+hand-written$", header, re.M)
     assert out.endswith(OFFLOAD.read_text())
+
+
+def test_textconv_shows_the_gap_with_the_status(tmp_path, capsys):
+    path = with_solver_status(OFFLOAD, tmp_path / "milp.plan", status="feasible", gap=0.0123, solve_seconds=2.4)
+    assert run("textconv", str(path)) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^#   status\s+feasible, gap 1.23%$", out, re.M)
+    assert out.endswith(path.read_text())
 
 
 def _readme_git_setup() -> tuple[str, list[tuple[str, str]]]:

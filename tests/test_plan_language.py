@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import lark
@@ -17,8 +18,11 @@ from remat_dsl.printer import (
     RESERVED,
     format_bandwidth,
     format_duration,
+    format_gap,
+    format_seconds,
     format_size,
     print_plan,
+    without_solve_time,
 )
 
 PLANS = Path(__file__).parent / "plans"
@@ -224,6 +228,176 @@ def test_non_canonical_text_is_normalised():
     )
     assert messy != SMALL_TEXT
     assert print_plan(parse(messy)) == SMALL_TEXT
+
+
+# ---------------------------------------------------------------------------
+# The solver's gap and solve time (optional header lines)
+# ---------------------------------------------------------------------------
+
+
+def milp_plan(gap: float | None = 0.0123, solve_seconds: float | None = 2.4) -> ir.Plan:
+    plan = small_plan()
+    return small_plan(header=replace(plan.header, status="feasible", gap=gap, solve_seconds=solve_seconds))
+
+
+MILP_HEADER = """\
+  status      feasible
+  gap         1.23%
+  solve-time  2.4 s
+  peak        1.5 KiB at backward:2
+"""
+
+
+def test_gap_and_solve_time_print_after_status_and_round_trip():
+    plan = milp_plan()
+    text = print_plan(plan)
+    assert text == SMALL_TEXT.replace("  status      optimal\n", MILP_HEADER.rsplit("  peak", 1)[0])
+    assert MILP_HEADER in text
+    back = parse(text)
+    assert back == plan and same(back, plan)
+    assert (back.header.gap, back.header.solve_seconds) == (0.0123, 2.4)
+    assert print_plan(back) == text
+
+
+@pytest.mark.parametrize("gap, solve_seconds", [(None, 2.4), (0.0123, None), (None, None)])
+def test_each_line_is_optional(gap, solve_seconds):
+    plan = milp_plan(gap, solve_seconds)
+    text = print_plan(plan)
+    assert ("\n  gap " in text) == (gap is not None)
+    assert ("\n  solve-time " in text) == (solve_seconds is not None)
+    assert same(parse(text), plan) and print_plan(parse(text)) == text
+
+
+def test_plans_without_the_fields_print_as_before():
+    assert small_plan().header.gap is None and small_plan().header.solve_seconds is None
+    assert "gap" not in print_plan(small_plan()) and "solve-time" not in print_plan(small_plan())
+
+
+@pytest.mark.parametrize(
+    "gap, stored, text",
+    [
+        (0.0123, 0.0123, "1.23%"),
+        (0.0, 0.0, "0.00%"),
+        (-0.0, 0.0, "0.00%"),
+        (0, 0.0, "0.00%"),
+        (0.01, 0.01, "1.00%"),
+        (0.5, 0.5, "50.00%"),
+        (2.5, 2.5, "250.00%"),
+        (0.012345678, 0.012346, "1.2346%"),
+        (1.5e-05, 1.5e-05, "0.0015%"),
+        (1e-06, 1e-06, "0.0001%"),
+        (4e-07, 0.0, "0.00%"),
+        (0.123456, 0.123456, "12.3456%"),
+    ],
+)
+def test_gap_is_rounded_at_construction_and_printed_in_percent(gap, stored, text):
+    header = replace(small_plan().header, gap=gap)
+    assert type(header.gap) is float and repr(header.gap) == repr(stored)
+    assert format_gap(header.gap) == text
+    assert same(parse(print_plan(small_plan(header=header))), small_plan(header=header))
+
+
+@pytest.mark.parametrize(
+    "seconds, stored, text",
+    [(2.4, 2.4, "2.4 s"), (2.44, 2.4, "2.4 s"), (0, 0.0, "0.0 s"), (-0.0, 0.0, "0.0 s"), (59.96, 60.0, "60.0 s"), (3600.25, 3600.2, "3600.2 s")],
+)
+def test_solve_time_is_rounded_to_a_tenth_of_a_second(seconds, stored, text):
+    header = replace(small_plan().header, solve_seconds=seconds)
+    assert type(header.solve_seconds) is float and header.solve_seconds == stored
+    assert format_seconds(header.solve_seconds) == text
+
+
+@pytest.mark.parametrize(
+    "line, field, value",
+    [
+        ("  gap 1.23 %", "gap", 0.0123),
+        ("  gap 1.2300%", "gap", 0.0123),
+        ("  gap 1%", "gap", 0.01),
+        ("  gap 0%", "gap", 0.0),
+        ("  gap 150%", "gap", 1.5),
+        ("  solve-time 2.4s", "solve_seconds", 2.4),
+        ("  solve-time 12 s", "solve_seconds", 12.0),
+        ("  solve-time 2.40 s", "solve_seconds", 2.4),
+    ],
+)
+def test_gap_and_solve_time_accept_non_canonical_forms(line, field, value):
+    text = edit("  status      optimal\n", f"  status      feasible\n{line}\n")
+    assert getattr(parse(text).header, field) == value
+
+
+@pytest.mark.parametrize(
+    "line, message, culprit",
+    [
+        ("  gap         abc", "bad gap `abc`", "abc"),
+        ("  gap         -1%", "a gap cannot be negative (`-1%`)", "-1%"),
+        ("  gap         1.23", "a gap needs a `%`", "1.23"),
+        ("  gap         1.23 pct", "bad gap `1.23 pct`", "1.23 pct"),
+        ("  gap         1e-3%", "bad gap `1e-3%`", "1e-3%"),
+        ("  gap         $", "bad gap `$`", "$"),
+        ("  gap         1.23456%", "gap `1.23456%` has more than 4 decimals", "1.23456"),
+        ("  solve-time  abc", "bad solve time `abc`", "abc"),
+        ("  solve-time  -2 s", "a solve time cannot be negative (`-2 s`)", "-2 s"),
+        ("  solve-time  2.4", "a solve time needs a unit", "2.4"),
+        ("  solve-time  2.4 ms", "unknown solve-time unit `ms`", "ms"),
+        ("  solve-time  2.45 s", "solve time `2.45 s` has more than 1 decimal", "2.45"),
+    ],
+)
+def test_malformed_gap_and_solve_time(line, message, culprit):
+    text = edit("  status      optimal\n", f"  status      feasible\n{line}\n")
+    error = error_of(text)
+    assert error.message == message
+    at = where(text, line + "\n")
+    assert error.span == ir.Span(at.line, at.col + line.index(culprit))
+    assert error.length == len(culprit)
+    assert error.hint
+    assert error.format().startswith(f"{location(error.span)}: error: {message}\n{line}\n")
+
+
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        ("  gap\n", "expected the gap (in percent) after `gap`"),
+        ("  solve-time\n", "expected the solve time (in seconds) after `solve-time`"),
+    ],
+)
+def test_missing_gap_and_solve_time_values(lines, message):
+    text = edit("  status      optimal\n", "  status      feasible\n" + lines)
+    error = error_of(text)
+    assert error.message == message
+    key = where(text, lines.strip() + "\n")
+    assert error.span == ir.Span(key.line, key.col + len(lines.strip()))
+
+
+def test_gap_and_solve_time_in_the_wrong_order_or_twice():
+    for lines in ("  solve-time  2.4 s\n  gap  1%\n", "  gap  1%\n  gap  2%\n"):
+        error = error_of(edit("  status      optimal\n", "  status      feasible\n" + lines))
+        assert error.message.startswith("expected ") and error.message.endswith("found `gap`")
+        assert "model, device, budget, counts, solver, status, gap, solve-time, peak" in error.hint
+    assert error_of(edit("  status      optimal\n", "  status      optimal\n  gpa  1%\n")).hint == "did you mean `gap`?"
+
+
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        ({"gap": -0.01}, "gap"),
+        ({"gap": float("nan")}, "gap"),
+        ({"gap": float("inf")}, "gap"),
+        ({"solve_seconds": -1.0}, "solve time"),
+        ({"solve_seconds": float("inf")}, "solve time"),
+    ],
+)
+def test_printer_refuses_bad_gap_and_solve_time(changes, match):
+    with pytest.raises(ValueError, match=match):
+        print_plan(small_plan(header=replace(small_plan().header, **changes)))
+
+
+def test_without_solve_time_drops_only_that_line():
+    text = print_plan(milp_plan())
+    stripped = without_solve_time(text)
+    assert stripped == print_plan(milp_plan(solve_seconds=None))
+    assert text.replace("  solve-time  2.4 s\n", "") == stripped
+    assert without_solve_time(stripped) == stripped
+    assert without_solve_time(SMALL_TEXT) == SMALL_TEXT
 
 
 # ---------------------------------------------------------------------------
@@ -688,6 +862,19 @@ HEADERS = st.builds(
     recompute_us=DURATIONS,
     bandwidth=st.one_of(st.integers(0, 10**13), st.integers(0, 10**7).map(lambda k: k * 10**6)),
     comments=COMMENTS,
+    gap=st.one_of(
+        st.none(),
+        st.floats(0, 1),
+        st.floats(0, 1e-4),
+        st.integers(0, 10**6).map(lambda k: k / 10**6),
+        st.floats(0, allow_nan=False, allow_infinity=False),
+    ),
+    solve_seconds=st.one_of(
+        st.none(),
+        st.floats(0, 10**5),
+        st.integers(0, 10**7).map(lambda k: k / 10),
+        st.floats(0, allow_nan=False, allow_infinity=False),
+    ),
 )
 PLAN_STRATEGY = st.builds(
     ir.Plan,

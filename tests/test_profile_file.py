@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -25,6 +26,28 @@ RESNET = str(ROOT / "examples" / "resnet.py")
 
 def remat(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "remat_dsl", *args], capture_output=True, text=True, cwd=ROOT)
+
+
+SOLVE_TIME_LINE = re.compile(r"^  solve-time  [0-9]+\.[0-9] s\n", re.M)
+
+
+def without_solve_time(text: str) -> str:
+    """The plan text less its header's `solve-time` line, if it has one (at most one)."""
+    assert len(SOLVE_TIME_LINE.findall(text)) <= 1, text
+    return SOLVE_TIME_LINE.sub("", text, count=1)
+
+
+def assert_same_plan_text(a: str, b: str) -> None:
+    """Byte-identical plans, but for the header's `solve-time` line: the solver's wall
+    time is the one thing two runs on the same model, profile and budget may differ in."""
+    has_time = [bool(SOLVE_TIME_LINE.search(text)) for text in (a, b)]
+    assert has_time[0] == has_time[1], "one plan has a solve-time line, the other not"
+    if has_time[0]:
+        rest_a, rest_b = without_solve_time(a), without_solve_time(b)
+        assert len(rest_a.splitlines()) == len(a.splitlines()) - 1
+        assert rest_a == rest_b
+    else:
+        assert a == b
 
 
 @pytest.fixture(scope="module")
@@ -183,19 +206,32 @@ def test_other_model_spec_is_refused(tiny, tiny_profile):
 # --- the command line ------------------------------------------------------------
 
 
+def test_same_plan_text_ignores_only_the_solve_time():
+    plan = parse((ROOT / "tests" / "plans" / "tiny_mlp_offload.plan").read_text())
+    header = replace(plan.header, status="feasible", gap=0.0123)
+    texts = [print_plan(replace(plan, header=replace(header, solve_seconds=t))) for t in (2.4, 61.0)]
+    assert texts[0] != texts[1]
+    assert_same_plan_text(texts[0], texts[1])
+    assert_same_plan_text(print_plan(plan), print_plan(plan))
+    with pytest.raises(AssertionError):
+        assert_same_plan_text(texts[0], print_plan(replace(plan, header=replace(header, gap=0.02, solve_seconds=2.4))))
+    with pytest.raises(AssertionError):
+        assert_same_plan_text(texts[0], print_plan(replace(plan, header=header)))
+
+
 def test_plan_from_a_profile_is_byte_identical(tiny, tiny_profile):
     path, text = tiny_profile
     runs = [remat("plan", TINY, "--budget", "100%", "--profile", str(path)) for _ in range(2)]
     for run in runs:
         assert run.returncode == 0, run.stderr
         assert f"costs from {path}" in run.stderr
-    assert runs[0].stdout == runs[1].stdout
+    assert_same_plan_text(runs[0].stdout, runs[1].stdout)
     # the same plan made in-process from the same profile
     model_file, _, untimed = tiny
     graph = apply_profile(untimed.graph, read_profile(text, str(path)), model=model_file.spec)
     budget = parse_budget("100%", lambda: autograd_peak(graph, untimed.device))
     plan = make_plan(graph, model=model_file.spec, device=untimed.device, budget=budget, solver="rotor")
-    assert print_plan(plan) == runs[0].stdout
+    assert_same_plan_text(print_plan(plan), runs[0].stdout)
     # the plan carries the profile's costs
     parsed = parse(runs[0].stdout)
     profile = read_profile(text)
@@ -231,7 +267,7 @@ def test_editing_one_time_changes_only_that_op_and_the_predictions(tiny, tiny_pr
         budget = autograd_peak(graph, untimed.device)  # 100%: the schedule does not depend on times
         return print_plan(make_plan(graph, model=model_file.spec, device=untimed.device, budget=budget, solver="rotor"))
 
-    before, after = plan_text(text).split("\n"), plan_text(edited).split("\n")
+    before, after = without_solve_time(plan_text(text)).split("\n"), without_solve_time(plan_text(edited)).split("\n")
     assert len(before) == len(after)
     changed = [(a, b) for a, b in zip(before, after) if a != b]
     keys = sorted(a.split()[0] for a, _ in changed)
@@ -256,7 +292,7 @@ def test_gpt2_plan_from_a_profile_is_byte_identical_and_valid(tmp_path):
     assert made.returncode == 0, made.stderr
     runs = [remat("plan", gpt2, "--budget", "50%", "--profile", str(profile)) for _ in range(2)]
     assert all(run.returncode == 0 for run in runs), runs[0].stderr
-    assert runs[0].stdout == runs[1].stdout
+    assert_same_plan_text(runs[0].stdout, runs[1].stdout)
     plan = parse(runs[0].stdout)
     assert any(ins.verb == "recompute" for ins in plan.forward + plan.backward)
     assert simulate(plan).peak_bytes <= plan.header.budget
