@@ -38,15 +38,23 @@ class ChainPartition:
     chain: Chain
 
 
-def partition(graph: ir.Graph, max_blocks: int = 40) -> ChainPartition:
-    """Split `graph` into a prelude and a chain of blocks with rotor's costs (bytes, us)."""
+def partition(graph: ir.Graph, max_blocks: int = 40, refine: int = 0, strict: bool = True) -> ChainPartition:
+    """Split `graph` into a prelude and a chain of blocks with rotor's costs (bytes, us).
+
+    refine > 0 cuts `refine` module levels deeper than the depth chosen for `max_blocks`
+    and then merges small blocks into the next ones (Rockmate's blocks: a GPT-2
+    layer becomes its attention and its MLP block, thesis section 2.3).  strict: refine
+    only at separators no skip tensor crosses (for chain solvers, whose model does not
+    see skip tensors); HiRemate's H-ILP sees them and refines at every separator.
+    """
     tensors = {t.name: t for t in graph.tensors}
     forward = [op for op in graph.ops if op.phase == ir.FORWARD]
     backward = [op for op in graph.ops if op.phase == ir.BACKWARD]
     prelude = _prelude(graph, forward)
     chain_ops = [op for op in forward if op.name not in prelude]
     skips = _skip_tensors(chain_ops, _separators(chain_ops, set()))
-    cuts = _choose_cuts(chain_ops, _separators(chain_ops, skips), max_blocks)
+    separators = _separators(chain_ops, skips)
+    cuts = _choose_cuts(chain_ops, separators, max_blocks, refine, _separators(chain_ops, set()) if strict else separators)
     fw_blocks = _split(chain_ops, cuts)
     bw_blocks = _assign_backward(backward, fw_blocks)
     blocks = tuple(BlockOps(tuple(o.name for o in f), tuple(o.name for o in b)) for f, b in zip(fw_blocks, bw_blocks))
@@ -96,12 +104,36 @@ def _skip_tensors(ops: list[ir.Op], separators: list[int]) -> set[str]:
     return {t for i in separators for t in ops[i].outputs}
 
 
-def _choose_cuts(ops: list[ir.Op], separators: list[int], max_blocks: int) -> list[int]:
+def _choose_cuts(ops, separators: list[int], max_blocks: int, refine: int = 0, strict: list[int] = ()) -> list[int]:
+    """Cuts at the deepest module depth giving at most `max_blocks` blocks.  With refine,
+    `refine` levels deeper, among the `strict` separators only (no skip tensor crosses
+    them, so the chain model sees every tensor alive between blocks)."""
     for depth in range(8, 0, -1):
-        cuts = [i for i in separators if _prefix(ops[i].name, depth) != _prefix(ops[i + 1].name, depth)]
+        cuts = _cuts_at(ops, separators, depth)
         if len(cuts) + 1 <= max_blocks:
+            if refine:
+                finer = sorted(set(_cuts_at(ops, list(strict), depth + refine)) | set(_cuts_at(ops, list(strict), depth)))
+                return _merge_small_blocks(finer, MIN_BLOCK_OPS)
             return _merge_small(ops, cuts, max_blocks)
     return _merge_small(ops, separators, max_blocks)
+
+
+def _cuts_at(ops: list[ir.Op], separators: list[int], depth: int) -> list[int]:
+    return [i for i in separators if _prefix(ops[i].name, depth) != _prefix(ops[i + 1].name, depth)]
+
+
+MIN_BLOCK_OPS = 6  # refined blocks grow to at least this many forward ops
+
+
+def _merge_small_blocks(cuts: list[int], min_ops: int) -> list[int]:
+    """Keep a cut only once the block it closes has `min_ops` ops or more, so small
+    modules (a layer norm, an add, a conv-BN-ReLU's pieces) join the ops that follow."""
+    kept, start = [], 0
+    for cut in cuts:
+        if cut - start + 1 >= min_ops:
+            kept.append(cut)
+            start = cut + 1
+    return kept
 
 
 def _prefix(name: str, depth: int) -> tuple[str, ...]:

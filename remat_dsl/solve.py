@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from remat_dsl import ir
@@ -28,6 +29,14 @@ from remat_dsl.errors import RematError
 from remat_dsl.lowering import lower
 from remat_dsl.simulate import simulate, with_predictions
 from remat_dsl.solvers.chain import ChainSchedule
+from remat_dsl.solvers import milp
+from remat_dsl.solvers.checkmate import op_hgraph
+from remat_dsl.solvers.hilp import HILP
+from remat_dsl.solvers.hiremate import Hierarchy, schedule_order
+from remat_dsl.solvers.rk_rotor import min_feasible_budget as rk_min_feasible_budget
+from remat_dsl.solvers.rk_rotor import solve_rk_rotor
+from remat_dsl.solvers.rockmate import PEAK_STEPS, SAVE_STEPS, rockmate_chain
+from remat_dsl.solvers.rockmate import chain_order as rockmate_order
 from remat_dsl.solvers.rotor import min_feasible_budget, solve_rotor
 from remat_dsl.solvers.sqrt import solve_checkpoint_sqrt
 
@@ -115,7 +124,7 @@ def solve_sqrt(graph: ir.Graph, budget: int) -> Solution:
     return Solution(chain_order(part, schedule), f"checkpoint-sqrt blocks={len(part.blocks)}", "heuristic")
 
 
-SOLVERS = ("autograd", "checkpoint-sqrt", "rotor")
+SOLVERS = ("auto", "autograd", "checkpoint-sqrt", "rotor", "rockmate", "hiremate", "checkmate")
 
 
 def make_plan(
@@ -139,14 +148,13 @@ def make_plan(
         raise RematError(f"error: unknown solver '{solver}'", hint=f"choose one of: {', '.join(SOLVERS)}")
     check_conflicts(graph, constraints)
     context = _Context(graph, model, device, budget, bandwidth, constraints)
+    start = time.perf_counter()
+    chosen = choose_solver(graph) if solver == "auto" else solver
     try:
-        if solver == "rotor":
-            return _rotor_plan(context)
-        solution = solve_autograd(graph, budget) if solver == "autograd" else solve_sqrt(graph, budget)
-        plan = context.lowered(solution)
-        if plan.header.peak_bytes > budget:
-            raise BudgetError(budget, plan.header.peak_bytes, solver)
-        return plan
+        plan, gap = _solve(context, chosen, time_limit)
+        name = f"auto: {plan.header.solver}" if solver == "auto" else plan.header.solver
+        header = replace(plan.header, solver=name, gap=gap, solve_seconds=time.perf_counter() - start)
+        return replace(plan, header=header)
     except BudgetError as error:
         if not any(c.kind != "budget" for c in constraints):
             raise
@@ -158,6 +166,54 @@ def make_plan(
             f"{format_bytes(error.smallest)} ({error.smallest} bytes)",
             hint=f"raise the budget to {error.smallest} bytes or more, or relax the keep/offload/recompute lines",
         ) from None
+
+
+def choose_solver(graph: ir.Graph) -> str:
+    """The `auto` solver's choice, by graph structure and size:
+
+    * checkmate, one exact ILP over all ops, for graphs of at most AUTO_CHECKMATE_OPS ops;
+    * rockmate when the graph is a chain of small blocks: cut at the separators no skip
+      tensor crosses, no block holds more than AUTO_CHAIN_SHARE of the forward ops nor
+      more than AUTO_BLOCK_OPS of them (GPT-2, ResNet);
+    * hiremate otherwise: skip tensors (encoder memory, U-Net skips) leave big blocks,
+      and HiRemate's H-ILP plans with them.
+    """
+    if len(graph.ops) <= AUTO_CHECKMATE_OPS:
+        return "checkmate"
+    return "rockmate" if is_small_chain(graph) else "hiremate"
+
+
+def is_small_chain(graph: ir.Graph) -> bool:
+    """Cut at the separators no skip tensor crosses, no block holds more than
+    AUTO_CHAIN_SHARE of the forward ops nor more than AUTO_BLOCK_OPS of them."""
+    sizes = [len(b.forward) for b in partition(graph, refine=1).blocks]
+    largest = max(sizes)
+    return largest <= AUTO_CHAIN_SHARE * sum(sizes) and largest <= AUTO_BLOCK_OPS
+
+
+AUTO_CHAIN_SHARE = 0.3
+AUTO_BLOCK_OPS = 40
+AUTO_CHECKMATE_OPS = 60
+
+
+def _solve(context: _Context, solver: str, time_limit: float | None) -> tuple[ir.Plan, float | None]:
+    """(plan, MIP gap or None) for one named solver."""
+    graph, budget = context.graph, context.budget
+    if solver == "hiremate" and is_small_chain(graph):
+        strategy = hiremate_chain_strategy(graph, time_limit)
+        return _chain_plan(context, strategy), strategy.gap
+    if solver in STRATEGIES:
+        strategy = STRATEGIES[solver](graph, time_limit)
+        return _chain_plan(context, strategy), strategy.gap
+    if solver in ILP_SOLVERS:
+        ilp = ILP_SOLVERS[solver](graph, time_limit)
+        plan = _ilp_plan(context, ilp)
+        return plan, _milp_status(ilp.results)[1]
+    solution = solve_autograd(graph, budget) if solver == "autograd" else solve_sqrt(graph, budget)
+    plan = context.lowered(solution)
+    if plan.header.peak_bytes > budget:
+        raise BudgetError(budget, plan.header.peak_bytes, solver)
+    return plan, None
 
 
 @dataclass(frozen=True)
@@ -185,47 +241,225 @@ def autograd_peak(graph: ir.Graph, device: str) -> int:
     return context.lowered(solve_autograd(graph, 0)).header.peak_bytes
 
 
-def _rotor_plan(context: _Context) -> ir.Plan:
-    graph, budget = context.graph, context.budget
+@dataclass(frozen=True)
+class ChainStrategy:
+    """A chain solver for the budget-correction loop (NOTE: [Budget correction]).
+
+    order(chain_budget) -> op order whose chain-model peak is at most chain_budget;
+    floor: the smallest chain budget `order` accepts (bytes).  name/status/gap/seconds go
+    to the plan header.
+    """
+
+    name: str
+    order: Callable[[int], tuple[str, ...]]
+    floor: int
+    status: str = "optimal"
+    gap: float | None = None
+    seconds: float = 0.0
+
+
+def rotor_strategy(graph: ir.Graph, time_limit: float | None = None) -> ChainStrategy:
+    """Rotor (papers/rotor-*, Algorithms 3-4) over `blocks.partition`."""
+    start = time.perf_counter()
     part = partition(graph)
+    floor = min_feasible_budget(part.chain, ROTOR_SLOTS)
+
+    def order(chain_budget: int) -> tuple[str, ...]:
+        return chain_order(part, solve_rotor(part.chain, chain_budget, ROTOR_SLOTS))
+
     name = f"rotor slots={ROTOR_SLOTS} blocks={len(part.blocks)}"
-    store_all = context.lowered(Solution(solve_autograd(graph, budget).order, name, "optimal"))
+    return ChainStrategy(name, order, floor, seconds=time.perf_counter() - start)
+
+
+def rockmate_strategy(graph: ir.Graph, time_limit: float | None = None) -> ChainStrategy:
+    """Rockmate (thesis chapter 2, Algorithm 3): RK-Checkmate options per block class on
+    Rockmate's blocks (`partition(refine=1)`), RK-Rotor over the chain."""
+    start = time.perf_counter()
+    part = partition(graph, refine=1)
+    rc = rockmate_chain(graph, part, _per_ilp_limit(time_limit, part))
+    floor = rk_min_feasible_budget(rc.chain, ROTOR_SLOTS)
+
+    def order(chain_budget: int) -> tuple[str, ...]:
+        return rockmate_order(part, rc.options, solve_rk_rotor(rc.chain, chain_budget, ROTOR_SLOTS).ops)
+
+    options = sum(len(b.options) for b in rc.chain.blocks)
+    name = f"rockmate slots={ROTOR_SLOTS} blocks={len(part.blocks)} classes={rc.classes} ilps={rc.ilps} options={options}"
+    status, gap = _milp_status(rc.results)
+    return ChainStrategy(name, order, floor, status, gap, time.perf_counter() - start)
+
+
+def hiremate_chain_strategy(graph: ir.Graph, time_limit: float | None = None) -> ChainStrategy:
+    """HiRemate's H-Solver on a graph whose clusters form a chain.
+
+    NOTE: [H-Solver on chains] HiRemate "includes not only H-ILP, but also other solvers,
+    including CHECKMATE and ROTOR, to provide solutions when the target graph has a
+    desirable structure" (thesis, chapter 1 and section 3.2.2).  When the clusters above
+    the blocks form a chain (`is_small_chain`), the root level is solved by RK-Rotor,
+    exact for persistent schedules of a chain, over the blocks' RK-Checkmate options: the
+    same plan as rockmate.  Other graphs get the H-ILP hierarchy (remat_dsl.solvers.hiremate).
+    """
+    strategy = rockmate_strategy(graph, time_limit)
+    name = strategy.name.replace("rockmate", "hiremate levels=2 root=rk-rotor", 1)
+    return replace(strategy, name=name)
+
+
+def _per_ilp_limit(time_limit: float | None, part) -> float | None:
+    """A user's time limit (seconds) shared by the grid's ILPs of every block class."""
+    if time_limit is None:
+        return None
+    return max(0.05, time_limit / max(1, len(part.blocks)) / (PEAK_STEPS * SAVE_STEPS))
+
+
+def _milp_status(results) -> tuple[str, float | None]:
+    """"optimal" when every MILP solve proved its optimum, else "feasible" with the
+    largest gap (None when a backend could not tell it).  NOTE: [Honest status] in
+    remat_dsl.solvers.milp."""
+    feasible = [r for r in results if r.status == milp.FEASIBLE]
+    if not feasible:
+        return "optimal", 0.0 if results else None
+    gaps = [r.gap for r in feasible]
+    return "feasible", None if None in gaps else max(gaps)
+
+
+STRATEGIES = {"rotor": rotor_strategy, "rockmate": rockmate_strategy}
+
+
+def _chain_plan(context: _Context, strategy: ChainStrategy) -> ir.Plan:
+    graph, budget = context.graph, context.budget
+    store_all = context.lowered(Solution(solve_autograd(graph, budget).order, strategy.name, strategy.status))
     if store_all.header.peak_bytes <= budget:
         return store_all  # nothing recomputed: no plan can be faster
-    floor = min_feasible_budget(part.chain, ROTOR_SLOTS)
-    chain_budget, status = budget, "optimal"
+    chain_budget, status = budget, strategy.status
     for _ in range(8):
-        plan = _rotor_at(context, part, max(chain_budget, floor), name, status)
+        plan = _chain_at(context, strategy, max(chain_budget, strategy.floor), status)
         excess = plan.header.peak_bytes - budget
         if excess <= 0:
             return plan
-        if chain_budget <= floor:
+        if chain_budget <= strategy.floor:
             break
         chain_budget, status = chain_budget - max(excess, budget // 50), "feasible"
-    best = min(_floor_plans(context, part, floor, name), key=lambda p: p.header.peak_bytes)
+    best = min(_floor_plans(context, strategy), key=lambda p: p.header.peak_bytes)
     if best.header.peak_bytes > budget:
-        raise BudgetError(budget, best.header.peak_bytes, "rotor")
+        raise BudgetError(budget, best.header.peak_bytes, strategy.name.split()[0])
     return best
 
 
-def _rotor_at(context: _Context, part, chain_budget: int, name: str, status: str) -> ir.Plan:
-    schedule = solve_rotor(part.chain, chain_budget, ROTOR_SLOTS)
-    return context.lowered(Solution(chain_order(part, schedule), name, status))
+def _chain_at(context: _Context, strategy: ChainStrategy, chain_budget: int, status: str) -> ir.Plan:
+    return context.lowered(Solution(strategy.order(chain_budget), strategy.name, status))
 
 
 FLOOR_SWEEP = (1.0, 1.05, 1.1, 1.2, 1.35, 1.5)
 
 
-def _floor_plans(context: _Context, part, floor: int, name: str):
+def _floor_plans(context: _Context, strategy: ChainStrategy):
     """Plans at chain budgets a little above the chain's floor: the least-memory ones."""
     for factor in FLOOR_SWEEP:
-        yield _rotor_at(context, part, math.ceil(floor * factor), name, "feasible")
+        yield _chain_at(context, strategy, math.ceil(strategy.floor * factor), "feasible")
+
+
+def smallest_budget(graph: ir.Graph, device: str, solver: str = "rotor", constraints: tuple[ir.Constraint, ...] = ()) -> int:
+    """The least simulated peak (bytes) of a chain solver's plans near its chain's smallest
+    budget: `make_plan(..., solver=solver)` succeeds at any budget at or above it."""
+    context = _Context(graph, "", device, 0, DEFAULT_BANDWIDTH, constraints)
+    if solver == "hiremate" and not is_small_chain(graph):
+        return _ilp_floor(context, HiremateSolver(graph))
+    if solver == "hiremate":
+        return min(p.header.peak_bytes for p in _floor_plans(context, hiremate_chain_strategy(graph)))
+    if solver == "checkmate":
+        return _ilp_floor(context, CheckmateSolver(graph))
+    strategy = STRATEGIES[solver](graph)
+    return min(p.header.peak_bytes for p in _floor_plans(context, strategy))
 
 
 def smallest_rotor_budget(graph: ir.Graph, device: str, constraints: tuple[ir.Constraint, ...] = ()) -> int:
-    """The least simulated peak (bytes) of rotor's plans near the chain's smallest budget:
-    `make_plan(..., solver="rotor")` succeeds at any budget at or above it."""
-    part = partition(graph)
-    floor = min_feasible_budget(part.chain, ROTOR_SLOTS)
-    context = _Context(graph, "", device, 0, DEFAULT_BANDWIDTH, constraints)
-    return min(p.header.peak_bytes for p in _floor_plans(context, part, floor, "rotor"))
+    """`smallest_budget` for rotor."""
+    return smallest_budget(graph, device, "rotor", constraints)
+
+
+class HiremateSolver:
+    """HiRemate (remat_dsl.solvers.hiremate): the hierarchy solved bottom-up once, then the
+    root H-ILP at each peak budget asked (bytes)."""
+
+    def __init__(self, graph: ir.Graph, time_limit: float | None = None):
+        part = partition(graph, refine=1, strict=False)
+        rc = rockmate_chain(graph, part, _per_ilp_limit(time_limit, part))
+        self.hierarchy = Hierarchy(graph, part, rc, time_limit)
+        self.results = self.hierarchy.results
+        h = self.hierarchy
+        self.name = (
+            f"hiremate levels={h.levels} blocks={h.clusters} classes={rc.classes} "
+            f"ilps={len(h.results)} top-nodes={len(h.top.nodes)}"
+        )
+
+    def order(self, peak: int) -> tuple[str, ...] | None:
+        return self.hierarchy.order(peak)
+
+
+class CheckmateSolver:
+    """RK-Checkmate (thesis section 2.4) on the whole FB-graph: for small graphs only."""
+
+    MAX_OPS = 160
+
+    def __init__(self, graph: ir.Graph, time_limit: float | None = None):
+        if len(graph.ops) > self.MAX_OPS:
+            raise RematError(
+                f"error: the checkmate solver builds one ILP over all {len(graph.ops)} ops; "
+                f"it is meant for graphs of at most {self.MAX_OPS} ops",
+                hint="use --solver rockmate or --solver hiremate (or auto), which solve small pieces",
+            )
+        start = time.perf_counter()
+        forward = tuple(op.name for op in graph.ops if op.phase == ir.FORWARD)
+        backward = tuple(op.name for op in graph.ops if op.phase == ir.BACKWARD)
+        self.hg = op_hgraph(graph, forward, backward)
+        self.model = HILP(self.hg)
+        self.time_limit = time_limit
+        self.results: list[milp.MilpResult] = []
+        self.seconds = time.perf_counter() - start
+        self.name = f"checkmate ops={len(graph.ops)}"
+
+    def order(self, peak: int) -> tuple[str, ...] | None:
+        start = time.perf_counter()
+        schedule = self.model.solve(peak, None, self.time_limit)
+        self.results.append(self.model.last_result)
+        self.seconds += time.perf_counter() - start
+        return None if schedule is None else schedule_order(self.hg, schedule)
+
+
+ILP_SOLVERS = {"hiremate": HiremateSolver, "checkmate": CheckmateSolver}
+
+
+def _ilp_plan(context: _Context, solver) -> ir.Plan:
+    """Solve the ILP at the budget; while the exact simulation finds the lowered plan over
+    it, solve again with the ILP's budget lowered by the excess (NOTE: [Budget
+    correction]); BudgetError with the smallest peak found when nothing fits."""
+    graph, budget = context.graph, context.budget
+    store_all = context.lowered(Solution(solve_autograd(graph, budget).order, solver.name, "optimal"))
+    if store_all.header.peak_bytes <= budget:
+        return store_all
+    target, corrected = budget, False
+    for _ in range(8):
+        order = solver.order(target)
+        if order is None:
+            break
+        status, _ = _milp_status(solver.results)
+        plan = context.lowered(Solution(order, solver.name, "feasible" if corrected else status))
+        excess = plan.header.peak_bytes - budget
+        if excess <= 0:
+            return plan
+        target, corrected = target - max(excess, budget // 50), True
+    raise BudgetError(budget, _ilp_floor(context, solver), solver.name.split()[0])
+
+
+def _ilp_floor(context: _Context, solver, steps: int = 7) -> int:
+    """The least simulated peak (bytes) found by bisection over the top H-ILP's budget."""
+    lo, hi = 0, context.lowered(Solution(solve_autograd(context.graph, 0).order, "", "")).header.peak_bytes
+    best = hi
+    for _ in range(steps):
+        mid = (lo + hi) // 2
+        order = solver.order(mid)
+        if order is None:
+            lo = mid
+            continue
+        peak = context.lowered(Solution(order, solver.name, "feasible")).header.peak_bytes
+        best, hi = min(best, peak), mid
+    return best

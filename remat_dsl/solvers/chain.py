@@ -43,7 +43,21 @@ from dataclasses import dataclass, fields
 STEP_KINDS = ("F_all", "F_ck", "F_n", "B")
 FORWARD_KINDS = ("F_all", "F_ck", "F_n")
 
-ChainOp = tuple[str, int]  # (kind, l): kind in STEP_KINDS, block l in 1..L
+ChainOp = tuple  # (kind, l) or (kind, l, o): kind in STEP_KINDS, block l in 1..L, option o
+
+
+@dataclass(frozen=True)
+class BlockOption:
+    """Another way to run F_all^l / B^l (RK-Rotor's option o > 0, thesis section 2.5.1):
+    F_all^o keeps `xbar_bytes` (a^l and the saved tensors of this option) with transient
+    `fwd_overhead`; B^o recomputes what was not kept, taking `bwd_us` and `bwd_overhead`.
+    `index` names the option for the caller (the position in its own list of schedules)."""
+
+    xbar_bytes: int
+    fwd_overhead: int
+    bwd_us: int
+    bwd_overhead: int
+    index: int
 
 
 @dataclass(frozen=True)
@@ -61,9 +75,20 @@ class Block:
     grad_bytes: int  # omega_delta^l: size of delta^l, the gradient of a^l
     fwd_overhead: int  # o_f^l: extra transient memory while running F^l
     bwd_overhead: int  # o_b^l: extra transient memory while running B^l
+    options: tuple[BlockOption, ...] = ()  # RK-Rotor's options beyond store-all (o = 1..)
+
+    def variant(self, o: int) -> tuple[int, int, int, int]:
+        """(xbar_bytes, fwd_overhead, bwd_us, bwd_overhead) of F_all^o / B^o; o = 0 is
+        store-all (the block's own fields)."""
+        if o == 0:
+            return self.xbar_bytes, self.fwd_overhead, self.bwd_us, self.bwd_overhead
+        opt = self.options[o - 1]
+        return opt.xbar_bytes, opt.fwd_overhead, opt.bwd_us, opt.bwd_overhead
 
     def __post_init__(self) -> None:
         for f in fields(self):
+            if f.name == "options":
+                continue
             value = getattr(self, f.name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"Block.{f.name} must be a non-negative int, got {value!r}")
@@ -139,27 +164,31 @@ def simulate_chain(chain: Chain, ops) -> tuple[int, int]:
     3.2-3.4).  Raises InvalidChainSequence (a ValueError) naming the first offending step.
     """
     L = chain.length
-    acts: dict[int, str] = {0: "a"}  # l -> "a" (plain a^l) or "abar" (abar^l, holds a^l)
+    acts: dict = {0: "a"}  # l -> "a" (plain a^l) or ("abar", o) (abar^l of option o, holds a^l)
     grads = {L}
     live = chain.input_bytes + chain.delta_bytes(L)
     peak, total = live, 0
     for i, op in enumerate(ops):
-        kind, l = op
-        where = f"step {i} ({kind}, {l})"
+        kind, l, *rest = op
+        o = rest[0] if rest else 0
+        where = f"step {i} {op}"
         if kind not in STEP_KINDS:
             raise InvalidChainSequence(f"{where}: unknown step kind, expected one of {STEP_KINDS}")
         if not isinstance(l, int) or not 1 <= l <= L:
             raise InvalidChainSequence(f"{where}: block index must be in 1..{L}")
         block = chain.blocks[l - 1]
+        if not 0 <= o <= len(block.options):
+            raise InvalidChainSequence(f"{where}: block {l} has no option {o}")
+        xbar, fwd_overhead, bwd_us, bwd_overhead = block.variant(o)
         if l - 1 not in acts:
             raise InvalidChainSequence(f"{where}: input a^{l - 1} is not live")
         if kind in FORWARD_KINDS:
             if l in acts:
                 raise InvalidChainSequence(f"{where}: a^{l} is already live")
-            out = block.xbar_bytes if kind == "F_all" else block.x_bytes
-            peak = max(peak, live + out + block.fwd_overhead)
+            out = xbar if kind == "F_all" else block.x_bytes
+            peak = max(peak, live + out + (fwd_overhead if kind == "F_all" else block.fwd_overhead))
             live += out
-            acts[l] = "abar" if kind == "F_all" else "a"
+            acts[l] = ("abar", o) if kind == "F_all" else "a"
             if kind == "F_n" and acts[l - 1] == "a":
                 live -= chain.a_bytes(l - 1)
                 del acts[l - 1]
@@ -167,19 +196,19 @@ def simulate_chain(chain: Chain, ops) -> tuple[int, int]:
             continue
         if l not in grads:
             raise InvalidChainSequence(f"{where}: delta^{l} is not live")
-        if acts.get(l) != "abar":
-            raise InvalidChainSequence(f"{where}: abar^{l} is not live (run F_all {l} first)")
+        if acts.get(l) != ("abar", o):
+            raise InvalidChainSequence(f"{where}: abar^{l} is not live with option {o} (run F_all {l} with it first)")
         if l - 1 in grads:
             raise InvalidChainSequence(f"{where}: delta^{l - 1} is already live")
-        peak = max(peak, live + chain.delta_bytes(l - 1) + block.bwd_overhead)
-        live += chain.delta_bytes(l - 1) - chain.delta_bytes(l) - block.xbar_bytes
+        peak = max(peak, live + chain.delta_bytes(l - 1) + bwd_overhead)
+        live += chain.delta_bytes(l - 1) - chain.delta_bytes(l) - xbar
         grads.remove(l)
         grads.add(l - 1)
         del acts[l]
         if acts[l - 1] == "a":
             live -= chain.a_bytes(l - 1)
             del acts[l - 1]
-        total += block.bwd_us
+        total += bwd_us
     if grads != {0} or acts:
         left = sorted(f"a^{l}" if k == "a" else f"abar^{l}" for l, k in acts.items())
         left += sorted(f"delta^{l}" for l in grads if l != 0)

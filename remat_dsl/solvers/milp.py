@@ -1,0 +1,86 @@
+"""One way to solve a pulp MILP: HiGHS (highspy) by default, CBC as the fallback.
+
+NOTE: [Honest status]
+With a time limit both backends may stop early while pulp's `LpStatus` still reads
+"Optimal" (../shared/notes/capture-probe.md, MILP).  We read pulp's `sol_status` instead:
+`LpSolutionOptimal` is a proven optimum (within the backend's default relative gap,
+1e-4 for HiGHS), `LpSolutionIntegerFeasible` is the best solution found before the limit,
+with the relative MIP gap HiGHS reports.  CBC through pulp does not report its bound, so
+a time-limited CBC solution has an unknown gap (None).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import pulp
+
+OPTIMAL, FEASIBLE, INFEASIBLE, NO_SOLUTION = "optimal", "feasible", "infeasible", "no-solution"
+
+
+@dataclass(frozen=True)
+class MilpResult:
+    """status: OPTIMAL, FEASIBLE (stopped at the time limit with a solution), INFEASIBLE or
+    NO_SOLUTION (stopped before finding one).  gap: relative MIP gap (fraction) or None.
+    seconds: wall time of the backend call.  backend: "HiGHS" or "CBC"."""
+
+    status: str
+    gap: float | None
+    seconds: float
+    backend: str
+
+    @property
+    def has_solution(self) -> bool:
+        return self.status in (OPTIMAL, FEASIBLE)
+
+
+def backend_names() -> list[str]:
+    """Backends pulp can run here, preferred first."""
+    available = set(pulp.listSolvers(onlyAvailable=True))
+    return [name for name, key in (("HiGHS", "HiGHS"), ("CBC", "PULP_CBC_CMD")) if key in available]
+
+
+REL_GAP = 0.01  # stop once the incumbent is proven within 1% of the optimum
+OPTIMAL_GAP = 1e-4  # what we call optimal (HiGHS's default mip_rel_gap)
+
+
+def solve(problem: pulp.LpProblem, time_limit: float | None = None, rel_gap: float = REL_GAP) -> MilpResult:
+    """Solve `problem` in place (variable values are set when a solution exists).
+
+    time_limit: seconds, or None for no limit.  rel_gap: the search stops once the best
+    solution is proven within this relative gap; the result says "optimal" only when
+    the proven gap is at most OPTIMAL_GAP, else "feasible" with the gap (deterministic:
+    no time is involved unless time_limit is given).  Raises RuntimeError when no MILP
+    backend is available (install highspy, or pulp's bundled CBC).
+    """
+    names = backend_names()
+    if not names:
+        raise RuntimeError("no MILP backend: pip install highspy (or a pulp with its CBC binary)")
+    start = time.perf_counter()
+    if names[0] == "HiGHS":
+        solver = pulp.HiGHS(msg=False, timeLimit=time_limit, gapRel=rel_gap, threads=1, random_seed=0)
+        problem.solve(solver)
+        info = problem.solverModel.getInfo()
+        gap = max(0.0, float(info.mip_gap)) if info.mip_gap < 1e30 else None
+    else:
+        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, gapRel=rel_gap, threads=1)
+        problem.solve(solver)
+        gap = None if problem.sol_status == pulp.LpSolutionIntegerFeasible else 0.0
+    seconds = time.perf_counter() - start
+    status = _status(problem.sol_status)
+    if status == OPTIMAL and (gap is None or gap > OPTIMAL_GAP):
+        status = FEASIBLE  # stopped at rel_gap, not proven optimal
+    if status not in (OPTIMAL, FEASIBLE):
+        gap = None
+    return MilpResult(status, gap, seconds, names[0])
+
+
+def _status(sol_status: int) -> str:
+    if sol_status == pulp.LpSolutionOptimal:
+        return OPTIMAL
+    if sol_status == pulp.LpSolutionIntegerFeasible:
+        return FEASIBLE
+    if sol_status == pulp.LpSolutionInfeasible:
+        return INFEASIBLE
+    return NO_SOLUTION
