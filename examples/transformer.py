@@ -1,6 +1,7 @@
 """Small torch.nn.Transformer encoder-decoder.
 
 Model-file contract: `build_model()`, `sample_inputs()`, `loss_fn(output)`.
+`examples/transformer.py:build_transformer_4x4` has 4 encoder and 4 decoder layers.
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ INPUT_SEED = 1234
 
 
 class Seq2Seq(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, layers: int = 2) -> None:
         super().__init__()
         self.transformer = nn.Transformer(
             d_model=D_MODEL,
             nhead=4,
-            num_encoder_layers=2,
-            num_decoder_layers=2,
+            num_encoder_layers=layers,
+            num_decoder_layers=layers,
             dim_feedforward=128,
             dropout=0.1,
             batch_first=True,
@@ -33,11 +34,15 @@ class Seq2Seq(nn.Module):
         return self.transformer(src, tgt)
 
 
-def build_model() -> nn.Module:
+def build_model(layers: int = 2) -> nn.Module:
     torch.manual_seed(SEED)
-    model = Seq2Seq()
+    model = Seq2Seq(layers)
     model.train()
     return model
+
+
+def build_transformer_4x4() -> nn.Module:
+    return build_model(layers=4)
 
 
 def _make_data() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -40,7 +40,12 @@ def _argument_parser() -> argparse.ArgumentParser:
     plan.add_argument("--budget", help="bytes with a unit (1.5GiB, 800MB) or a percentage of the autograd peak (50%%); default: the constraints' budget")
     plan.add_argument("--constraints", help="a file of constraint lines: keep/recompute/offload/no-offload \"GLOB\", budget SIZE")
     plan.add_argument("--from", dest="from_plan", help="re-solve with this plan's constraints and budget")
-    plan.add_argument("--solver", default="rotor", help="autograd, checkpoint-sqrt or rotor (default)")
+    plan.add_argument(
+        "--solver",
+        default="auto",
+        help="auto (default: picks checkmate, rockmate or hiremate by graph structure and size), "
+        "rockmate, hiremate, checkmate, rotor, checkpoint-sqrt or autograd",
+    )
     plan.add_argument("--bandwidth", default="12GB", help="host<->device bandwidth per second (default 12GB)")
     plan.add_argument("--repeats", type=int, default=5, help="timed runs per operation (median)")
     plan.add_argument("--time-limit", type=_seconds, metavar="SECONDS", help="stop the solver after this many seconds (MILP solvers: the best plan found so far, status `feasible` with its gap); default: no limit")

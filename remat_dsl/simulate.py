@@ -14,7 +14,8 @@ and buffers are not counted (they are the same in every plan).  The tangents
 `compute`/`recompute OP` peaks at resident + all of OP's outputs + OP.temp_bytes; outputs
 already resident are discarded right after the op.  A random op that is recomputed
 somewhere in the plan saves its RNG state at its `compute` (`rng_state_bytes(device)`
-bytes) and frees it after its last `recompute`.  `prefetch` allocates on the device at
+bytes) and frees it after its last `recompute`; while it is recomputed, the generator's
+current state is set aside (one more state) and restored after.  `prefetch` allocates on the device at
 once; `offload` allocates on the host only (host copies are kept to the end of the step
 and reported as `host_peak_bytes`).
 
@@ -574,9 +575,11 @@ class _Simulator:
         for ref in op_refs(op):
             self._check_usable(ref.name, op, instr)
         out_bytes = [(name, self.graph.tensors[name].nbytes) for name in op.outputs]
-        peak = self.current + sum(n for _, n in out_bytes) + op.temp_bytes
+        replay = self.rng_bytes if op.random and instr.verb == "recompute" else 0  # the current state, kept aside
+        peak = self.current + sum(n for _, n in out_bytes) + op.temp_bytes + replay
         extra = [(f"{name} (new copy)", n) for name, n in out_bytes if name in self.resident]
         extra += [(f"temporaries of {op.name}", op.temp_bytes)] if op.temp_bytes else []
+        extra += [(f"rng state set aside while {op.name} replays its own", replay)] if replay else []
         for name, nbytes in out_bytes:
             if name not in self.resident:
                 self._allocate(name, nbytes)

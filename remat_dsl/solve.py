@@ -4,6 +4,12 @@ Every solver takes the FB-graph and a budget (bytes) and returns a `Solution`: t
 which operations run.  `make_plan` lowers it (remat_dsl.lowering, the one lowering),
 simulates it exactly (remat_dsl.simulate) and writes the predictions into the header.
 
+Solvers: autograd and checkpoint-sqrt (baselines), rotor and rockmate (chain dynamic
+programs, `ChainStrategy`), hiremate and checkmate (H-ILP, `_ilp_plan`), and auto, which
+picks one by graph structure and size (`choose_solver`).  Each plan header carries the
+solver's name and settings, its status (optimal, or feasible with the MIP gap), and the
+seconds spent (NOTE: [Honest status] in remat_dsl.solvers.milp).
+
 NOTE: [Budget correction]
 Rotor plans blocks with a chain model of memory (papers/rotor-*, section 3) that does not
 see everything the exact simulation sees (the prelude's masks, parameter gradients piling
@@ -11,11 +17,13 @@ up during the backward, the discretization).  When the lowered plan's simulated 
 above the budget, we solve again with the chain budget lowered by the excess, until it
 fits or the chain's own smallest budget is reached.  The smallest feasible budget we
 report is the simulated peak of the plan made at that smallest chain budget, so any budget
-at or above it gets a plan.
+at or above it gets a plan.  Rockmate and the H-ILP solvers (whose models also stop at
+their blocks' or clusters' boundaries) go through the same loop.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import time
@@ -28,13 +36,13 @@ from remat_dsl.constraints import add_offloads, check_conflicts, constrain_order
 from remat_dsl.errors import RematError
 from remat_dsl.lowering import lower
 from remat_dsl.simulate import simulate, with_predictions
-from remat_dsl.solvers.chain import ChainSchedule
+from remat_dsl.solvers.chain import ChainSchedule, InfeasibleBudget
 from remat_dsl.solvers import milp
 from remat_dsl.solvers.checkmate import op_hgraph
 from remat_dsl.solvers.hilp import HILP
 from remat_dsl.solvers.hiremate import Hierarchy, schedule_order
 from remat_dsl.solvers.rk_rotor import min_feasible_budget as rk_min_feasible_budget
-from remat_dsl.solvers.rk_rotor import solve_rk_rotor
+from remat_dsl.solvers.rk_rotor import try_rk_rotor
 from remat_dsl.solvers.rockmate import PEAK_STEPS, SAVE_STEPS, rockmate_chain
 from remat_dsl.solvers.rockmate import chain_order as rockmate_order
 from remat_dsl.solvers.rotor import min_feasible_budget, solve_rotor
@@ -241,46 +249,57 @@ def autograd_peak(graph: ir.Graph, device: str) -> int:
     return context.lowered(solve_autograd(graph, 0)).header.peak_bytes
 
 
-@dataclass(frozen=True)
+@dataclass
 class ChainStrategy:
     """A chain solver for the budget-correction loop (NOTE: [Budget correction]).
 
-    order(chain_budget) -> op order whose chain-model peak is at most chain_budget;
-    floor: the smallest chain budget `order` accepts (bytes).  name/status/gap/seconds go
-    to the plan header.
+    order(chain_budget) -> op order whose chain-model peak is at most chain_budget, or
+    None when none fits; floor_of() -> the smallest chain budget `order` accepts (bytes),
+    computed once, when first needed.  name/status/gap/seconds go to the plan header.
     """
 
     name: str
-    order: Callable[[int], tuple[str, ...]]
-    floor: int
+    order: Callable[[int], tuple[str, ...] | None]
+    floor_of: Callable[[], int]
     status: str = "optimal"
     gap: float | None = None
     seconds: float = 0.0
+
+    @functools.cached_property
+    def floor(self) -> int:
+        return self.floor_of()
 
 
 def rotor_strategy(graph: ir.Graph, time_limit: float | None = None) -> ChainStrategy:
     """Rotor (papers/rotor-*, Algorithms 3-4) over `blocks.partition`."""
     start = time.perf_counter()
     part = partition(graph)
-    floor = min_feasible_budget(part.chain, ROTOR_SLOTS)
 
-    def order(chain_budget: int) -> tuple[str, ...]:
-        return chain_order(part, solve_rotor(part.chain, chain_budget, ROTOR_SLOTS))
+    def order(chain_budget: int) -> tuple[str, ...] | None:
+        try:
+            return chain_order(part, solve_rotor(part.chain, chain_budget, ROTOR_SLOTS))
+        except InfeasibleBudget:
+            return None
 
     name = f"rotor slots={ROTOR_SLOTS} blocks={len(part.blocks)}"
-    return ChainStrategy(name, order, floor, seconds=time.perf_counter() - start)
+    return ChainStrategy(name, order, lambda: min_feasible_budget(part.chain, ROTOR_SLOTS), seconds=time.perf_counter() - start)
 
 
 def rockmate_strategy(graph: ir.Graph, time_limit: float | None = None) -> ChainStrategy:
     """Rockmate (thesis chapter 2, Algorithm 3): RK-Checkmate options per block class on
-    Rockmate's blocks (`partition(refine=1)`), RK-Rotor over the chain."""
+    Rockmate's blocks (`partition(refine=1)`, cut where no skip tensor crosses when the
+    graph is a chain of small blocks, else at every separator as rotor does), RK-Rotor
+    over the chain."""
     start = time.perf_counter()
-    part = partition(graph, refine=1)
+    part = partition(graph, refine=1, strict=is_small_chain(graph))
     rc = rockmate_chain(graph, part, _per_ilp_limit(time_limit, part))
-    floor = rk_min_feasible_budget(rc.chain, ROTOR_SLOTS)
 
-    def order(chain_budget: int) -> tuple[str, ...]:
-        return rockmate_order(part, rc.options, solve_rk_rotor(rc.chain, chain_budget, ROTOR_SLOTS).ops)
+    def order(chain_budget: int) -> tuple[str, ...] | None:
+        schedule = try_rk_rotor(rc.chain, chain_budget, ROTOR_SLOTS)
+        return None if schedule is None else rockmate_order(part, rc.options, schedule.ops)
+
+    def floor() -> int:
+        return rk_min_feasible_budget(rc.chain, ROTOR_SLOTS)
 
     options = sum(len(b.options) for b in rc.chain.blocks)
     name = f"rockmate slots={ROTOR_SLOTS} blocks={len(part.blocks)} classes={rc.classes} ilps={rc.ilps} options={options}"
@@ -298,7 +317,7 @@ def hiremate_chain_strategy(graph: ir.Graph, time_limit: float | None = None) ->
     exact for persistent schedules of a chain, over the blocks' RK-Checkmate options: the
     same plan as rockmate.  Other graphs get the H-ILP hierarchy (remat_dsl.solvers.hiremate).
     """
-    strategy = rockmate_strategy(graph, time_limit)
+    strategy = STRATEGIES["rockmate"](graph, time_limit)
     name = strategy.name.replace("rockmate", "hiremate levels=2 root=rk-rotor", 1)
     return replace(strategy, name=name)
 
@@ -321,7 +340,7 @@ def _milp_status(results) -> tuple[str, float | None]:
     return "feasible", None if None in gaps else max(gaps)
 
 
-STRATEGIES = {"rotor": rotor_strategy, "rockmate": rockmate_strategy}
+STRATEGIES = {"rotor": rotor_strategy, "rockmate": functools.lru_cache(maxsize=4)(rockmate_strategy)}
 
 
 def _chain_plan(context: _Context, strategy: ChainStrategy) -> ir.Plan:
@@ -331,11 +350,16 @@ def _chain_plan(context: _Context, strategy: ChainStrategy) -> ir.Plan:
         return store_all  # nothing recomputed: no plan can be faster
     chain_budget, status = budget, strategy.status
     for _ in range(8):
-        plan = _chain_at(context, strategy, max(chain_budget, strategy.floor), status)
+        order = strategy.order(chain_budget)
+        at_floor = order is None
+        if at_floor:
+            chain_budget = strategy.floor
+            order = strategy.order(chain_budget)
+        plan = context.lowered(Solution(order, strategy.name, status))
         excess = plan.header.peak_bytes - budget
         if excess <= 0:
             return plan
-        if chain_budget <= strategy.floor:
+        if at_floor:
             break
         chain_budget, status = chain_budget - max(excess, budget // 50), "feasible"
     best = min(_floor_plans(context, strategy), key=lambda p: p.header.peak_bytes)
@@ -362,12 +386,12 @@ def smallest_budget(graph: ir.Graph, device: str, solver: str = "rotor", constra
     budget: `make_plan(..., solver=solver)` succeeds at any budget at or above it."""
     context = _Context(graph, "", device, 0, DEFAULT_BANDWIDTH, constraints)
     if solver == "hiremate" and not is_small_chain(graph):
-        return _ilp_floor(context, HiremateSolver(graph))
+        return _ilp_floor(context, ILP_SOLVERS["hiremate"](graph, None))
     if solver == "hiremate":
         return min(p.header.peak_bytes for p in _floor_plans(context, hiremate_chain_strategy(graph)))
     if solver == "checkmate":
-        return _ilp_floor(context, CheckmateSolver(graph))
-    strategy = STRATEGIES[solver](graph)
+        return _ilp_floor(context, ILP_SOLVERS["checkmate"](graph, None))
+    strategy = STRATEGIES[solver](graph, None)
     return min(p.header.peak_bytes for p in _floor_plans(context, strategy))
 
 
@@ -425,7 +449,9 @@ class CheckmateSolver:
         return None if schedule is None else schedule_order(self.hg, schedule)
 
 
-ILP_SOLVERS = {"hiremate": HiremateSolver, "checkmate": CheckmateSolver}
+# Built solvers are kept for the next budget on the same graph (a budget sweep solves the
+# blocks' ILPs once); a graph is a frozen dataclass, so equal graphs share them.
+ILP_SOLVERS = {"hiremate": functools.lru_cache(maxsize=2)(HiremateSolver), "checkmate": functools.lru_cache(maxsize=2)(CheckmateSolver)}
 
 
 def _ilp_plan(context: _Context, solver) -> ir.Plan:

@@ -129,9 +129,7 @@ class HILP:
         self._variables()
         self._validity()
         self._memory()
-        self.problem += pulp.lpSum(
-            node_option.time_us * var for (t, k, o), var in self.comp.items() for node_option in [self.graph.nodes[k].options[o]]
-        )
+        self.problem += pulp.lpSum(graph.nodes[k].options[o].time_us * var for (t, k, o), var in self.comp.items())
 
     # --- variables --------------------------------------------------------------
 
@@ -169,18 +167,18 @@ class HILP:
             self.steps[t] = [k for k in range(t + 1) if self._possible(t, k)]
             for k in self.steps[t]:
                 for o in range(len(g.nodes[k].options)):
-                    self.comp[t, k, o] = pulp.LpVariable(f"C_{t}_{k}_{o}", cat="Binary")
+                    self.comp[t, k, o] = self._binary(f"C_{t}_{k}_{o}")
         self.alive: dict[tuple[int, int], pulp.LpVariable] = {}
         for d, value in enumerate(g.values):
             last = T if value.keep_at_end else self._last_need(d)
             for t in range(value.producer + 1, last + 1):
-                self.alive[t, d] = pulp.LpVariable(f"P_{t}_{d}", cat="Binary")
+                self.alive[t, d] = self._binary(f"P_{t}_{d}")
         self.phantom: dict[tuple[int, int, int], pulp.LpVariable] = {}
         for j, node in enumerate(g.nodes):
             if not node.is_backward and node.pair >= 0:
                 for t in range(j + 1, node.pair + 1):  # eq. 3.5; freed by B_j at stage pair
                     for o in range(len(node.options) - 1):
-                        self.phantom[t, j, o] = pulp.LpVariable(f"Sp_{t}_{j}_{o}", cat="Binary")
+                        self.phantom[t, j, o] = self._binary(f"Sp_{t}_{j}_{o}")
         self.delete: dict[tuple[int, int, int], pulp.LpVariable] = {}
         for d, value in enumerate(g.values):
             if value.keep_at_end:
@@ -188,7 +186,7 @@ class HILP:
             for k in [value.producer, *self._readers[d]]:
                 for t in range(k, T):
                     if self._possible(t, k):
-                        self.delete[t, k, d] = pulp.LpVariable(f"D_{t}_{k}_{d}", cat="Binary")
+                        self.delete[t, k, d] = self._binary(f"D_{t}_{k}_{d}")
 
     def _last_need(self, d: int) -> int:
         """The last stage that may read value d (or the boundary if it must be kept there).
@@ -205,6 +203,9 @@ class HILP:
 
     def sum_comp(self, t: int, k: int):
         return pulp.lpSum(self.comp[t, k, o] for o in range(len(self.graph.nodes[k].options)) if (t, k, o) in self.comp)
+
+    def _binary(self, name: str) -> pulp.LpVariable:
+        return self.problem.add_variable(name, cat="Binary")
 
     def _p(self, t: int, d: int):
         return self.alive.get((t, d), 0)
@@ -290,7 +291,7 @@ class HILP:
             held += pulp.lpSum(
                 g.nodes[j].options[o].phantom * var for (tt, j, o), var in self.phantom.items() if tt == t
             )  # eq. 3.27
-            before = pulp.LpVariable(f"U_{t}_start", lowBound=0)
+            before = self.problem.add_variable(f"U_{t}_start", lowBound=0)
             prob += before == held
             for k in self.steps[t]:
                 node = g.nodes[k]
@@ -301,7 +302,7 @@ class HILP:
                 self.peak_rows.append(row)
                 change = made + self._phantom_change(t, k)
                 change -= pulp.lpSum(g.values[d].size * var for (tt, kk, d), var in self._deletes_at(t, k))
-                after = pulp.LpVariable(f"U_{t}_{k}", lowBound=0)
+                after = self.problem.add_variable(f"U_{t}_{k}", lowBound=0)
                 prob += after == before + change  # eq. 3.31, 3.32
                 before = after
         boundary = pulp.lpSum(g.values[d].size * self._p(self.tb, d) for d in range(len(g.values)))

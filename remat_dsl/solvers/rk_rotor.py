@@ -123,13 +123,14 @@ def solve_rk_rotor(chain: Chain, budget: int, slots: int = DEFAULT_SLOTS) -> Cha
     store_all = store_all_schedule(chain)
     if store_all.predicted_peak <= budget:
         return store_all  # option 0 everywhere: no recomputation at all
-    schedule = _try(chain, budget, slots)
+    schedule = try_rk_rotor(chain, budget, slots)
     if schedule is None:
         raise InfeasibleBudget(budget, min_feasible_budget(chain, slots))
     return schedule
 
 
-def _try(chain: Chain, budget: int, slots: int) -> ChainSchedule | None:
+def try_rk_rotor(chain: Chain, budget: int, slots: int = DEFAULT_SLOTS) -> ChainSchedule | None:
+    """`solve_rk_rotor` without the search for the smallest budget: None when nothing fits."""
     if budget <= 0:
         return None
     cost, choice, option, sz, opts = _tables(chain, budget, slots)
@@ -148,7 +149,7 @@ def min_feasible_budget(chain: Chain, slots: int = DEFAULT_SLOTS) -> int:
     lo, hi = 0, store_all_schedule(chain).predicted_peak  # lo infeasible, hi feasible
     while hi - lo > max(1, hi // 2000):
         mid = (lo + hi) // 2
-        if _try(chain, mid, slots) is not None:
+        if try_rk_rotor(chain, mid, slots) is not None:
             hi = mid
         else:
             lo = mid
