@@ -207,9 +207,8 @@ AUTO_CHECKMATE_OPS = 60
 def _solve(context: _Context, solver: str, time_limit: float | None) -> tuple[ir.Plan, float | None]:
     """(plan, MIP gap or None) for one named solver."""
     graph, budget = context.graph, context.budget
-    if solver == "hiremate" and is_small_chain(graph):
-        strategy = hiremate_chain_strategy(graph, time_limit)
-        return _chain_plan(context, strategy), strategy.gap
+    if solver == "rockmate" or (solver == "hiremate" and is_small_chain(graph)):
+        return _first_fitting(context, rockmate_strategies(graph, time_limit, solver))
     if solver in STRATEGIES:
         strategy = STRATEGIES[solver](graph, time_limit)
         return _chain_plan(context, strategy), strategy.gap
@@ -285,13 +284,13 @@ def rotor_strategy(graph: ir.Graph, time_limit: float | None = None) -> ChainStr
     return ChainStrategy(name, order, lambda: min_feasible_budget(part.chain, ROTOR_SLOTS), seconds=time.perf_counter() - start)
 
 
-def rockmate_strategy(graph: ir.Graph, time_limit: float | None = None) -> ChainStrategy:
+def rockmate_strategy(graph: ir.Graph, time_limit: float | None = None, part: ChainPartition | None = None, label: str = "rockmate") -> ChainStrategy:
     """Rockmate (thesis chapter 2, Algorithm 3): RK-Checkmate options per block class on
     Rockmate's blocks (`partition(refine=1)`, cut where no skip tensor crosses when the
     graph is a chain of small blocks, else at every separator as rotor does), RK-Rotor
     over the chain."""
     start = time.perf_counter()
-    part = partition(graph, refine=1, strict=is_small_chain(graph))
+    part = part or partition(graph, refine=1, strict=is_small_chain(graph))
     rc = rockmate_chain(graph, part, _per_ilp_limit(time_limit, part))
 
     def order(chain_budget: int) -> tuple[str, ...] | None:
@@ -302,9 +301,39 @@ def rockmate_strategy(graph: ir.Graph, time_limit: float | None = None) -> Chain
         return rk_min_feasible_budget(rc.chain, ROTOR_SLOTS)
 
     options = sum(len(b.options) for b in rc.chain.blocks)
-    name = f"rockmate slots={ROTOR_SLOTS} blocks={len(part.blocks)} classes={rc.classes} ilps={rc.ilps} options={options}"
+    name = f"{label} slots={ROTOR_SLOTS} blocks={len(part.blocks)} classes={rc.classes} ilps={rc.ilps} options={options}"
     status, gap = _milp_status(rc.results)
     return ChainStrategy(name, order, floor, status, gap, time.perf_counter() - start)
+
+
+def rockmate_strategies(graph: ir.Graph, time_limit: float | None, solver: str = "rockmate") -> list[ChainStrategy]:
+    """Rockmate on its own blocks, then on rotor's (finer, skip tensors crossing).
+
+    NOTE: [Two partitions] Rockmate's blocks (`partition(refine=1)`) suit chains of
+    repeated layers (a GPT-2 layer's attention and MLP).  On a graph with few such blocks
+    (the ResNet cuts into 5) RK-Rotor has few places to checkpoint, and rotor's finer
+    blocks reach lower budgets; RK-Rotor over rotor's blocks with their RK-Checkmate
+    options can do everything rotor does there.  A budget the first cannot meet goes to
+    the second, and the smallest feasible budget is the least of the two.
+    """
+    first = hiremate_chain_strategy(graph, time_limit) if solver == "hiremate" else STRATEGIES["rockmate"](graph, time_limit)
+    return [first, _rockmate_on_rotor_blocks(graph, time_limit, solver)]
+
+
+@functools.lru_cache(maxsize=4)
+def _rockmate_on_rotor_blocks(graph: ir.Graph, time_limit: float | None, solver: str) -> ChainStrategy:
+    label = "hiremate levels=2 root=rk-rotor" if solver == "hiremate" else solver
+    return rockmate_strategy(graph, time_limit, part=partition(graph), label=label)
+
+
+def _first_fitting(context: _Context, strategies: list[ChainStrategy]) -> tuple[ir.Plan, float | None]:
+    smallest = []
+    for strategy in strategies:
+        try:
+            return _chain_plan(context, strategy), strategy.gap
+        except BudgetError as error:
+            smallest.append(error.smallest)
+    raise BudgetError(context.budget, min(smallest), strategies[0].name.split()[0])
 
 
 def hiremate_chain_strategy(graph: ir.Graph, time_limit: float | None = None) -> ChainStrategy:
@@ -387,8 +416,8 @@ def smallest_budget(graph: ir.Graph, device: str, solver: str = "rotor", constra
     context = _Context(graph, "", device, 0, DEFAULT_BANDWIDTH, constraints)
     if solver == "hiremate" and not is_small_chain(graph):
         return _ilp_floor(context, ILP_SOLVERS["hiremate"](graph, None))
-    if solver == "hiremate":
-        return min(p.header.peak_bytes for p in _floor_plans(context, hiremate_chain_strategy(graph)))
+    if solver in ("rockmate", "hiremate"):
+        return min(p.header.peak_bytes for s in rockmate_strategies(graph, None, solver) for p in _floor_plans(context, s))
     if solver == "checkmate":
         return _ilp_floor(context, ILP_SOLVERS["checkmate"](graph, None))
     strategy = STRATEGIES[solver](graph, None)
@@ -409,6 +438,7 @@ class HiremateSolver:
         rc = rockmate_chain(graph, part, _per_ilp_limit(time_limit, part))
         self.hierarchy = Hierarchy(graph, part, rc, time_limit)
         self.results = self.hierarchy.results
+        self.peaks: dict[int, int] = {}  # ILP budget -> simulated peak of its plan
         h = self.hierarchy
         self.name = (
             f"hiremate levels={h.levels} blocks={h.clusters} classes={rc.classes} "
@@ -438,6 +468,7 @@ class CheckmateSolver:
         self.model = HILP(self.hg)
         self.time_limit = time_limit
         self.results: list[milp.MilpResult] = []
+        self.peaks: dict[int, int] = {}  # ILP budget -> simulated peak of its plan
         self.seconds = time.perf_counter() - start
         self.name = f"checkmate ops={len(graph.ops)}"
 
@@ -464,16 +495,29 @@ def _ilp_plan(context: _Context, solver) -> ir.Plan:
         return store_all
     target, corrected = budget, False
     for _ in range(8):
-        order = solver.order(target)
-        if order is None:
+        plan = _ilp_at(context, solver, target, corrected)
+        if plan is None:
             break
-        status, _ = _milp_status(solver.results)
-        plan = context.lowered(Solution(order, solver.name, "feasible" if corrected else status))
         excess = plan.header.peak_bytes - budget
         if excess <= 0:
             return plan
         target, corrected = target - max(excess, budget // 50), True
+    fitting = [t for t, peak in solver.peaks.items() if peak <= budget]  # from earlier calls
+    if fitting:
+        return _ilp_at(context, solver, max(fitting), True)
     raise BudgetError(budget, _ilp_floor(context, solver), solver.name.split()[0])
+
+
+def _ilp_at(context: _Context, solver, target: int, corrected: bool) -> ir.Plan | None:
+    """The lowered plan of the ILP solved at `target` bytes; records its simulated peak
+    in `solver.peaks` so that a later budget can reuse a target known to fit."""
+    order = solver.order(target)
+    if order is None:
+        return None
+    status, _ = _milp_status(solver.results)
+    plan = context.lowered(Solution(order, solver.name, "feasible" if corrected else status))
+    solver.peaks[target] = plan.header.peak_bytes
+    return plan
 
 
 def _ilp_floor(context: _Context, solver, steps: int = 7) -> int:
@@ -482,10 +526,9 @@ def _ilp_floor(context: _Context, solver, steps: int = 7) -> int:
     best = hi
     for _ in range(steps):
         mid = (lo + hi) // 2
-        order = solver.order(mid)
-        if order is None:
+        plan = _ilp_at(context, solver, mid, True)
+        if plan is None:
             lo = mid
             continue
-        peak = context.lowered(Solution(order, solver.name, "feasible")).header.peak_bytes
-        best, hi = min(best, peak), mid
+        best, hi = min(best, plan.header.peak_bytes), mid
     return best

@@ -48,6 +48,9 @@ def example(request):
     return model_file, captured, autograd_peak(captured.graph, captured.device), {}
 
 
+checked: dict = {}  # (forward, backward) instructions -> measured peak of their module
+
+
 def budget_of(label: str, solver: str, captured, autograd: int, smallest: dict) -> int:
     if label != "min":
         return autograd * int(label.rstrip("%")) // 100
@@ -67,10 +70,13 @@ def test_plan_trains_identically_within_budget(example, solver, label, tmp_path)
     assert h.status in ("optimal", "feasible") and h.solve_seconds is not None
     text = print_plan(plan)
     assert parse(text) == plan
-    generated = load_generated(codegen_in_fresh_process(text, tmp_path))
-    comparison = compare_training(model_file, generated, steps=3)
-    assert comparison.identical, comparison.mismatched[:10]
-    measured = step_peak(generated.FastModel(model_file.build_model()), tuple(model_file.sample_inputs()))
+    schedule = (plan.forward, plan.backward)
+    if schedule not in checked:  # hiremate on a chain gives rockmate's schedule: run it once
+        generated = load_generated(codegen_in_fresh_process(text, tmp_path))
+        comparison = compare_training(model_file, generated, steps=3)
+        assert comparison.identical, comparison.mismatched[:10]
+        checked[schedule] = step_peak(generated.FastModel(model_file.build_model()), tuple(model_file.sample_inputs()))
+    measured = checked[schedule]
     assert measured <= budget, (measured, h.peak_bytes, h.peak_at)
     assert abs(measured - h.peak_bytes) <= 0.05 * h.peak_bytes
 
@@ -147,17 +153,20 @@ def test_hilp_schedules_fit_their_budget(tiny):
     model = HILP(hg)
     store_all = replay(hg, tuple(range(hg.boundary, len(hg.nodes))))
     top = max(store_all.fwd_peak, store_all.bwd_peak)
+    lo, hi = 0, top  # bisection for the ILP's smallest budget
+    for _ in range(10):
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if model.solve(mid) is not None else (mid, hi)
     times = []
-    for fraction in (1.0, 0.8, 0.65):
-        schedule = model.solve(int(top * fraction))
-        if schedule is None:
-            break
-        assert schedule.result.status in ("optimal", "feasible")
+    for budget in (top, (top + hi) // 2, hi):
+        schedule = model.solve(budget)
+        assert schedule is not None and schedule.result.status in ("optimal", "feasible")
         assert [k for k, _ in schedule.steps[: schedule.boundary_step]] == list(range(hg.boundary))
         r = replay(hg, tuple(k for k, _ in schedule.steps[schedule.boundary_step :]))
-        assert max(r.fwd_peak, r.bwd_peak) <= int(top * fraction)
+        assert max(r.fwd_peak, r.bwd_peak) <= budget
         times.append(schedule.time_us)
-    assert len(times) >= 2 and times == sorted(times)
+    assert hi < top and times[-1] > times[0]
+    assert times[1] <= times[-1] * 1.01 + 1 and times[0] <= times[1] * 1.01 + 1  # within the 1% gap
 
 
 # --- RK-Rotor ---------------------------------------------------------------------------
