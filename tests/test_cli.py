@@ -144,7 +144,8 @@ def test_plan_prints_plan_on_stdout_and_progress_on_stderr(tmp_path):
     result = remat("plan", TINY, "--budget", "100%", "--repeats", "1")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("remat-plan 1")
-    assert "solving with rotor" in result.stderr
+    assert "solving with auto" in result.stderr
+    assert 'solver      "auto: checkmate' in result.stdout  # the tiny MLP has 17 ops
     plan_path = tmp_path / "tiny.plan"
     plan_path.write_text(result.stdout)
     assert remat("check", str(plan_path)).returncode == 0
