@@ -306,7 +306,7 @@ def rockmate_strategy(graph: ir.Graph, time_limit: float | None = None, part: Ch
     return ChainStrategy(name, order, floor, status, gap, time.perf_counter() - start)
 
 
-def rockmate_strategies(graph: ir.Graph, time_limit: float | None, solver: str = "rockmate") -> list[ChainStrategy]:
+def rockmate_strategies(graph: ir.Graph, time_limit: float | None, solver: str = "rockmate"):
     """Rockmate on its own blocks, then on rotor's (finer, skip tensors crossing).
 
     NOTE: [Two partitions] Rockmate's blocks (`partition(refine=1)`) suit chains of
@@ -317,7 +317,8 @@ def rockmate_strategies(graph: ir.Graph, time_limit: float | None, solver: str =
     the second, and the smallest feasible budget is the least of the two.
     """
     first = hiremate_chain_strategy(graph, time_limit) if solver == "hiremate" else STRATEGIES["rockmate"](graph, time_limit)
-    return [first, _rockmate_on_rotor_blocks(graph, time_limit, solver)]
+    yield first
+    yield _rockmate_on_rotor_blocks(graph, time_limit, solver)  # built only when needed
 
 
 @functools.lru_cache(maxsize=4)
@@ -326,14 +327,15 @@ def _rockmate_on_rotor_blocks(graph: ir.Graph, time_limit: float | None, solver:
     return rockmate_strategy(graph, time_limit, part=partition(graph), label=label)
 
 
-def _first_fitting(context: _Context, strategies: list[ChainStrategy]) -> tuple[ir.Plan, float | None]:
-    smallest = []
+def _first_fitting(context: _Context, strategies) -> tuple[ir.Plan, float | None]:
+    smallest, name = [], ""
     for strategy in strategies:
+        name = name or strategy.name.split()[0]
         try:
             return _chain_plan(context, strategy), strategy.gap
         except BudgetError as error:
             smallest.append(error.smallest)
-    raise BudgetError(context.budget, min(smallest), strategies[0].name.split()[0])
+    raise BudgetError(context.budget, min(smallest), name)
 
 
 def hiremate_chain_strategy(graph: ir.Graph, time_limit: float | None = None) -> ChainStrategy:
