@@ -153,6 +153,9 @@ def category_timeline(plan: ir.Plan, sim) -> CategoryTimeline:
                 at_peak[slot[OP_TEMPS]] += op.temp_bytes
                 if op.temp_bytes:
                     extra.append((f"temporaries of {op.name}", op.temp_bytes, OP_TEMPS))
+                if instr.verb == "recompute" and op.random:  # the state set aside while it replays
+                    at_peak[slot[OP_TEMPS]] += rng_bytes
+                    extra.append((f"rng state set aside while {op.name} replays its own", rng_bytes, OP_TEMPS))
                 peak = tuple(at_peak)
                 for name in op.outputs:
                     if name not in resident:

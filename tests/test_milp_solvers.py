@@ -64,7 +64,16 @@ def budget_of(label: str, solver: str, captured, autograd: int, smallest: dict) 
 def test_plan_trains_identically_within_budget(example, solver, label, tmp_path):
     model_file, captured, autograd, smallest = example
     budget = budget_of(label, solver, captured, autograd, smallest)
-    plan = make_plan(captured.graph, model=model_file.spec, device=captured.device, budget=budget, solver=solver)
+    try:
+        plan = make_plan(captured.graph, model=model_file.spec, device=captured.device, budget=budget, solver=solver)
+    except BudgetError as error:
+        # NOTE: [Chains on non-chains] Rockmate's chain model does not see the U-Net's skip
+        # tensors; at 50% it may refuse (auto gives such graphs to hiremate, which plans them
+        # at 50%).  The refusal must name a budget close above, which then must work.
+        assert solver == "rockmate" and choose_solver(captured.graph) == "hiremate", error
+        assert budget < error.smallest <= budget * 1.1, error
+        budget = error.smallest
+        plan = make_plan(captured.graph, model=model_file.spec, device=captured.device, budget=budget, solver=solver)
     h = plan.header
     assert h.solver.startswith(solver) and h.peak_bytes <= budget
     assert h.status in ("optimal", "feasible") and h.solve_seconds is not None

@@ -230,7 +230,7 @@ def test_plan_from_a_profile_is_byte_identical(tiny, tiny_profile):
     model_file, _, untimed = tiny
     graph = apply_profile(untimed.graph, read_profile(text, str(path)), model=model_file.spec)
     budget = parse_budget("100%", lambda: autograd_peak(graph, untimed.device))
-    plan = make_plan(graph, model=model_file.spec, device=untimed.device, budget=budget, solver="rotor")
+    plan = make_plan(graph, model=model_file.spec, device=untimed.device, budget=budget, solver="auto")
     assert_same_plan_text(print_plan(plan), runs[0].stdout)
     # the plan carries the profile's costs
     parsed = parse(runs[0].stdout)
