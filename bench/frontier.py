@@ -85,7 +85,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.utils.checkpoint as ckpt
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -97,6 +96,9 @@ from remat_dsl.model_file import ModelFile, load_model_file  # noqa: E402
 from remat_dsl.pipeline import capture_graph  # noqa: E402
 from remat_dsl.solve import BudgetError, autograd_peak, make_plan  # noqa: E402
 from remat_dsl.verify import load_generated  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from overhead import checkpointed  # noqa: E402
 
 MiB = 2**20
 
@@ -197,14 +199,7 @@ class CheckpointBlocks(torch.nn.Module):
             raise ValueError(f"no module matches {patterns}")
         self.wrapped = len(blocks[::every])
         for block in blocks[::every]:
-            block.forward = self._wrap(block.forward)
-
-    @staticmethod
-    def _wrap(forward):
-        def checkpointed(*args, **kwargs):
-            return ckpt.checkpoint(forward, *args, use_reentrant=False, **kwargs)
-
-        return checkpointed
+            block.forward = checkpointed(block.forward)
 
     def forward(self, *inputs):
         return self.model(*inputs)

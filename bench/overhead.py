@@ -58,17 +58,19 @@ class CheckpointEveryBlock(torch.nn.Module):
         super().__init__()
         self.model = model
         for block in repeated_blocks(model):
-            block.forward = self._wrap(block.forward)
-
-    @staticmethod
-    def _wrap(forward):
-        def checkpointed(*args, **kwargs):
-            return ckpt.checkpoint(forward, *args, use_reentrant=False, **kwargs)
-
-        return checkpointed
+            block.forward = checkpointed(block.forward)
 
     def forward(self, *inputs):
         return self.model(*inputs)
+
+
+def checkpointed(forward):
+    """`forward` run under torch.utils.checkpoint (non-reentrant)."""
+
+    def run(*args, **kwargs):
+        return ckpt.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    return run
 
 
 def interleaved_medians(modules: dict[str, torch.nn.Module], inputs: tuple, rounds: int) -> dict[str, float]:
