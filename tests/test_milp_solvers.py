@@ -258,3 +258,18 @@ def test_time_limit_gives_best_plan_marked_feasible(example):
     assert plan.header.status in ("optimal", "feasible")
     if plan.header.status == "optimal":
         assert plan.header.gap == 0.0
+
+
+def test_hiremate_hierarchy_on_a_deeper_encoder_decoder(tmp_path):
+    """4 encoder and 4 decoder layers: more blocks than one H-ILP takes (MAX_CHILDREN), so
+    H-Partition groups them and the clusters are solved bottom-up (levels > 2)."""
+    model_file = load_model_file(str(ROOT / "examples/transformer.py") + ":build_transformer_4x4")
+    captured = capture_graph(model_file, repeats=1)
+    budget = autograd_peak(captured.graph, captured.device) // 2
+    plan = make_plan(captured.graph, model=model_file.spec, device=captured.device, budget=budget, solver="auto")
+    assert plan.header.solver.startswith("auto: hiremate levels=")
+    assert int(plan.header.solver.split("levels=")[1].split()[0]) > 2
+    generated = load_generated(codegen_in_fresh_process(print_plan(plan), tmp_path))
+    assert compare_training(model_file, generated, steps=2).identical
+    measured = step_peak(generated.FastModel(model_file.build_model()), tuple(model_file.sample_inputs()))
+    assert measured == plan.header.peak_bytes <= budget
