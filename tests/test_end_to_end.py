@@ -57,6 +57,15 @@ def codegen_in_fresh_process(plan_text: str, tmp_path: Path) -> Path:
     return out
 
 
+def trained_peak(model_file, plan_text: str, tmp_path: Path, steps: int = 3) -> int:
+    """Generate the plan's module in a fresh process, assert `steps` SGD steps equal eager
+    (torch.equal on losses, gradients, parameters, buffers) and return its measured peak."""
+    generated = load_generated(codegen_in_fresh_process(plan_text, tmp_path))
+    comparison = compare_training(model_file, generated, steps=steps)
+    assert comparison.identical, comparison.mismatched[:10]
+    return step_peak(generated.FastModel(model_file.build_model()), tuple(model_file.sample_inputs()))
+
+
 @pytest.mark.parametrize("label", BUDGETS)
 def test_rotor_plan_trains_identically_within_budget(example, label, tmp_path):
     model_file, captured, autograd = example
@@ -65,14 +74,7 @@ def test_rotor_plan_trains_identically_within_budget(example, label, tmp_path):
     text = print_plan(plan)
     assert parse(text) == plan
     assert print_plan(parse(text)) == text
-    module_path = codegen_in_fresh_process(text, tmp_path)
-    generated = load_generated(module_path)
-
-    comparison = compare_training(model_file, generated, steps=3)
-    assert comparison.identical, comparison.mismatched[:10]
-
-    fast = generated.FastModel(model_file.build_model())
-    measured = step_peak(fast, tuple(model_file.sample_inputs()))
+    measured = trained_peak(model_file, text, tmp_path)
     assert measured <= budget
     assert abs(measured - plan.header.peak_bytes) <= 0.05 * plan.header.peak_bytes
 

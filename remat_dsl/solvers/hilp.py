@@ -180,6 +180,7 @@ class HILP:
                     for o in range(len(node.options) - 1):
                         self.phantom[t, j, o] = self._binary(f"Sp_{t}_{j}_{o}")
         self.delete: dict[tuple[int, int, int], pulp.LpVariable] = {}
+        self._delete_index: dict[tuple[int, int], list] = defaultdict(list)  # (t, k) -> deletes
         for d, value in enumerate(g.values):
             if value.keep_at_end:
                 continue
@@ -187,6 +188,7 @@ class HILP:
                 for t in range(k, T):
                     if self._possible(t, k):
                         self.delete[t, k, d] = self._binary(f"D_{t}_{k}_{d}")
+                        self._delete_index[t, k].append(((t, k, d), self.delete[t, k, d]))
 
     def _last_need(self, d: int) -> int:
         """The last stage that may read value d (or the boundary if it must be kept there).
@@ -313,10 +315,6 @@ class HILP:
         prob += self.save_row
 
     def _deletes_at(self, t: int, k: int):
-        if not hasattr(self, "_delete_index"):
-            self._delete_index: dict[tuple[int, int], list] = defaultdict(list)
-            for (tt, kk, d), var in self.delete.items():
-                self._delete_index[tt, kk].append(((tt, kk, d), var))
         return self._delete_index.get((t, k), [])
 
     def _phantom_change(self, t: int, k: int):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from remat_dsl.solvers.chain import Chain, ChainSchedule, InfeasibleBudget, simulate_chain, store_all_schedule
-from remat_dsl.solvers.rotor import _exact_sizes, _need_forward, _rounded_sizes, _Sizes
+from remat_dsl.solvers.rotor import _exact_sizes, _opt_rec_p, _rounded_sizes, _Sizes, checkpoint_branch
 
 DEFAULT_SLOTS = 500
 
@@ -48,7 +48,6 @@ def _tables(chain: Chain, budget: int, slots: int):
     opts = _option_sizes(chain, budget, slots)
     uf = np.array([0] + [b.fwd_us for b in chain.blocks], dtype=np.float64)
     cum_f = np.cumsum(uf)
-    m = np.arange(slots + 1)
     cost = np.full((L + 2, L + 2, slots + 1), np.inf)
     choice = np.full((L + 2, L + 2, slots + 1), -1, dtype=np.int32)
     option = np.zeros((L + 2, L + 2, slots + 1), dtype=np.int16)
@@ -74,43 +73,21 @@ def _tables(chain: Chain, budget: int, slots: int):
             cost[t, s] = best
             if s == t:
                 continue
-            nexts = np.arange(s + 1, t + 1)  # eq. 2.21, rotor's C_ck
-            cols = m[None, :] - sz.a[nexts - 1][:, None]
-            first = np.take_along_axis(cost[t, s + 1 : t + 1], np.clip(cols, 0, slots), axis=1)
-            ck = (cum_f[nexts - 1] - cum_f[s - 1])[:, None] + np.where(cols >= 0, first, np.inf) + cost[s:t, s]
-            ck[m[None, :] < _need_forward(sz, s, t)[:, None]] = np.inf
-            row = np.argmin(ck, axis=0)
-            ck_best = ck[row, m]
+            ck_best, ck_next = checkpoint_branch(cost, cum_f, sz, s, t)  # eq. 2.21
             use_ck = ck_best < best  # eq. 2.22; ties go to Opt_1
             cost[t, s] = np.where(use_ck, ck_best, best)
-            choice[t, s] = np.where(use_ck, nexts[row], choice[t, s])
+            choice[t, s] = np.where(use_ck, ck_next, choice[t, s])
     return cost, choice, option, sz, opts
 
 
 def _build(choice, option, sz: _Sizes, opts, top: int):
-    """Algorithm 6 from (1, L, top), with an explicit stack."""
-    ops: list = []
-    stack: list = [(1, sz.length, top)]
-    while stack:
-        item = stack.pop()
-        if isinstance(item[0], str):
-            ops.append(item)
-            continue
-        s, t, mem = item
-        branch = int(choice[t, s, mem])
-        assert branch >= 0, f"RK-Rotor-Build reached an infeasible entry Opt({s}, {t}, {mem})"
-        if branch == 0:
-            o = int(option[t, s, mem])
-            ops.append(("F_all", s, o))
-            stack.append(("B", s, o))
-            if s < t:
-                stack.append((s + 1, t, mem - opts[s][o][0]))
-            continue
-        ops.append(("F_ck", s))
-        ops.extend(("F_n", j) for j in range(s + 1, branch))
-        stack.append((s, branch - 1, mem))
-        stack.append((branch, t, mem - int(sz.a[branch - 1])))
-    return tuple(ops)
+    """Algorithm 6: rotor's OptRecP with F_all^s / B^s taking the option of the table."""
+
+    def all_step(s: int, t: int, mem: int):
+        o = int(option[t, s, mem])
+        return ("F_all", s, o), ("B", s, o), opts[s][o][0]
+
+    return _opt_rec_p(choice, sz, top, all_step)
 
 
 def solve_rk_rotor(chain: Chain, budget: int, slots: int = DEFAULT_SLOTS) -> ChainSchedule:

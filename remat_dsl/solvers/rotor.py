@@ -218,7 +218,6 @@ def _persistent_table(chain: Chain, sz: _Sizes, slots: int) -> tuple[np.ndarray,
     uf = np.array([0] + [b.fwd_us for b in chain.blocks], dtype=np.float64)
     ub = np.array([0] + [b.bwd_us for b in chain.blocks], dtype=np.float64)
     cum_f = np.cumsum(uf)  # cum_f[k] = u_f^1 + ... + u_f^k
-    m = np.arange(slots + 1)
     cost = np.full((L + 2, L + 2, slots + 1), np.inf)
     choice = np.full((L + 2, L + 2, slots + 1), -1, dtype=np.int32)
     for s in range(1, L + 1):  # eq. (6)
@@ -234,21 +233,40 @@ def _persistent_table(chain: Chain, sz: _Sizes, slots: int) -> tuple[np.ndarray,
             if lo <= slots:  # C_all
                 shift = int(sz.abar[s])
                 best[lo:] = uf[s] + ub[s] + cost[t, s + 1, lo - shift : slots + 1 - shift]
-            nexts = np.arange(s + 1, t + 1)  # C_ck, one row per s'
-            cols = m[None, :] - sz.a[nexts - 1][:, None]
-            first = np.take_along_axis(cost[t, s + 1 : t + 1], np.clip(cols, 0, slots), axis=1)
-            ck = (cum_f[nexts - 1] - cum_f[s - 1])[:, None] + np.where(cols >= 0, first, np.inf) + cost[s:t, s]
-            ck[m[None, :] < _need_forward(sz, s, t)[:, None]] = np.inf
-            row = np.argmin(ck, axis=0)
-            ck_best = ck[row, m]
+            ck_best, ck_next = checkpoint_branch(cost, cum_f, sz, s, t)
             use_ck = ck_best < best  # NOTE: [Ties]
             cost[t, s] = np.where(use_ck, ck_best, best)
-            choice[t, s] = np.where(use_ck, nexts[row], np.where(np.isfinite(best), 0, -1))
+            choice[t, s] = np.where(use_ck, ck_next, np.where(np.isfinite(best), 0, -1))
     return cost, choice
 
 
-def _opt_rec_p(choice: np.ndarray, sz: _Sizes, top: int) -> tuple[ChainOp, ...]:
-    """Algorithm 4 (OptRecP) from (1, L, top), with an explicit stack instead of recursion."""
+def checkpoint_branch(cost: np.ndarray, cum_f: np.ndarray, sz: _Sizes, s: int, t: int) -> tuple[np.ndarray, np.ndarray]:
+    """C_ck of eq. (7) for every memory m: (best time, its next checkpoint s'), shape (slots+1,).
+
+    F_ck^s F_n^{s+1..s'-1}, then C(s', t, m - a^{s'-1}), then C(s, s'-1, m), over s' = s+1..t,
+    one row per s' (NOTE: [Memory conditions]).  Shared with RK-Rotor's eq. 2.21.
+    """
+    slots = cost.shape[2] - 1
+    m = np.arange(slots + 1)
+    nexts = np.arange(s + 1, t + 1)
+    cols = m[None, :] - sz.a[nexts - 1][:, None]
+    first = np.take_along_axis(cost[t, s + 1 : t + 1], np.clip(cols, 0, slots), axis=1)
+    ck = (cum_f[nexts - 1] - cum_f[s - 1])[:, None] + np.where(cols >= 0, first, np.inf) + cost[s:t, s]
+    ck[m[None, :] < _need_forward(sz, s, t)[:, None]] = np.inf
+    row = np.argmin(ck, axis=0)
+    return ck[row, m], nexts[row]
+
+
+def _store_all_step(sz: _Sizes):
+    return lambda s, t, mem: (("F_all", s), ("B", s), int(sz.abar[s]))
+
+
+def _opt_rec_p(choice: np.ndarray, sz: _Sizes, top: int, all_step=None) -> tuple[ChainOp, ...]:
+    """Algorithm 4 (OptRecP) from (1, L, top), with an explicit stack instead of recursion.
+
+    all_step(s, t, mem) -> (forward step, backward step, bytes kept) for a choice of 0
+    (F_all^s); rotor's store-all by default, RK-Rotor's chosen option (Algorithm 6)."""
+    all_step = all_step or _store_all_step(sz)
     ops: list[ChainOp] = []
     stack: list[tuple[int, int, int] | ChainOp] = [(1, sz.length, top)]
     while stack:
@@ -260,10 +278,11 @@ def _opt_rec_p(choice: np.ndarray, sz: _Sizes, top: int) -> tuple[ChainOp, ...]:
         branch = int(choice[t, s, mem])
         assert branch >= 0, f"OptRecP reached an infeasible entry C({s}, {t}, {mem})"
         if branch == 0:  # F_all^s, the chain s+1..t, B^s
-            ops.append(("F_all", s))
-            stack.append(("B", s))
+            forward, backward, kept = all_step(s, t, mem)
+            ops.append(forward)
+            stack.append(backward)
             if s < t:
-                stack.append((s + 1, t, mem - int(sz.abar[s])))
+                stack.append((s + 1, t, mem - kept))
             continue
         ops.append(("F_ck", s))  # F_ck^s F_n^{s+1..s'-1}, the chain s'..t, then s..s'-1
         ops.extend(("F_n", j) for j in range(s + 1, branch))
