@@ -1,34 +1,46 @@
 # remat-dsl: set up, test, demo, bench.
-# `make venv` builds .venv from nothing; torch is installed first with its version pinned,
-# otherwise pip picks a multi-GB CUDA build.
+# `make venv` builds .venv from nothing, from the versions pinned in requirements.lock;
+# torch is installed first, otherwise pip picks a multi-GB CUDA build.
 
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
+LOCK   := requirements.lock
 TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test demo bench clean
+.PHONY: venv test test-slow demo bench lock clean
 
 venv: $(STAMP)
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml | $(PY)
-	$(PIP) install '$(TORCH)'
-	$(PIP) install -e '.[test]'
+$(STAMP): pyproject.toml $(LOCK) | $(PY)
+	$(PIP) install -c $(LOCK) '$(TORCH)'
+	$(PIP) install -c $(LOCK) setuptools
+	$(PIP) install -c $(LOCK) --no-build-isolation -e '.[test,examples]'
 	touch $(STAMP)
 
+# two workers, one test file each at a time (module fixtures are built once per file)
 test: venv
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
+
+# the long sweeps (3000 fuzzed plans, ...): not part of `make test`
+test-slow: venv
+	$(PY) -m pytest -q -m slow
 
 demo: venv
 	$(PY) -m remat_dsl.demo
 
 bench: venv
 	$(PY) bench/overhead.py
+
+# rewrite the lock from what .venv has now (after an upgrade on purpose)
+lock: venv
+	(sed -n '/^#/p' $(LOCK); $(PIP) freeze --exclude-editable --all | grep -v '^pip==' | sed 's/+cpu$$//' | sort -f) > $(LOCK).new
+	mv $(LOCK).new $(LOCK)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis

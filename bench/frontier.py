@@ -81,7 +81,7 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -498,7 +498,6 @@ def clear_solver_caches() -> int:
 
 def bench_scaling(layers_list, captures: dict, time_limit: float | None, solvers=SWEEP_SOLVERS) -> list[ScalingRow]:
     gpt2 = load_model_file(str(ROOT / "examples/gpt2.py"))
-    module = sys.modules[gpt2.build_model.__module__]
     rows = []
     for layers in layers_list:
         reused = next((captures[n] for n, L in GPT2_LAYERS.items() if L == layers and n in captures), None)
@@ -506,7 +505,7 @@ def bench_scaling(layers_list, captures: dict, time_limit: float | None, solvers
             captured, capture_seconds, model_file = reused
             log(f"[scaling] gpt2 {layers} layers: capture from the frontier run ({capture_seconds:.1f} s)")
         else:
-            model_file = ModelFile(f"examples/gpt2.py:build_model(n_layer={layers})", lambda n=layers: module.build_model(n_layer=n), gpt2.sample_inputs, gpt2.loss_fn)
+            model_file = replace(gpt2, spec=f"examples/gpt2.py:build_model(n_layer={layers})", build=lambda n=layers: gpt2.module.build_model(n_layer=n))
             log(f"[scaling] gpt2 {layers} layers: capture + profile")
             start = time.perf_counter()
             captured = capture_graph(model_file)

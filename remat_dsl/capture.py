@@ -13,8 +13,11 @@ model's buffers nor the random stream.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.fx as fx
@@ -57,11 +60,14 @@ def capture(model: torch.nn.Module, inputs: tuple) -> Captured:
     with torch.random.fork_rng(devices=_cuda_devices(inputs)):
         out = _compile_and_run(model, inputs, record)
     flat, spec = pytree.tree_flatten(out)
-    if not all(isinstance(t, torch.Tensor) for t in flat):
+    if not _tensors_in_tuples(out):
         raise RematError(
-            "error: the model's forward must return a tensor or a tuple/list of tensors",
-            hint="wrap the model so forward returns tensors (for HF models return `.logits`)",
+            f"error: the model's forward returns {_structure_name(out)}; remat-dsl plans a forward that "
+            "returns a tensor or a tuple/list of tensors",
+            hint="wrap the model so forward returns tensors (for Hugging Face models return `.logits`, or `.loss` with labels)",
         )
+    if "backward" not in record:
+        raise RematError("error: the model has no parameter that requires a gradient", hint="nothing to plan")
     names = _primal_names(model, record["example_inputs"], inputs)
     meta = record["meta"]
     mutated = [i for i, info in enumerate(meta.input_info) if info.mutates_data]
@@ -77,6 +83,20 @@ def capture(model: torch.nn.Module, inputs: tuple) -> Captured:
         out_spec=spec,
         example_primals=list(record["example_inputs"]),
     )
+
+
+def _tensors_in_tuples(value) -> bool:
+    if isinstance(value, (tuple, list)) and type(value) in (tuple, list):
+        return all(_tensors_in_tuples(item) for item in value)
+    return isinstance(value, torch.Tensor)
+
+
+def _structure_name(value) -> str:
+    """What a forward returned, for messages: `a dict`, `a CausalLMOutput`, `a tuple holding a None`."""
+    if isinstance(value, (tuple, list)) and type(value) in (tuple, list):
+        bad = next(item for item in value if not _tensors_in_tuples(item))
+        return f"a {type(value).__name__} holding {_structure_name(bad)}"
+    return "None" if value is None else f"a {type(value).__name__}"
 
 
 def _cuda_devices(inputs: tuple) -> list[int]:
@@ -106,22 +126,49 @@ def _compile_and_run(model, inputs, record):
 
     torch._dynamo.reset()
     try:
-        compiled = torch.compile(model, backend=backend, fullgraph=True, dynamic=False)
-        out = compiled(*inputs)
+        with _torch_logs_silenced():
+            compiled = torch.compile(model, backend=backend, fullgraph=True, dynamic=False)
+            return compiled(*inputs)
     except RematError:
         raise
+    except SystemExit as exc:
+        raise RematError(f"error: the model's forward called sys.exit({exc.code!r}) while it was captured") from None
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise RematError(
-            f"error: cannot capture the model as one graph: {first}",
-            hint="remat-dsl needs a forward without graph breaks (no data-dependent Python control flow, "
-            "no prints of tensors); see the PyTorch message above",
-        ) from None
+        raise _capture_error(exc) from None
     finally:
         torch._dynamo.reset()
-    if "backward" not in record:
-        raise RematError("error: the model has no parameter that requires a gradient", hint="nothing to plan")
-    return out
+
+
+@contextlib.contextmanager
+def _torch_logs_silenced():
+    """Disable torch's loggers while capturing: a failure is reported once, as a RematError,
+    not as the tracebacks dynamo and fake tensors log on their way."""
+    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict) if name.split(".")[0] == "torch"]
+    saved = [logger.disabled for logger in loggers]
+    for logger in loggers:
+        logger.disabled = True
+    try:
+        yield
+    finally:
+        for logger, disabled in zip(loggers, saved):
+            logger.disabled = disabled
+
+
+def _capture_error(exc: Exception) -> RematError:
+    """`FILE:LINE:COL: error: cannot capture ...` at the user's line dynamo stopped on, with
+    PyTorch's own explanation in the hint."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    first = lines[0] if lines else type(exc).__name__
+    explanation = next((line.removeprefix("Explanation:").strip() for line in lines if line.startswith("Explanation:")), None)
+    torch_dir = str(Path(torch.__file__).resolve().parent)
+    user = [f for f in getattr(exc, "real_stack", None) or () if not str(Path(f.filename).resolve()).startswith(torch_dir)]
+    where = f"{user[-1].filename}:{user[-1].lineno}:{(getattr(user[-1], 'colno', None) or 0) + 1}: " if user else ""
+    said = f"PyTorch says: {explanation[:400].rstrip('.')}. " if explanation else ""
+    return RematError(
+        f"{where}error: cannot capture the model as one graph: {first}",
+        hint=f"{said}remat-dsl needs a forward that torch.compile(fullgraph=True) captures whole: no data-dependent "
+        "Python control flow, no prints of tensors, and one that runs in eager PyTorch",
+    )
 
 
 def _primal_names(model, example_inputs, inputs) -> list[tuple[str, str]]:

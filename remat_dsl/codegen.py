@@ -12,7 +12,6 @@ from __future__ import annotations
 import keyword
 import math
 import re
-from pathlib import Path
 
 import black
 import jinja2
@@ -20,9 +19,10 @@ import torch
 
 from remat_dsl import ir
 from remat_dsl.lowering import refs_in
+from remat_dsl.resources import data_path
 from remat_dsl.solve import format_bytes
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES = data_path("templates")
 
 
 def generate(plan: ir.Plan, source: str = "a plan") -> str:
@@ -152,6 +152,7 @@ class _Renderer:
         flat = _flatten(outputs)
         backward_body = [line for i in self.plan.backward for line in self.instruction(i)]
         buffers = [self.var[b.name] for b in graph.buffers]
+        gradients = {g.parameter for g in graph.gradients if g.value is not None}
         return dict(
             device=self.plan.header.device,
             operators=[(callable_name(t), t) for t in aten_targets(self.plan)],
@@ -159,8 +160,9 @@ class _Renderer:
             peak=format_bytes(self.plan.header.peak_bytes),
             time=f"{self.plan.header.time_us / 1000:.3f} ms",
             inputs=[(v.name, tuple(v.shape), v.dtype) for v in graph.inputs],
-            parameters=[p.name for p in graph.parameters],
-            buffers=[b.name for b in graph.buffers],
+            parameters=[(p.name, tuple(p.shape), p.dtype, p.name in gradients) for p in graph.parameters],
+            buffers=[(b.name, tuple(b.shape), b.dtype) for b in graph.buffers],
+            watched=self._watched(saved),
             forward_args=[self.var[v.name] for v in (*graph.inputs, *graph.parameters)],
             buffer_unpack=_unpack(buffers, "buffers"),
             buffer_unpack_ctx=_unpack(buffers, "ctx.buffers"),
@@ -247,6 +249,18 @@ class _Renderer:
                 names += [self.names.host(t.name), self.names.event(t.name)]
         names += sorted(self.rng)
         return names, packs + names[len(packs):]
+
+    def _watched(self, saved: list[str]) -> list[tuple[str, str]]:
+        """(name, variable) of every tensor the backward section reads that exists when the
+        forward ends: checked against in-place changes between forward and backward."""
+        read: set[str] = set()
+        for ins in self.plan.backward:
+            if ins.verb in ("compute", "recompute"):
+                read.update(ref.name for ref in ir.op_refs(self.ops[ins.target]))
+        graph = self.plan.graph
+        values = [v.name for v in (*graph.inputs, *graph.parameters, *graph.buffers)]
+        tensors = [t.name for t in graph.tensors if self.var[t.name] in saved]
+        return [(name, self.var[name]) for name in (*values, *tensors) if name in read]
 
     def _non_differentiable(self, flat: list[ir.Arg]) -> list[str]:
         lines = []

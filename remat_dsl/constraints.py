@@ -30,7 +30,6 @@ import fnmatch
 import json
 import re
 from dataclasses import replace
-from pathlib import Path
 
 from remat_dsl import ir
 from remat_dsl.errors import PlanError, RematError
@@ -46,10 +45,9 @@ PREFETCH_LEAD = 3  # backward instructions between a prefetch and the use it ser
 
 def read_constraints(path: str) -> tuple[ir.Constraint, ...]:
     """Parse a constraints file.  Raises PlanError (file:line:col, hint) or RematError."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise RematError(f"{path}: error: cannot read the constraints: {exc.strerror}") from None
+    from remat_dsl.console import read_text
+
+    text = read_text(path, "constraints file")
     result = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.strip().startswith("#"):
@@ -103,6 +101,19 @@ def matching(graph: ir.Graph, constraints, kind: str) -> dict[str, ir.Constraint
             if fnmatch.fnmatchcase(t.name, c.pattern):
                 result.setdefault(t.name, c)
     return result
+
+
+def unmatched(graph: ir.Graph, constraints) -> list[str]:
+    """`FILE:LINE:COL: warning: ...` for every pattern that matches no tensor of `graph`
+    (a typo, or a pattern written for another model)."""
+    names = [t.name for t in graph.tensors]
+    warnings = []
+    for c in constraints:
+        if c.kind == "budget" or any(fnmatch.fnmatchcase(name, c.pattern) for name in names):
+            continue
+        where = f"{_where(c)}:{c.span.col}" if c.source and c.span else _where(c)
+        warnings.append(f"{where}: warning: `{c.kind} \"{c.pattern}\"` matches no tensor of the graph")
+    return warnings
 
 
 CONFLICTS = (("keep", "recompute"), ("offload", "no-offload"), ("offload", "recompute"))

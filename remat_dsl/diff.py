@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import sys
 from collections import Counter
 from dataclasses import dataclass
 from decimal import Decimal
@@ -410,26 +409,26 @@ def add_parsers(subparsers) -> None:
 def run_diff(args) -> int:
     """`remat diff OLD NEW`: 0 (or 1 with --exit-code when they differ, solve time aside); invalid plans raise."""
     old, new = load_side(args.old), load_side(args.new)
-    sys.stdout.write(render(old, new))
+    args.out.write(render(old, new))
     return 1 if args.exit_code and compared_text(old) != compared_text(new) else 0
 
 
 def run_git_diff(args) -> int:
     """GIT_EXTERNAL_DIFF: `PATH OLD-FILE OLD-HEX OLD-MODE NEW-FILE NEW-HEX NEW-MODE [NEW-PATH INFO]`."""
     if len(args.rest) < 6:  # git passes the path alone for an unmerged file
-        print(f"* Unmerged path {args.path}")
+        args.out.write(f"* Unmerged path {args.path}\n")
         return 0
     old_file, old_hex, _, new_file, new_hex, _ = args.rest[:6]
     new_path = args.rest[6] if len(args.rest) > 6 else args.path
     old = load_side(old_file, "/dev/null" if old_file == os.devnull else f"a/{args.path}", lenient=True)
     new = load_side(new_file, "/dev/null" if new_file == os.devnull else f"b/{new_path}", lenient=True)
-    print(f"diff --remat a/{args.path} b/{new_path}")
-    print(f"index {old_hex[:7]}..{new_hex[:7]}")
-    sys.stdout.write(render(old, new))
+    args.out.write(f"diff --remat a/{args.path} b/{new_path}\n")
+    args.out.write(f"index {old_hex[:7]}..{new_hex[:7]}\n")
+    args.out.write(render(old, new))
     return 0
 
 
 def run_textconv(args) -> int:
     """`remat textconv FILE`: the summary header and canonical text on stdout (raw text if invalid)."""
-    sys.stdout.write(textconv(load_side(args.file, lenient=True)))
+    args.out.write(textconv(load_side(args.file, lenient=True)))
     return 0

@@ -10,39 +10,48 @@ when there are any (0 otherwise), for CI.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-from remat_dsl.errors import PlanError, RematError
+from remat_dsl.console import read_text, status, write_atomically
+from remat_dsl.errors import PlanError
 
 EXIT_WOULD_CHANGE = 1
 
 
 def read_plan_text(path: str) -> str:
     """The UTF-8 text of the plan file at `path`; raises RematError when it cannot be read."""
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise RematError(f"{path}: error: cannot read the plan: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise RematError(f"{path}: error: cannot read the plan: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    return read_text(path, "plan")
 
 
 def canonical_text(text: str, path: str | None = None) -> str:
-    """The canonical text of a plan's `text`; raises PlanError (with `path`) when it does not parse."""
+    """The canonical text of a plan's `text`.
+
+    Raises PlanError (with `path`) when it does not parse, or when its graph sections no
+    longer match its digest: printing writes the digest of the graph as it now is, so
+    formatting an edited graph would seal the edit (NOTE: [Graph digest]).
+    """
+    from remat_dsl.check import check_digest
     from remat_dsl.parser import parse
     from remat_dsl.printer import print_plan
 
     plan = parse(text, path)
     try:
+        check_digest(plan)
         return print_plan(plan)
+    except PlanError as error:
+        raise error.with_source(path, text) from None
     except ValueError as exc:
         raise PlanError(f"cannot print the plan canonically: {exc}", path=path) from None
 
 
 def add_parsers(subparsers) -> None:
     """Register `remat fmt` on the `add_subparsers()` object of the `remat` command."""
-    fmt = subparsers.add_parser("fmt", help="rewrite plan files in the canonical layout (comments kept)")
+    fmt = subparsers.add_parser(
+        "fmt",
+        help="rewrite plan files IN PLACE in the canonical layout (comments kept); --check changes nothing",
+        description="Rewrite each plan file in place in the canonical layout of `remat plan` (comments kept). "
+        "Every file is read and checked before any is written; with --check nothing is written.",
+    )
     fmt.add_argument("files", nargs="+", metavar="FILE", help="plan files to rewrite in place")
     fmt.add_argument("--check", action="store_true", help="change nothing; list the files that would change and exit 1 if any")
     fmt.set_defaults(run=run_fmt)
@@ -54,15 +63,14 @@ def run_fmt(args) -> int:
     changed = [(path, new) for path, old, new in formatted if new != old]
     if args.check:
         for path, _ in changed:
-            print(path)
+            args.out.write(f"{path}\n")
         if changed:
-            print(f"{len(changed)} of {len(formatted)} plan file(s) would be reformatted by `remat fmt`", file=sys.stderr)
+            status(f"{len(changed)} of {len(formatted)} plan file(s) would be rewritten by `remat fmt`")
         return EXIT_WOULD_CHANGE if changed else 0
-    from remat_dsl.cli import write_atomically
-
     for path, new in changed:
         write_atomically(Path(path), new)
-        print(f"reformatted {path}", file=sys.stderr)
+        status(f"rewrote {path} in place")
+    status(f"{len(changed)} of {len(formatted)} plan file(s) rewritten in place" + ("" if changed else ": all were canonical already"))
     return 0
 
 

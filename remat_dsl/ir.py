@@ -353,8 +353,28 @@ class Constraint:
 
 
 @dataclass(frozen=True)
+class Digest:
+    """The seal of a plan's graph sections as a file states it (remat_dsl.digest).
+
+    graph: `sha256:` and 32 hex digits over every item of the graph sections.
+    items: the 12-bit hash of each item, base64url, one string per `items` line.
+    """
+
+    graph: str
+    items: tuple[str, ...]
+    span: Span | None = _span()
+
+
+@dataclass(frozen=True)
 class Plan:
-    """A complete plan: header, constraints, FB-graph, forward and backward sections."""
+    """A complete plan: header, constraints, FB-graph, forward and backward sections.
+
+    digest: the `digest` section as read from a file (None when the file has none, or
+    for a plan made in code).  It is what the file claims, not part of the plan's value:
+    the printer always writes the digest of `graph`, and the verifier compares the two
+    (NOTE: [Graph digest] in remat_dsl.digest).
+    section_spans: (section name, where its name is) for a parsed plan, for messages.
+    """
 
     header: Header
     graph: Graph
@@ -362,3 +382,9 @@ class Plan:
     backward: tuple[Instruction, ...]
     comments: tuple[str, ...] = ()  # comment lines at the end of the file
     constraints: tuple[Constraint, ...] = ()
+    digest: Digest | None = field(default=None, compare=False, repr=False)
+    section_spans: tuple[tuple[str, Span], ...] = field(default=(), compare=False, repr=False)
+
+    def section_span(self, name: str) -> Span | None:
+        """Where section `name` starts in the parsed file, or None."""
+        return dict(self.section_spans).get(name)

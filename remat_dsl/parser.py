@@ -89,6 +89,7 @@ from lark.lexer import PatternStr
 
 from remat_dsl import ir
 from remat_dsl.errors import PlanError
+from remat_dsl.resources import data_path
 from remat_dsl.printer import (
     BANDWIDTH_UNITS,
     DURATION_UNITS,
@@ -106,10 +107,10 @@ from remat_dsl.printer import (
 )
 
 GAP_STEP = f"0.{'0' * (GAP_PERCENT_DECIMALS - 1)}1%"
-GRAMMAR_PATH = Path(__file__).resolve().parent.parent / "grammar" / "plan.lark"
+GRAMMAR_PATH = data_path("grammar", "plan.lark")
 SECTIONS = (
     "header", "inputs", "parameters", "buffers", "tangents", "tensors", "ops",
-    "outputs", "gradients", "updates", "forward", "backward",
+    "outputs", "gradients", "updates", "forward", "backward", "digest",
 )  # fmt: skip
 HEADER_KEYS = (
     "model", "device", "budget", "counts", "solver", "status", "gap", "solve-time",
@@ -137,23 +138,63 @@ def _lark() -> Lark:
     )
 
 
+MAX_NESTING = 64  # brackets inside one argument; captured graphs stay far below
+
+
 def parse(text: str, path: str | None = None) -> ir.Plan:
     """Parse plan text; raises PlanError (with path:line:col) on any syntax error."""
+    _check_nesting(text, path)
     try:
         tree = _lark().parse(text)
     except UnexpectedInput as error:
         raise _syntax_error(error, text, path) from None
     try:
-        return _Builder().transform(tree)
+        plan = _Builder().transform(tree)
     except VisitError as error:
         if isinstance(error.orig_exc, PlanError):
             raise error.orig_exc.with_source(path, text) from None
         raise
+    return replace(plan, section_spans=_section_spans(text))
 
 
 def parse_file(path: str | Path) -> ir.Plan:
-    """Parse the plan file at `path` (UTF-8)."""
-    return parse(Path(path).read_text(encoding="utf-8"), str(path))
+    """Parse the plan file at `path` (UTF-8).  Raises RematError when it cannot be read,
+    PlanError when it does not parse."""
+    from remat_dsl.console import read_text
+
+    return parse(read_text(path, "plan"), str(path))
+
+
+def _section_spans(text: str) -> tuple[tuple[str, ir.Span], ...]:
+    """(name, span) of every section name line (section names stand alone at column 1)."""
+    names = set(SECTIONS) | {"constraints"}
+    return tuple((line, ir.Span(number, 1)) for number, line in enumerate(text.split("\n"), 1) if line.rstrip("\r") in names)
+
+
+def _check_nesting(text: str, path: str | None) -> None:
+    """Refuse arguments nested deeper than MAX_NESTING brackets before Lark sees them
+    (the transformer, the printer and the simulator walk arguments recursively)."""
+    for number, line in enumerate(text.split("\n"), 1):
+        if line.count("(") + line.count("[") <= MAX_NESTING:
+            continue
+        depth, inside, escaped = 0, False, False
+        for col, char in enumerate(line, 1):
+            if inside:
+                escaped, inside = (False, True) if escaped else (char == "\\", char != '"')
+            elif char == '"':
+                inside = True
+            elif char == "#":
+                break
+            elif char in "([":
+                depth += 1
+                if depth > MAX_NESTING:
+                    raise PlanError(
+                        f"arguments nested deeper than {MAX_NESTING} brackets",
+                        span=ir.Span(number, col), path=path, source=text,
+                        hint="a captured graph never nests this deep; re-run `remat plan` for this model",
+                    )  # fmt: skip
+            elif char in ")]":
+                depth -= 1
 
 
 # ---------------------------------------------------------------------------
@@ -357,9 +398,10 @@ class _Builder(Transformer):
             gradients=sections["gradients"],
             updates=sections.get("updates", ()),
         )
+        digest = next((x for x in c if isinstance(x, ir.Digest)), None)
         return ir.Plan(
             replace(header, comments=top), graph, sections["forward"], sections["backward"], end,
-            sections.get("constraints", ()),
+            sections.get("constraints", ()), digest,
         )  # fmt: skip
 
     def top_comment(self, c: list) -> _FileComment:
@@ -575,6 +617,14 @@ class _Builder(Transformer):
         except json.JSONDecodeError as e:
             raise _error(f"bad string: {e.msg}", token, 'strings use JSON escapes: \\" \\\\ \\n \\t \\uXXXX') from None
 
+    # --- the digest
+    def digest(self, c: list) -> ir.Digest:
+        graph, *chunks = c
+        return ir.Digest(graph.value, tuple(chunks), _span(graph))
+
+    def digest_items(self, c: list) -> str:
+        return c[0].value
+
     # --- the schedule
     def forward(self, c: list) -> _Section:
         return _Section("forward", _items(c))
@@ -645,6 +695,17 @@ EXAMPLES = {
         _EXAMPLE_HEAD.replace("optimal\n", f"optimal\n{gap}  solve-time 1\n") for gap in ("", "  gap 1%\n")
     ],
     "one-tuple": [_EXAMPLE_HEAD + "outputs\n  (%a)\n"],
+    "negative": [
+        _EXAMPLE_HEAD + f"{comment}  o = f({args})  {time}  {temp}  forward\n"
+        for comment in ("", "  # c\n")
+        for args in ("", "%a", "%a, 1")
+        for time, temp in (("-0.010 ms", "0 B"), ("0.010 ms", "-4 B"))
+    ] + [
+        _EXAMPLE_HEAD.replace("tensors\n", f"tensors\n{comment}  t  [1]  float32  -4 B  t\n") for comment in ("", "  # c\n")
+    ] + [
+        _EXAMPLE_HEAD.replace("time 0.000 ms", "time -0.001 ms"),
+        _EXAMPLE_HEAD.replace("budget 1 KiB", "budget -1 KiB"),
+    ],
     "after-size": [
         _EXAMPLE_HEAD.replace("tensors\n", "tensors\n" + lines)
         for lines in (
@@ -726,6 +787,7 @@ EXAMPLE_MESSAGES: dict[str, Callable[[str], tuple[str, str] | None]] = {
     "duration-unit": lambda line: ("a duration needs a unit", "write milliseconds, e.g. `0.120 ms` (or us, s)"),
     "bandwidth-unit": lambda line: ("a bandwidth needs a unit", "write e.g. `12 GB/s` or `12000000000 B/s`"),
     "one-tuple": lambda line: ("a one-element tuple needs a trailing comma", "write `(x,)`"),
+    "negative": lambda line: ("durations and sizes cannot be negative", "times and sizes are measured, >= 0: re-run `remat plan` (or `remat profile`)"),
     "gap-value": _gap_value,
     "gap-unit": _gap_value,
     "solve-time-value": _solve_time_value,

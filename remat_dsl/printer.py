@@ -7,7 +7,8 @@ NOTE: [Canonical layout]
 - Comment lines of the header (the `comments` of `Header`) come first, then
   `remat-plan 1`.  Sections follow in a fixed order, separated by one blank line:
   header, inputs, parameters, buffers, tangents, tensors, ops, outputs, gradients,
-  updates, forward, backward.  Empty buffers, tangents and updates sections are left
+  updates, forward, backward, digest (remat_dsl.digest: always the digest of the
+  plan's graph, whatever the file it was read from said).  Empty buffers, tangents and updates sections are left
   out; the other sections are always printed (an empty one is just its name).  The
   comments of `Plan.comments` close the file after a blank line.  The file ends with a
   newline; no line has trailing whitespace.
@@ -55,6 +56,7 @@ from collections.abc import Iterable, Sequence
 from decimal import Decimal
 
 from remat_dsl import ir
+from remat_dsl.digest import digest_of
 
 FORMAT_VERSION = 1
 HEADER_KEY_WIDTH = 12
@@ -76,7 +78,8 @@ RESERVED = ("None", "True", "False", "inf", "nan")
 TENSOR_HEADING = ("# name", "shape", "dtype", "size", "", "producer")
 OP_HEADING = ("# name = target(args)", "time", "", "temp", "", "phase", "")
 
-NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*(:[0-9]+)?")
+NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.]*(:[0-9]+)?")  # `0.weight`: nn.Sequential's children
+CALL_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 BARE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.:\-]*")
 PEAK_AT_RE = re.compile(r"(forward|backward):[0-9]+")
 SYM_PREFIX = "torch."
@@ -185,9 +188,9 @@ def _plain_name(name: str, what: str) -> str:
 
 
 def _call_name(name: str, what: str) -> str:
-    """A name inside arguments: not one of the argument keywords (None, inf, ...)."""
-    if _plain_name(name, what) in RESERVED:
-        raise ValueError(f"cannot print {what} {name!r}: it is a keyword")
+    """A name inside arguments: starts with a letter, not one of the argument keywords (None, inf, ...)."""
+    if _plain_name(name, what) in RESERVED or not CALL_NAME_RE.fullmatch(name):
+        raise ValueError(f"cannot print {what} {name!r}: it is a keyword or does not start with a letter")
     return name
 
 
@@ -417,7 +420,13 @@ def _sections(plan: ir.Plan) -> list[list[str]]:
     if g.updates:
         sections.append(_assignments("updates", [(u.buffer, "%" + _name(u.tensor)) for u in g.updates]))
     sections += [_schedule(ir.FORWARD, plan.forward), _schedule(ir.BACKWARD, plan.backward)]
+    sections.append(_digest(digest_of(g)))
     return sections
+
+
+def _digest(d: ir.Digest) -> list[str]:
+    """The seal of the graph sections: always that of the plan's graph (NOTE: [Graph digest])."""
+    return ["digest", f"{INDENT}graph  {d.graph}"] + [f"{INDENT}items  {chunk}" for chunk in d.items]
 
 
 def print_plan(plan: ir.Plan) -> str:

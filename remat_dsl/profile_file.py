@@ -38,13 +38,12 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 from remat_dsl import ir
-from remat_dsl.errors import PlanError, RematError
+from remat_dsl.errors import PlanError
 from remat_dsl.printer import DURATION_UNITS, SIZE_UNITS, format_duration, size_parts
 
 FORMAT_VERSION = 1
@@ -55,7 +54,7 @@ TEMP_WIDTH = 8  # digits of `1023.999`
 HEADER_KEYS = ("model", "device", "torch", "input")
 UNKNOWN_PATH = "<profile>"
 
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.]*")
 _BARE = re.compile(r"[A-Za-z_][A-Za-z0-9_.:\-]*")
 _TYPE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\[\s*((?:[0-9]+\s*(?:,\s*[0-9]+\s*)*)?)\]")
 _TOKEN = re.compile(r"\S+")
@@ -294,11 +293,9 @@ def read_profile(text: str, path: str | None = None) -> ProfileFile:
 
 def load_profile(path: str) -> ProfileFile:
     """Read and parse the profile at `path`.  Raises RematError."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise RematError(f"{path}: error: cannot read the profile: {exc.strerror}", hint="write it with `remat profile MODEL -o FILE`") from None
-    return read_profile(text, path)
+    from remat_dsl.console import read_text
+
+    return read_profile(read_text(path, "profile"), path)
 
 
 # ---------------------------------------------------------------------------
@@ -363,22 +360,23 @@ def add_parsers(subparsers) -> None:
     profile = subparsers.add_parser("profile", help="measure every operation of a model and write the costs as a text file")
     profile.add_argument("model", help="model file, optionally path.py:factory")
     profile.add_argument("-o", "--output", required=True, help="the profile file to write (e.g. model.profile)")
-    profile.add_argument("--repeats", type=int, default=5, help="timed runs per operation (median)")
+    from remat_dsl.console import positive_int
+
+    profile.add_argument("--repeats", type=positive_int, default=5, help="timed runs per operation (median)")
     profile.set_defaults(run=_profile)
 
 
 def _profile(args) -> int:
-    from remat_dsl.cli import _Progress, write_atomically
+    from remat_dsl.console import Progress, check_writable, status, write_atomically
     from remat_dsl.model_file import load_model_file
     from remat_dsl.pipeline import capture_graph
 
-    if args.repeats < 1:
-        raise RematError(f"error: --repeats must be at least 1, got {args.repeats}", hint="pass --repeats 5 (the default)")
+    output = check_writable(args.output, "profile")
     model_file = load_model_file(args.model)
-    with _Progress(f"profiling {model_file.spec}") as progress:
+    with Progress(f"profiling {model_file.spec}") as progress:
         captured = capture_graph(model_file, args.repeats, progress)
     text = write_profile(captured.graph, model=model_file.spec, device=captured.device)
-    write_atomically(Path(args.output), text)
+    write_atomically(output, text)
     total = sum(op.time_us for op in captured.graph.ops)
-    print(f"wrote {args.output}: {len(captured.graph.ops)} ops, {format_duration(total)} in all", file=sys.stderr)
+    status(f"wrote {args.output}: {len(captured.graph.ops)} ops, {format_duration(total)} in all")
     return 0

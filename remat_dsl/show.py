@@ -2,7 +2,7 @@
 
 `remat show PLAN --png timeline.png` draws the memory timeline (`draw_png`); without
 `--png` it prints a compact terminal chart and the largest live tensors at the peak
-(`terminal_view`).  Both take a plan and its `Simulation` (`remat_dsl.cli.load_checked`).
+(`terminal_view`).  Both take a plan and its `Simulation` (`remat_dsl.check.load_checked`).
 
 NOTE: [Categories must agree with the simulator]
 `simulate()` reports only the total device memory of each instruction.  To split it by
@@ -21,9 +21,6 @@ total differs from the Simulation's `mem_before`/`mem_peak`/`mem_after`, and
 from __future__ import annotations
 
 import io
-import os
-import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -307,19 +304,11 @@ def _shorten(text: str, width: int) -> str:
 
 
 def _save_atomically(fig, path: Path) -> None:
-    from remat_dsl.errors import RematError
+    from remat_dsl.console import write_atomically
 
-    directory = path.resolve().parent
-    if not directory.is_dir():
-        raise RematError(f"{path}: error: the directory {directory} does not exist", hint="create it, or write the PNG elsewhere")
-    fd, temp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            fig.savefig(handle, format="png")
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    write_atomically(path, buffer.getvalue())
 
 
 # ---------------------------------------------------------------------------
@@ -433,12 +422,15 @@ def add_parsers(subparsers) -> None:
 
 
 def _show(args) -> int:
-    from remat_dsl.cli import load_checked
+    from remat_dsl.check import load_checked
+    from remat_dsl.console import check_writable, status
 
-    plan, sim = load_checked(args.plan)
+    if args.png:
+        check_writable(args.png, "picture")
+    plan, sim = load_checked(args.plan, within_budget=False)
     if args.png:
         draw_png(plan, sim, args.png)
-        print(f"wrote {args.png}", file=sys.stderr)
+        status(f"wrote {args.png}")
     else:
-        print(terminal_view(plan, sim, buckets=max(1, args.buckets)))
+        args.out.write(terminal_view(plan, sim, buckets=max(1, args.buckets)) + "\n")
     return 0

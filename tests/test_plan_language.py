@@ -158,6 +158,10 @@ backward
   prefetch  mm  on h2d
   wait      mm  on compute
 
+digest
+  graph  sha256:44221910ead976145ec37304b02d3735
+  items  lV4seXQVI0v1BlO9W5bY
+
 # the end
 """
 

@@ -225,13 +225,14 @@ def test_plan_from_a_profile_is_byte_identical(tiny, tiny_profile):
     for run in runs:
         assert run.returncode == 0, run.stderr
         assert f"costs from {path}" in run.stderr
-    assert_same_plan_text(runs[0].stdout, runs[1].stdout)
-    # the same plan made in-process from the same profile
+    assert runs[0].stdout == runs[1].stdout  # byte for byte: no solve-time line unless asked for
+    assert not SOLVE_TIME_LINE.search(runs[0].stdout)
+    # the same plan made in-process from the same profile (with the solve time, left out here)
     model_file, _, untimed = tiny
     graph = apply_profile(untimed.graph, read_profile(text, str(path)), model=model_file.spec)
     budget = parse_budget("100%", lambda: autograd_peak(graph, untimed.device))
     plan = make_plan(graph, model=model_file.spec, device=untimed.device, budget=budget, solver="auto")
-    assert_same_plan_text(print_plan(plan), runs[0].stdout)
+    assert without_solve_time(print_plan(plan)) == runs[0].stdout
     # the plan carries the profile's costs
     parsed = parse(runs[0].stdout)
     profile = read_profile(text)
@@ -271,7 +272,7 @@ def test_editing_one_time_changes_only_that_op_and_the_predictions(tiny, tiny_pr
     assert len(before) == len(after)
     changed = [(a, b) for a, b in zip(before, after) if a != b]
     keys = sorted(a.split()[0] for a, _ in changed)
-    assert keys == ["compute", "fc2", "time"], changed
+    assert keys == ["compute", "fc2", "graph", "items", "time"], changed  # the digest seals the op's new time
     plan = parse("\n".join(after))
     assert next(op for op in plan.graph.ops if op.name == "fc2").time_us == fc2.time_us + 1234
     sim = simulate(plan)
@@ -292,7 +293,7 @@ def test_gpt2_plan_from_a_profile_is_byte_identical_and_valid(tmp_path):
     assert made.returncode == 0, made.stderr
     runs = [remat("plan", gpt2, "--budget", "50%", "--profile", str(profile)) for _ in range(2)]
     assert all(run.returncode == 0 for run in runs), runs[0].stderr
-    assert_same_plan_text(runs[0].stdout, runs[1].stdout)
+    assert runs[0].stdout == runs[1].stdout  # byte for byte, with auto's MILP solver (rockmate)
     plan = parse(runs[0].stdout)
     assert any(ins.verb == "recompute" for ins in plan.forward + plan.backward)
     assert simulate(plan).peak_bytes <= plan.header.budget

@@ -35,7 +35,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from remat_dsl import ir
-from remat_dsl.cli import load_checked
+from remat_dsl.check import load_checked
 from remat_dsl.codegen import generate
 from remat_dsl.errors import PlanError
 from remat_dsl.measure import step_peak

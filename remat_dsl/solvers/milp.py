@@ -11,6 +11,10 @@ a time-limited CBC solution has an unknown gap (None).
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -60,7 +64,8 @@ def solve(problem: pulp.LpProblem, time_limit: float | None = None, rel_gap: flo
     start = time.perf_counter()
     if names[0] == "HiGHS":
         solver = pulp.HiGHS(msg=False, timeLimit=time_limit, gapRel=rel_gap, threads=1, random_seed=0)
-        problem.solve(solver)
+        with _c_stdout_silenced():
+            problem.solve(solver)
         info = problem.solverModel.getInfo()
         gap = max(0.0, float(info.mip_gap)) if info.mip_gap < 1e30 else None
     else:
@@ -74,6 +79,30 @@ def solve(problem: pulp.LpProblem, time_limit: float | None = None, rel_gap: flo
     if status not in (OPTIMAL, FEASIBLE):
         gap = None
     return MilpResult(status, gap, seconds, names[0])
+
+
+@contextlib.contextmanager
+def _c_stdout_silenced():
+    """HiGHS prints a banner on file descriptor 1 from C even with msg=False: send it to
+    /dev/null, so a library call never writes on its caller's stdout."""
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError):
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        yield
+    finally:
+        try:
+            ctypes.CDLL(None).fflush(None)
+        except (OSError, AttributeError):
+            pass
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
 
 
 def _status(sol_status: int) -> str:

@@ -1,0 +1,9 @@
+from _tiny import Small
+
+
+def build_model():
+    return Small()
+
+
+def sample_inputs():
+    return None

@@ -1,0 +1,2 @@
+def sample_inputs():
+    return ()

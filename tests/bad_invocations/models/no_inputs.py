@@ -1,0 +1,5 @@
+from torch import nn
+
+
+def build_model():
+    return nn.Linear(8, 8)

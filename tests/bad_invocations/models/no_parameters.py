@@ -1,0 +1,10 @@
+from torch import nn
+
+from _tiny import inputs
+
+
+def build_model():
+    return nn.ReLU()
+
+
+sample_inputs = inputs

@@ -1,0 +1,73 @@
+"""The README is executed: every `sh` block runs as written, as a user types it.
+
+Each block runs with bash (`set -euo pipefail`) in a temporary copy of the repository
+(a git repository of its own, so the git driver set-up works), with `.venv/bin` first on
+PATH, so `remat` is the installed command and `> gpt2.plan` is a real shell redirection.
+Blocks run in README order and share the copy, as a reader's shell would.  A block that
+fails fails the test with its output.
+
+One line is not run: `make test` is this suite itself.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+SKIPPED_LINES = {"make test"}  # the suite that runs this test
+COPY_IGNORED = shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis")
+
+
+def sh_blocks(text: str) -> list[tuple[int, str]]:
+    """(line number, body) of every ```sh block, in order."""
+    blocks = []
+    for match in re.finditer(r"^```sh\n(.*?)^```$", text, flags=re.M | re.S):
+        blocks.append((text[: match.start()].count("\n") + 1, match.group(1)))
+    return blocks
+
+
+def runnable(body: str) -> str:
+    lines = [line for line in body.splitlines() if line.split("#")[0].strip() not in SKIPPED_LINES]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    stamp, project = ROOT / ".venv" / ".installed", ROOT / "pyproject.toml"
+    if not stamp.exists() or stamp.stat().st_mtime < project.stat().st_mtime:
+        pytest.fail("the .venv is older than pyproject.toml: run `make venv` (the copy's `make demo` would reinstall it)")
+    work = tmp_path_factory.mktemp("readme") / "remat-dsl"
+    shutil.copytree(ROOT, work, ignore=COPY_IGNORED)
+    os.symlink(ROOT / ".venv", work / ".venv")
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    for command in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "copy"]):
+        subprocess.run(command, cwd=work, check=True, env=env)
+    return work
+
+
+def test_readme_has_the_blocks_a_user_runs():
+    blocks = [body for _, body in sh_blocks(README.read_text())]
+    assert blocks[0].split("#")[0].strip() == "make demo", "the README starts with `make demo` and `make test`"
+    text = "".join(blocks)
+    for command in ("remat plan examples/gpt2.py --budget 50% > gpt2.plan", "remat codegen", "remat fmt", "remat diff", "git config diff.remat.command", "--constraints gpt2.constraints"):
+        assert command in text, command
+
+
+def test_every_sh_block_runs_as_written(workdir):
+    env = {**os.environ, "PATH": f"{workdir / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}", "PYTHON": sys.executable}
+    for line, body in sh_blocks(README.read_text()):
+        script = "set -euo pipefail\n" + runnable(body)
+        result = subprocess.run(["bash", "-c", script], cwd=workdir, env=env, capture_output=True, text=True, timeout=900)
+        assert result.returncode == 0, f"README.md:{line}: this block failed (exit {result.returncode}):\n{body}\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-3000:]}"
+    plan = (workdir / "gpt2.plan").read_text()
+    assert plan.startswith("remat-plan "), plan[:200]  # the redirected plan holds the plan and nothing else
+    assert (workdir / "fast_gpt2.py").exists() and (workdir / "timeline.png").exists()
+    assert (workdir / "gpt2.plan.new").read_text().startswith("remat-plan ")
