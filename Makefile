@@ -32,7 +32,7 @@ test-slow: venv
 	$(PY) -m pytest -q -m slow
 
 demo: venv
-	$(PY) -m remat_dsl.demo
+	$(PY) -m remat_dsl.cli.demo
 
 bench: venv
 	$(PY) bench/overhead.py

@@ -4,12 +4,12 @@ For each model (GPT-2 with 6 and 12 layers, the nn.Transformer, the ResNet and t
 examples/), in ONE run, this measures the peak memory and the iteration time of a training
 step (forward + backward) relative to eager PyTorch for:
 
-* our plans (`make_plan(..., solver=NAME)`, module from `remat_dsl.codegen.generate`):
+* our plans (`make_plan(..., solver=NAME)`, module from `remat_dsl.codegen.generate.generate`):
   `autograd` and `checkpoint-sqrt` (one schedule each, whatever the budget), and `rotor`,
   `rockmate`, `hiremate` over a sweep of budgets, 100/80/70/60/50/40/30 % of the autograd
   plan's peak, plus the smallest feasible budget ("min": `smallest_rotor_budget` for rotor,
   `BudgetError.smallest` for the others).  A solver that is not in
-  `remat_dsl.solve.SOLVERS` is listed as skipped; an infeasible budget is a row that says
+  `remat_dsl.solve.driver.SOLVERS` is listed as skipped; an infeasible budget is a row that says
   so, with the smallest feasible budget.  Plans with the same schedule share one module;
 * torch.utils.checkpoint (non-reentrant) around every repeated block ("every block":
   GPT-2's `transformer.h.*`, the Transformer's encoder and decoder layers, the ResNet's
@@ -26,9 +26,9 @@ step (forward + backward) relative to eager PyTorch for:
 
 Peak memory: bytes one training step allocates above what is resident before it
 (parameters, buffers, inputs), from the PyTorch profiler's CPU allocator events
-(`remat_dsl.measure.step_peak`): the same count for every method, and what our budgets
+(`remat_dsl.capture.measure.step_peak`): the same count for every method, and what our budgets
 bound.  Time: the median over `--rounds` of the wall time of one step with unit output
-gradients (`remat_dsl.measure.training_step`), the methods timed round-robin (the order
+gradients (`remat_dsl.capture.measure.training_step`), the methods timed round-robin (the order
 rotated every round) after one warm-up round, so that this noisy machine's load hits all
 alike.  Every ratio is against eager timed in the same rounds: the main phase times eager,
 our plans and the checkpointed models together; since `torch._dynamo.reset()` discards
@@ -49,12 +49,12 @@ min(50% budget, P) and timed in the same rounds as the peer; the block prints bo
 measured times and peaks and "faster at equal or lower memory: yes/no".
 
 Solve-time scaling: GPT-2 with 6, 12 and 24 layers (`build_model(n_layer=N)`), in this
-process: seconds for capture + profile (`remat_dsl.pipeline.capture_graph`), for each
+process: seconds for capture + profile (`remat_dsl.capture.pipeline.capture_graph`), for each
 solver's `make_plan` at 50%, the total, and the ratios total(24)/total(12) and
 total(12)/total(6).  Captures made for the frontier are reused.
 
 "solve/compile s" in the tables: for our plans, the wall time of that one make_plan call
-(the solvers keep what they build for a graph in remat_dsl.solve's lru caches, so the
+(the solvers keep what they build for a graph in remat_dsl.solve.driver's lru caches, so the
 first budget of a sweep pays for the later ones); for torch.compile, compilation plus the
 first step.  The scaling section clears those caches before every solve.
 
@@ -89,13 +89,13 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from remat_dsl import solve  # noqa: E402
-from remat_dsl.codegen import generate  # noqa: E402
-from remat_dsl.measure import step_peak, training_step  # noqa: E402
-from remat_dsl.model_file import ModelFile, load_model_file  # noqa: E402
-from remat_dsl.pipeline import capture_graph  # noqa: E402
-from remat_dsl.solve import BudgetError, autograd_peak, make_plan  # noqa: E402
-from remat_dsl.verify import load_generated  # noqa: E402
+from remat_dsl.solve import driver as solve  # noqa: E402
+from remat_dsl.codegen.generate import generate  # noqa: E402
+from remat_dsl.capture.measure import step_peak, training_step  # noqa: E402
+from remat_dsl.capture.model_file import ModelFile, load_model_file  # noqa: E402
+from remat_dsl.capture.pipeline import capture_graph  # noqa: E402
+from remat_dsl.solve.driver import BudgetError, autograd_peak, make_plan  # noqa: E402
+from remat_dsl.codegen.compare import load_generated  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from overhead import checkpointed  # noqa: E402
@@ -345,7 +345,7 @@ def bench_model(name: str, args, workdir: Path, captures: dict) -> ModelResult:
     log(f"[{name}] planning (autograd peak {mib(autograd)})")
     for solver in FIXED_SOLVERS:
         if not available(solver):
-            rows.append(Row(name, solver, "-", note="skipped: not in remat_dsl.solve.SOLVERS"))
+            rows.append(Row(name, solver, "-", note="skipped: not in remat_dsl.solve.driver.SOLVERS"))
             continue
         row = planner.row(name, solver, "fixed", autograd)
         if row.key is None and solver in planner.smallest:  # its one schedule is above the autograd peak
@@ -353,7 +353,7 @@ def bench_model(name: str, args, workdir: Path, captures: dict) -> ModelResult:
         rows.append(row)
     for solver in args.solvers:
         if not available(solver):
-            rows.append(Row(name, solver, "-", note="skipped: not in remat_dsl.solve.SOLVERS (yet)"))
+            rows.append(Row(name, solver, "-", note="skipped: not in remat_dsl.solve.driver.SOLVERS (yet)"))
             continue
         for fraction in fractions:
             rows.append(planner.row(name, solver, f"{fraction}%", autograd * fraction // 100))
@@ -417,7 +417,7 @@ def bench_model(name: str, args, workdir: Path, captures: dict) -> ModelResult:
 def match_peer(planner: Planner, peer: Row, peer_peak: int, budget50: int, solvers, rows, name) -> list[Matched]:
     result = []
     if not solvers:
-        return [Matched(peer, "rockmate/hiremate", min(budget50, peer_peak), None, "skipped: not in remat_dsl.solve.SOLVERS (yet)")]
+        return [Matched(peer, "rockmate/hiremate", min(budget50, peer_peak), None, "skipped: not in remat_dsl.solve.driver.SOLVERS (yet)")]
     for solver in solvers:
         budget = min(budget50, peer_peak)
         row = planner.row(name, solver, f"matched {peer.method} {peer.setting}", budget)
@@ -485,7 +485,7 @@ class ScalingRow:
 
 
 def clear_solver_caches() -> int:
-    """Clear the lru caches remat_dsl.solve keeps per graph (built ILP solvers, strategies),
+    """Clear the lru caches remat_dsl.solve.driver keeps per graph (built ILP solvers, strategies),
     so that a scaling solve is timed cold; returns how many were cleared."""
     cleared = 0
     for value in vars(solve).values():
@@ -582,7 +582,7 @@ def print_model(con, result: ModelResult) -> None:
     con.print(f"smallest feasible budget ({result.name}): {smallest or '-'}")
     skipped = [s for s in SWEEP_SOLVERS if not available(s)]
     if skipped:
-        con.print(f"note: {', '.join(skipped)} not in remat_dsl.solve.SOLVERS: skipped")
+        con.print(f"note: {', '.join(skipped)} not in remat_dsl.solve.driver.SOLVERS: skipped")
     con.print()
 
 
@@ -735,7 +735,7 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     started = time.perf_counter()
     header = (
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU; solvers in remat_dsl.solve.SOLVERS: {', '.join(solve.SOLVERS)}; "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU; solvers in remat_dsl.solve.driver.SOLVERS: {', '.join(solve.SOLVERS)}; "
         f"rounds {args.rounds}{' (quick)' if args.quick else ''}; make_plan time_limit {args.time_limit if args.time_limit is not None else 'none'}; "
         f"{time.strftime('%Y-%m-%d %H:%M')}"
     )
@@ -743,7 +743,7 @@ def main(argv=None) -> int:
     con.print(header)
     for s in SWEEP_SOLVERS:
         if not available(s):
-            con.print(f"note: solver {s} is not in remat_dsl.solve.SOLVERS: its points are skipped, not estimated")
+            con.print(f"note: solver {s} is not in remat_dsl.solve.driver.SOLVERS: its points are skipped, not estimated")
     results: list[ModelResult] = []
     captures: dict = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -28,12 +28,12 @@ import torch.utils.checkpoint as ckpt
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from remat_dsl.codegen import generate  # noqa: E402
-from remat_dsl.measure import step_peak, training_step  # noqa: E402
-from remat_dsl.model_file import load_model_file  # noqa: E402
-from remat_dsl.pipeline import capture_graph  # noqa: E402
-from remat_dsl.solve import autograd_peak, format_bytes, make_plan  # noqa: E402
-from remat_dsl.verify import load_generated  # noqa: E402
+from remat_dsl.codegen.generate import generate  # noqa: E402
+from remat_dsl.capture.measure import step_peak, training_step  # noqa: E402
+from remat_dsl.capture.model_file import load_model_file  # noqa: E402
+from remat_dsl.capture.pipeline import capture_graph  # noqa: E402
+from remat_dsl.solve.driver import autograd_peak, format_bytes, make_plan  # noqa: E402
+from remat_dsl.codegen.compare import load_generated  # noqa: E402
 
 EXAMPLES = ["examples/gpt2.py", "examples/resnet.py"]
 FRACTIONS = [100, 70, 50]

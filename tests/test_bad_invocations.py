@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from remat_dsl import ir
-from remat_dsl.parser import parse_file
-from remat_dsl.printer import print_plan
+from remat_dsl.plan import ir
+from remat_dsl.plan.parser import parse_file
+from remat_dsl.plan.printer import print_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = ROOT / "tests" / "bad_invocations"

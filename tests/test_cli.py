@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from remat_dsl.model_file import load_model_file
-from remat_dsl.parser import parse_file
-from remat_dsl.printer import print_plan
-from remat_dsl.simulate import simulate
-from remat_dsl.verify import compare_training, load_generated
+from remat_dsl.capture.model_file import load_model_file
+from remat_dsl.plan.parser import parse_file
+from remat_dsl.plan.printer import print_plan
+from remat_dsl.check.replay import simulate
+from remat_dsl.codegen.compare import compare_training, load_generated
 
 ROOT = Path(__file__).resolve().parent.parent
 PLANS = ROOT / "tests" / "plans"
@@ -211,7 +211,8 @@ def test_bad_time_limit_exits_2(value, message):
 
 
 def test_time_limit_goes_to_make_plan(tmp_path, monkeypatch, capsys):
-    from remat_dsl import cli, solve
+    from remat_dsl import cli
+    from remat_dsl.solve import driver as solve
 
     seen = []
     real = solve.make_plan

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from remat_dsl import ir
-from remat_dsl.constraints import read_constraints
-from remat_dsl.errors import PlanError, RematError
-from remat_dsl.model_file import load_model_file
-from remat_dsl.parser import parse
-from remat_dsl.pipeline import capture_graph
-from remat_dsl.printer import print_plan
-from remat_dsl.simulate import simulate
-from remat_dsl.solve import SOLVERS, autograd_peak, make_plan
-from remat_dsl.verify import compare_training, load_generated
-from remat_dsl.codegen import generate
+from remat_dsl.plan import ir
+from remat_dsl.plan.constraints import read_constraints
+from remat_dsl.plan.errors import PlanError, RematError
+from remat_dsl.capture.model_file import load_model_file
+from remat_dsl.plan.parser import parse
+from remat_dsl.capture.pipeline import capture_graph
+from remat_dsl.plan.printer import print_plan
+from remat_dsl.check.replay import simulate
+from remat_dsl.solve.driver import SOLVERS, autograd_peak, make_plan
+from remat_dsl.codegen.compare import compare_training, load_generated
+from remat_dsl.codegen.generate import generate
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "tests" / "models" / "tiny_mlp.py")

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from remat_dsl.measure import step_peak
-from remat_dsl.model_file import load_model_file
-from remat_dsl.parser import parse
-from remat_dsl.pipeline import capture_graph
-from remat_dsl.printer import print_plan
-from remat_dsl.solve import autograd_peak, make_plan, smallest_rotor_budget
-from remat_dsl.verify import compare_training, load_generated
+from remat_dsl.capture.measure import step_peak
+from remat_dsl.capture.model_file import load_model_file
+from remat_dsl.plan.parser import parse
+from remat_dsl.capture.pipeline import capture_graph
+from remat_dsl.plan.printer import print_plan
+from remat_dsl.solve.driver import autograd_peak, make_plan, smallest_rotor_budget
+from remat_dsl.codegen.compare import compare_training, load_generated
 from test_profile_file import without_solve_time
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,8 +137,8 @@ def test_checkpoint_sqrt_trains_identically(example, tmp_path):
 
 
 def test_chain_partition_covers_the_graph(example):
-    from remat_dsl.blocks import partition
-    from remat_dsl.ir import BACKWARD, FORWARD
+    from remat_dsl.solve.chain.partition import partition
+    from remat_dsl.plan.ir import BACKWARD, FORWARD
 
     _, captured, _ = example
     graph = captured.graph

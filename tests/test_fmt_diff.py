@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from remat_dsl import diff, fmt, ir
-from remat_dsl.errors import PlanError, RematError
-from remat_dsl.parser import parse_file
-from remat_dsl.printer import print_plan
+from remat_dsl.plan import ir
+from remat_dsl.review import diff, fmt
+from remat_dsl.plan.errors import PlanError, RematError
+from remat_dsl.plan.parser import parse_file
+from remat_dsl.plan.printer import print_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 PLANS = ROOT / "tests" / "plans"
@@ -106,9 +107,9 @@ def test_fmt_of_a_missing_file_is_exit_2(tmp_path):
 @pytest.fixture(scope="module")
 def tool_plans(tmp_path_factory) -> list[Path]:
     """Plans written by the tools for the tiny MLP: every solver in-process, rotor through `remat plan -o`."""
-    from remat_dsl.model_file import load_model_file
-    from remat_dsl.pipeline import capture_graph
-    from remat_dsl.solve import autograd_peak, make_plan
+    from remat_dsl.capture.model_file import load_model_file
+    from remat_dsl.capture.pipeline import capture_graph
+    from remat_dsl.solve.driver import autograd_peak, make_plan
 
     out = tmp_path_factory.mktemp("tool_plans")
     captured = capture_graph(load_model_file(TINY), 1)

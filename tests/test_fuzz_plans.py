@@ -7,8 +7,8 @@ or swapped with another, a token replaced by another token of the file or by jun
 random bytes inserted, the file truncated.  Each goes through what `remat check` and
 `remat codegen` do:
 
-* parse and verify (remat_dsl.check.verify) may only raise the tool's own RematError;
-* an accepted plan is generated (remat_dsl.codegen), its module is imported, and one
+* parse and verify (remat_dsl.check.verify.verify) may only raise the tool's own RematError;
+* an accepted plan is generated (remat_dsl.codegen.generate), its module is imported, and one
   training step of FastModel is compared with eager PyTorch from the same seed: the loss,
   every parameter gradient and every buffer must be torch.equal.
 
@@ -27,11 +27,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from remat_dsl.check import verify
-from remat_dsl.codegen import generate
-from remat_dsl.errors import RematError
-from remat_dsl.model_file import load_model_file
-from remat_dsl.parser import parse
+from remat_dsl.check.verify import verify
+from remat_dsl.codegen.generate import generate
+from remat_dsl.plan.errors import RematError
+from remat_dsl.capture.model_file import load_model_file
+from remat_dsl.plan.parser import parse
 
 ROOT = Path(__file__).resolve().parent.parent
 PLANS = {

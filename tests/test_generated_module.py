@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from remat_dsl.model_file import load_model_file
-from remat_dsl.pipeline import capture_graph
-from remat_dsl.printer import print_plan
-from remat_dsl.solve import autograd_peak, make_plan
-from remat_dsl.verify import load_generated
+from remat_dsl.capture.model_file import load_model_file
+from remat_dsl.capture.pipeline import capture_graph
+from remat_dsl.plan.printer import print_plan
+from remat_dsl.solve.driver import autograd_peak, make_plan
+from remat_dsl.codegen.compare import load_generated
 
 ROOT = Path(__file__).resolve().parent.parent
 PLANS = ROOT / "tests" / "plans"

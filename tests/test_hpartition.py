@@ -1,4 +1,4 @@
-"""Tests of remat_dsl.hpartition: H-Partition (HiRemate Algorithm 7, thesis Section 3.3).
+"""Tests of remat_dsl.solve.ilp.hpartition: H-Partition (HiRemate Algorithm 7, thesis Section 3.3).
 
 Property tests run on random DAGs (convexity of every cluster, coverage, size bound,
 children in a topological order, determinism, keys that ignore names); the real-graph
@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from remat_dsl import ir
-from remat_dsl.hpartition import HCluster, forward_dag, h_partition, is_convex
+from remat_dsl.plan import ir
+from remat_dsl.solve.ilp.hpartition import HCluster, forward_dag, h_partition, is_convex
 
 # ---------------------------------------------------------------------------
 # Helpers
@@ -252,8 +252,8 @@ def test_runs_in_near_linear_time():
 
 
 def _capture(spec: str) -> ir.Graph:
-    from remat_dsl.model_file import load_model_file
-    from remat_dsl.pipeline import capture_graph
+    from remat_dsl.capture.model_file import load_model_file
+    from remat_dsl.capture.pipeline import capture_graph
 
     return capture_graph(load_model_file(spec), repeats=1, measure_time=False).graph
 

@@ -48,7 +48,7 @@ def test_a_wheel_runs_without_the_repository(tmp_path):
     work.mkdir()
     shutil.copy(ROOT / "tests" / "models" / "tiny_mlp.py", work)
     env = {"PYTHONPATH": str(site)}
-    where = run([sys.executable, "-c", "import remat_dsl.parser as p, remat_dsl.codegen as c; print(p.GRAMMAR_PATH); print(c.TEMPLATES)"], work, **env)
+    where = run([sys.executable, "-c", "import remat_dsl.plan.parser as p, remat_dsl.codegen.generate as c; print(p.GRAMMAR_PATH); print(c.TEMPLATES)"], work, **env)
     assert all(line.startswith(str(site)) for line in where.stdout.split()), where.stdout
     plan = run([sys.executable, "-m", "remat_dsl", "plan", "tiny_mlp.py", "--budget", "90%", "--repeats", "1"], work, **env)
     (work / "t.plan").write_text(plan.stdout)

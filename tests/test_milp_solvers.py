@@ -19,19 +19,20 @@ from pathlib import Path
 import pulp
 import pytest
 
-from remat_dsl.errors import RematError
-from remat_dsl.model_file import load_model_file
-from remat_dsl.parser import parse
-from remat_dsl.pipeline import capture_graph
-from remat_dsl.printer import print_plan
-from remat_dsl.solve import BudgetError, autograd_peak, choose_solver, make_plan, smallest_budget
-from remat_dsl.solvers import milp, rk_rotor
-from remat_dsl.solvers.chain import Block, BlockOption, Chain, simulate_chain
-from remat_dsl.solvers.checkmate import op_hgraph
-from remat_dsl.solvers.hilp import HILP
-from remat_dsl.solvers.rockmate import replay
-from remat_dsl.solvers.rotor import solve_rotor
-from remat_dsl.verify import compare_training, load_generated
+from remat_dsl.plan.errors import RematError
+from remat_dsl.capture.model_file import load_model_file
+from remat_dsl.plan.parser import parse
+from remat_dsl.capture.pipeline import capture_graph
+from remat_dsl.plan.printer import print_plan
+from remat_dsl.solve.driver import BudgetError, autograd_peak, choose_solver, make_plan, smallest_budget
+from remat_dsl.solve.chain import rk_rotor
+from remat_dsl.solve.ilp import milp
+from remat_dsl.solve.chain.model import Block, BlockOption, Chain, simulate_chain
+from remat_dsl.solve.ilp.checkmate import op_hgraph
+from remat_dsl.solve.ilp.hilp import HILP
+from remat_dsl.solve.ilp.rockmate import replay
+from remat_dsl.solve.chain.rotor import solve_rotor
+from remat_dsl.codegen.compare import compare_training, load_generated
 from test_end_to_end import codegen_in_fresh_process, trained_peak
 
 ROOT = Path(__file__).resolve().parent.parent

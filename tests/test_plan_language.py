@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from remat_dsl import ir
-from remat_dsl.errors import PlanError, RematError
-from remat_dsl.parser import GRAMMAR_PATH, parse, parse_file, parse_size
-from remat_dsl.printer import (
+from remat_dsl.plan import ir
+from remat_dsl.plan.errors import PlanError, RematError
+from remat_dsl.plan.parser import GRAMMAR_PATH, parse, parse_file, parse_size
+from remat_dsl.plan.printer import (
     RESERVED,
     format_bandwidth,
     format_duration,

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from remat_dsl.errors import PlanError
-from remat_dsl.model_file import load_model_file
-from remat_dsl.parser import parse
-from remat_dsl.pipeline import capture_graph
-from remat_dsl.printer import print_plan
-from remat_dsl.profile_file import apply_profile, read_profile, write_profile
-from remat_dsl.simulate import simulate
-from remat_dsl.solve import autograd_peak, make_plan, parse_budget
+from remat_dsl.plan.errors import PlanError
+from remat_dsl.capture.model_file import load_model_file
+from remat_dsl.plan.parser import parse
+from remat_dsl.capture.pipeline import capture_graph
+from remat_dsl.plan.printer import print_plan
+from remat_dsl.capture.profile_file import apply_profile, read_profile, write_profile
+from remat_dsl.check.replay import simulate
+from remat_dsl.solve.driver import autograd_peak, make_plan, parse_budget
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "tests" / "models" / "tiny_mlp.py")

@@ -34,16 +34,16 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from remat_dsl import ir
-from remat_dsl.check import load_checked
-from remat_dsl.codegen import generate
-from remat_dsl.errors import PlanError
-from remat_dsl.measure import step_peak
-from remat_dsl.model_file import load_model_file
-from remat_dsl.pipeline import capture_graph
-from remat_dsl.printer import print_plan
-from remat_dsl.solve import autograd_peak, make_plan
-from remat_dsl.verify import compare_training, load_generated
+from remat_dsl.plan import ir
+from remat_dsl.check.verify import load_checked
+from remat_dsl.codegen.generate import generate
+from remat_dsl.plan.errors import PlanError
+from remat_dsl.capture.measure import step_peak
+from remat_dsl.capture.model_file import load_model_file
+from remat_dsl.capture.pipeline import capture_graph
+from remat_dsl.plan.printer import print_plan
+from remat_dsl.solve.driver import autograd_peak, make_plan
+from remat_dsl.codegen.compare import compare_training, load_generated
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ["examples/gpt2.py", "examples/transformer.py", "examples/resnet.py"]

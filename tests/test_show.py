@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from remat_dsl import show
-from remat_dsl.errors import RematError
-from remat_dsl.parser import parse_file
-from remat_dsl.simulate import simulate
-from remat_dsl.solve import format_bytes
+from remat_dsl.review import show
+from remat_dsl.plan.errors import RematError
+from remat_dsl.plan.parser import parse_file
+from remat_dsl.check.replay import simulate
+from remat_dsl.solve.driver import format_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 OFFLOAD_PLAN = ROOT / "tests" / "plans" / "tiny_mlp_offload.plan"
@@ -25,9 +25,9 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module", params=EXAMPLES)
 def example_plan(request):
     """A rotor plan at 50% of the autograd peak for one example (captured once per module)."""
-    from remat_dsl.model_file import load_model_file
-    from remat_dsl.pipeline import capture_graph
-    from remat_dsl.solve import autograd_peak, make_plan
+    from remat_dsl.capture.model_file import load_model_file
+    from remat_dsl.capture.pipeline import capture_graph
+    from remat_dsl.solve.driver import autograd_peak, make_plan
 
     spec = f"examples/{request.param}.py"
     captured = capture_graph(load_model_file(str(ROOT / spec)), repeats=1)

@@ -1,4 +1,4 @@
-"""Tests of remat_dsl.simulate: exact peaks and times by hand, one test per broken rule.
+"""Tests of remat_dsl.check.replay: exact peaks and times by hand, one test per broken rule.
 
 The tiny graph (sizes in bytes, times in microseconds):
 
@@ -19,9 +19,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from remat_dsl import ir
-from remat_dsl.errors import PlanError
-from remat_dsl.simulate import Simulation, rng_state_bytes, simulate, transfer_us, with_predictions
+from remat_dsl.plan import ir
+from remat_dsl.plan.errors import PlanError
+from remat_dsl.check.replay import Simulation, rng_state_bytes, simulate, transfer_us, with_predictions
 
 R = ir.Ref
 TANGENT_BYTES = 128

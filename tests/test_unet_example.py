@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from remat_dsl.ir import FORWARD, op_refs
-from remat_dsl.model_file import load_model_file
-from remat_dsl.pipeline import capture_graph
-from remat_dsl.printer import print_plan
-from remat_dsl.solve import autograd_peak, make_plan, smallest_rotor_budget
+from remat_dsl.plan.ir import FORWARD, op_refs
+from remat_dsl.capture.model_file import load_model_file
+from remat_dsl.capture.pipeline import capture_graph
+from remat_dsl.plan.printer import print_plan
+from remat_dsl.solve.driver import autograd_peak, make_plan, smallest_rotor_budget
 from test_end_to_end import trained_peak
 
 ROOT = Path(__file__).resolve().parent.parent

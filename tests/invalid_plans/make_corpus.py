@@ -212,9 +212,9 @@ def plan_text(case: Case) -> str:
 def canonical(text: str) -> str:
     """The text in the canonical layout when it parses (so `remat fmt --check` passes on
     the corpus wherever it can), else as edited (the syntax-error cases)."""
-    from remat_dsl.errors import PlanError
-    from remat_dsl.parser import parse
-    from remat_dsl.printer import print_plan
+    from remat_dsl.plan.errors import PlanError
+    from remat_dsl.plan.parser import parse
+    from remat_dsl.plan.printer import print_plan
 
     try:
         return print_plan(parse(text))

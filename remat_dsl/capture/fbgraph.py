@@ -1,0 +1,267 @@
+"""Build the plan's FB-graph (`ir.Graph`) from captured FX graphs and their profile.
+
+Each FX node that allocates becomes an `ir.Op` whose outputs are `ir.TensorDecl`s; nodes
+that only return views of their arguments (view, t, expand, _unsafe_view, detach, ...)
+become `ir.Call` expressions that code generation inlines where they are used, so every
+op owns its allocations and deleting a tensor frees its storage.
+
+NOTE: [Stable names]
+An op is named after the module that ran it (`nn_module_stack` on forward nodes,
+`fwd_nn_module_stack` on backward ones): a module with a single forward op gives it its
+path (`transformer.h.0.ln_1`); otherwise `PATH.KIND` with `_1`, `_2` ... for repeats of
+one kind inside that module, and backward ops are `PATH.bwd.KIND`.  Counters are local to
+a module, so a change elsewhere in the model does not rename anything here.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from collections import Counter
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from remat_dsl.plan import ir
+from remat_dsl.capture.fx import Captured
+from remat_dsl.plan.errors import RematError
+from remat_dsl.capture.profile import NodeProfile, StepProfile, dtype_name, is_call
+
+
+def build_graph(captured: Captured, step: StepProfile, inputs: tuple) -> ir.Graph:
+    """The FB-graph of one training step, with measured times and exact sizes."""
+    _drop_dead_backward_nodes(captured.backward)
+    names = _op_names(captured, step)
+    builder = _Builder(names)
+    fw_env = builder.walk(captured.forward, step.forward, ir.FORWARD, _primal_refs(captured))
+    bw_refs = _backward_refs(captured, fw_env)
+    bw_env = builder.walk(captured.backward, step.backward, ir.BACKWARD, bw_refs)
+    fw_out = list(captured.forward.graph.output_node().args[0])
+    bw_out = list(captured.backward.graph.output_node().args[0])
+    first = len(captured.mutated)
+    model_outputs = [builder.arg(n, fw_env) for n in fw_out[first : first + captured.num_outputs]]
+    return ir.Graph(
+        inputs=_values(captured, "input"),
+        parameters=_values(captured, "parameter"),
+        buffers=_values(captured, "buffer"),
+        tangents=_tangents(captured),
+        tensors=tuple(builder.tensors),
+        ops=tuple(builder.ops),
+        outputs=_structure(pytree.tree_unflatten(model_outputs, captured.out_spec)),
+        gradients=_gradients(captured, bw_out, bw_env),
+        updates=_updates(captured, fw_out[:first], fw_env),
+    )
+
+
+# --- naming -----------------------------------------------------------------
+
+
+def module_path(node: fx.Node) -> str:
+    """`L['self'].transformer.h.0.ln_1` -> `transformer.h.0.ln_1` ('' for the root)."""
+    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
+    if not stack:
+        return ""
+    raw = list(stack.values())[-1][0]
+    raw = re.sub(r"^L\['[^']*'\]", "", raw)
+    raw = re.sub(r"\._modules\['([^']*)'\]", r".\1", raw)
+    raw = re.sub(r"\['([^']*)'\]|\[(\d+)\]", lambda m: "." + (m.group(1) or m.group(2)), raw)
+    return raw.strip(".")
+
+
+def _inherited_path(node: fx.Node, memo: dict) -> str:
+    """The node's module path; for nodes outside any module (sums of gradient
+    contributions) the path of an argument made inside a module, else inherited."""
+    if node not in memo:
+        inputs = node.all_input_nodes
+        memo[node] = (
+            module_path(node)
+            or next((p for p in map(module_path, inputs) if p), "")
+            or next((p for p in (_inherited_path(a, memo) for a in inputs) if p), "")
+        )
+    return memo[node]
+
+
+def _kind(node: fx.Node) -> str:
+    target = node.target
+    packet = getattr(target, "_overloadpacket", None)
+    return packet.__name__ if packet is not None else getattr(target, "__name__", "op")
+
+
+def _allocates(info: NodeProfile) -> bool:
+    return any(o is not None and not o.alias for o in info.outputs)
+
+
+def _op_names(captured: Captured, step: StepProfile) -> dict[fx.Node, str]:
+    names: dict[fx.Node, str] = {}
+    for phase, profiles in ((ir.FORWARD, step.forward), (ir.BACKWARD, step.backward)):
+        nodes = [n for n, info in profiles.items() if _allocates(info)]
+        memo: dict[fx.Node, str] = {} if phase == ir.BACKWARD else {n: module_path(n) for n in nodes}
+        per_path = Counter(_inherited_path(n, memo) for n in nodes)
+        seen: Counter = Counter()
+        for node in nodes:
+            path, kind = _inherited_path(node, memo), _kind(node)
+            if phase == ir.FORWARD and path and per_path[path] == 1:
+                names[node] = path
+                continue
+            stem = ".".join(p for p in (path, "bwd" if phase == ir.BACKWARD else "", kind) if p)
+            count = seen[stem]
+            seen[stem] += 1
+            names[node] = stem if count == 0 else f"{stem}_{count}"
+    return _deduplicate(names)
+
+
+def _deduplicate(names: dict[fx.Node, str]) -> dict[fx.Node, str]:
+    used: Counter = Counter()
+    result = {}
+    for node, name in names.items():
+        unique = name if used[name] == 0 else f"{name}.{used[name]}"
+        used[name] += 1
+        result[node] = unique
+    return result
+
+
+# --- graph walking ----------------------------------------------------------
+
+
+class _Builder:
+    """Turns FX nodes into ops, tensors and argument expressions."""
+
+    def __init__(self, names: dict[fx.Node, str]):
+        self.names = names
+        self.ops: list[ir.Op] = []
+        self.tensors: list[ir.TensorDecl] = []
+
+    def walk(self, gm: fx.GraphModule, profiles: dict, phase: str, refs: dict[str, ir.Arg]) -> dict[str, object]:
+        env: dict[str, object] = dict(refs)
+        for node in gm.graph.nodes:
+            if node.op != "call_function":
+                continue
+            if node.target is operator.getitem:
+                env[node.name] = env[node.args[0].name][node.args[1]]
+            elif is_call(node):
+                env[node.name] = self._call(node, profiles[node], phase, env)
+        return env
+
+    def _call(self, node: fx.Node, info: NodeProfile, phase: str, env) -> object:
+        args = tuple(self.arg(a, env) for a in node.args)
+        kwargs = tuple((k, self.arg(v, env)) for k, v in node.kwargs.items())
+        target = str(node.target)
+        if not _allocates(info):
+            call = ir.Call(target, args, kwargs)
+            if not info.multi:
+                return call
+            return [ir.Call("operator.getitem", (call, i)) for i in range(len(info.outputs))]
+        if any(o is not None and o.alias for o in info.outputs):
+            raise RematError(f"error: operation {target} returns both new tensors and views of its inputs, which remat-dsl cannot schedule")
+        name = self.names[node]
+        outputs = []
+        for index, out in enumerate(info.outputs):
+            if out is None:
+                outputs.append(None)
+                continue
+            tensor = name if index == 0 else f"{name}:{index}"
+            self.tensors.append(ir.TensorDecl(tensor, out.shape, out.dtype, out.nbytes, name, index))
+            outputs.append(ir.Ref(tensor))
+        self.ops.append(
+            ir.Op(
+                name=name,
+                phase=phase,
+                target=target,
+                args=args,
+                kwargs=kwargs,
+                outputs=tuple(r.name for r in outputs if r is not None),
+                time_us=info.time_us,
+                temp_bytes=info.temp_bytes,
+                random=info.random,
+            )
+        )
+        return outputs if info.multi else outputs[0]
+
+    def arg(self, value, env) -> ir.Arg:
+        if isinstance(value, fx.Node):
+            return env[value.name]
+        if isinstance(value, (list, tuple)):
+            return ir.ListArg(tuple(self.arg(v, env) for v in value))
+        return constant(value)
+
+
+def constant(value) -> ir.Arg:
+    """A Python/torch constant of an FX argument as an IR argument."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, torch.dtype):
+        return ir.Sym(str(value))
+    if isinstance(value, (torch.layout, torch.memory_format)):
+        return ir.Sym(str(value))
+    if isinstance(value, torch.device):
+        return ir.Call("torch.device", (str(value),))
+    raise RematError(f"error: an operation argument of type {type(value).__name__} ({value!r}) is not supported")
+
+
+def _drop_dead_backward_nodes(gm: fx.GraphModule) -> None:
+    """Remove unused backward nodes (the default partition leaves dead dropout copies)."""
+    for node in reversed(list(gm.graph.nodes)):
+        if node.op == "call_function" and not node.users:
+            gm.graph.erase_node(node)
+
+
+def _primal_refs(captured: Captured) -> dict[str, ir.Arg]:
+    placeholders = [n for n in captured.forward.graph.nodes if n.op == "placeholder"]
+    return {node.name: ir.Ref(name) for node, (_, name) in zip(placeholders, captured.primal_names)}
+
+
+def _backward_refs(captured: Captured, fw_env: dict[str, object]) -> dict[str, ir.Arg]:
+    refs, tangent = {}, 0
+    for node in captured.backward.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        if node.name.startswith("tangents_"):
+            refs[node.name] = ir.Ref(f"grad_output.{captured.tangent_of[tangent]}")
+            tangent += 1
+        else:
+            refs[node.name] = fw_env[node.name]
+    return refs
+
+
+def _values(captured: Captured, kind: str) -> tuple[ir.ValueDecl, ...]:
+    return tuple(
+        ir.ValueDecl(kind, name, tuple(t.shape), dtype_name(t.dtype))
+        for (k, name), t in zip(captured.primal_names, captured.example_primals)
+        if k == kind
+    )
+
+
+def _tangents(captured: Captured) -> tuple[ir.ValueDecl, ...]:
+    nodes = [n for n in captured.backward.graph.nodes if n.op == "placeholder" and n.name.startswith("tangents_")]
+    return tuple(
+        ir.ValueDecl("tangent", f"grad_output.{index}", tuple(n.meta["val"].shape), dtype_name(n.meta["val"].dtype))
+        for n, index in zip(nodes, captured.tangent_of)
+    )
+
+
+def _structure(tree) -> ir.Arg:
+    if isinstance(tree, tuple):
+        return ir.TupleArg(tuple(_structure(t) for t in tree))
+    if isinstance(tree, list):
+        return ir.ListArg(tuple(_structure(t) for t in tree))
+    return tree
+
+
+def _gradients(captured: Captured, bw_out: list, bw_env) -> tuple[ir.Gradient, ...]:
+    grads = []
+    for (kind, name), node in zip(captured.primal_names, bw_out):
+        if kind == "parameter":
+            grads.append(ir.Gradient(name, None if node is None else bw_env[node.name]))
+    return tuple(grads)
+
+
+def _updates(captured: Captured, update_nodes: list, fw_env) -> tuple[ir.BufferUpdate, ...]:
+    updates = []
+    for index, node in zip(captured.mutated, update_nodes):
+        kind, name = captured.primal_names[index]
+        value = fw_env[node.name]
+        if kind != "buffer" or not isinstance(value, ir.Ref):
+            raise RematError(f"error: the model updates {kind} '{name}' in place in a way remat-dsl cannot replay")
+        updates.append(ir.BufferUpdate(name, value.name))
+    return tuple(updates)

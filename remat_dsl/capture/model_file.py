@@ -1,0 +1,234 @@
+"""Model files: a Python file that defines the model to plan.
+
+Contract: `build_model() -> nn.Module`, `sample_inputs() -> tuple` (positional arguments of
+the model's forward) and optionally `loss_fn(output) -> Tensor` (a scalar).  A spec
+`path.py:factory` selects another factory than `build_model`.
+
+NOTE: [User code]
+A model file is the user's code: importing it and calling its functions can raise
+anything, call sys.exit, or return the wrong kind of value.  Every such call goes through
+`_call`, which turns a failure into a RematError located at the innermost line of the
+model file (`model.py:LINE:COL: error: build_model() raised ValueError: ...`), so the
+command exits 2 with that message instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from remat_dsl.plan.errors import RematError
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """A loaded model file: its spec (`path:factory`) and its three functions.
+
+    Calling `build_model()`, `sample_inputs()` or `loss_fn(output)` runs the user's code
+    under NOTE: [User code]: they raise RematError on any failure of it.  Another
+    factory is `dataclasses.replace(model_file, spec=..., build=...)`.
+    """
+
+    spec: str
+    path: Path
+    factory: str
+    module: Any  # the imported model file
+    build: Callable[[], Any]  # the user's functions, as the file defines them
+    inputs: Callable[[], Any]
+    loss: Callable[[Any], Any] | None
+
+    def build_model(self):
+        """The model, an nn.Module.  Raises RematError."""
+        import torch
+
+        model = _call(self.path, f"{self.factory}()", self.build)
+        if not isinstance(model, torch.nn.Module):
+            raise RematError(
+                f"{self.path}: error: {self.factory}() returned {_kind(model)}, not a torch.nn.Module",
+                hint=f"return the model from {self.factory}()",
+            )
+        return model
+
+    def sample_inputs(self) -> tuple:
+        """The positional inputs of the model's forward, a tuple.  Raises RematError."""
+        inputs = _call(self.path, "sample_inputs()", self.inputs)
+        if not isinstance(inputs, (tuple, list)):
+            raise RematError(
+                f"{self.path}: error: sample_inputs() returned {_kind(inputs)}, not a tuple",
+                hint="return the positional arguments of forward as a tuple, e.g. `return (x,)`",
+            )
+        return tuple(inputs)
+
+    def loss_fn(self, output) -> Any:
+        """A scalar loss from the model's output (the sum of its floating outputs by default)."""
+        if self.loss is None:
+            return default_loss(output)
+        return _call(self.path, "loss_fn(output)", lambda: self.loss(output))
+
+
+def _kind(value: Any) -> str:
+    return "None" if value is None else f"a {type(value).__name__}"
+
+
+def default_loss(output: Any) -> Any:
+    """Sum of every floating output, as float32: the loss when a model file has no loss_fn."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    return sum(t.float().sum() for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and torch.is_floating_point(t))
+
+
+def split_spec(spec: str) -> tuple[str, str]:
+    """`examples/gpt2.py:build_gpt2_12l` -> (`examples/gpt2.py`, `build_gpt2_12l`)."""
+    path, sep, factory = spec.rpartition(":")
+    if not sep or "/" in factory or factory.endswith(".py"):
+        return spec, "build_model"
+    return path, factory
+
+
+def load_model_file(spec: str) -> ModelFile:
+    """Import a model file by path.
+
+    Raises RematError (exit status 2 at the CLI) when the file is missing, fails to import
+    (the message quotes the file:line:col of the failure) or lacks the required functions.
+    """
+    path_text, factory = split_spec(spec)
+    path = Path(path_text)
+    if not path.is_file():
+        what = "is a directory" if path.is_dir() else "not found"
+        raise RematError(f"{path_text}: error: model file {what}", hint="pass the path of a .py file that defines build_model()")
+    module = _import(path)
+    build = getattr(module, factory, None)
+    if not callable(build):
+        raise RematError(
+            f"{path_text}:1:1: error: the model file defines no function '{factory}'",
+            hint=f"add `def {factory}() -> nn.Module` or select a factory with {path_text}:NAME",
+        )
+    inputs = getattr(module, "sample_inputs", None)
+    if not callable(inputs):
+        raise RematError(
+            f"{path_text}:1:1: error: the model file defines no function 'sample_inputs'",
+            hint="add `def sample_inputs() -> tuple` returning the positional inputs of forward",
+        )
+    loss = getattr(module, "loss_fn", None)
+    if loss is not None and not callable(loss):
+        raise RematError(f"{path_text}:1:1: error: `loss_fn` in the model file is not a function", hint="define `def loss_fn(output) -> Tensor` or remove it")
+    canonical = path_text if factory == "build_model" else f"{path_text}:{factory}"
+    return ModelFile(canonical, path, factory, module, build, inputs, loss)
+
+
+def _import(path: Path):
+    name = f"remat_model_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise RematError(f"{path}: error: cannot import the model file", hint="pass a .py file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    directory = str(path.resolve().parent)
+    if directory not in sys.path:  # as `python model.py` does: the file may import its neighbours
+        sys.path.insert(0, directory)
+    try:
+        _call(path, "importing the model file", lambda: spec.loader.exec_module(module))
+    except RematError:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def _call(path: Path, what: str, function: Callable[[], Any]) -> Any:
+    """Run user code; any failure becomes a RematError at its line (NOTE: [User code])."""
+    try:
+        return function()
+    except RematError:
+        raise
+    except SyntaxError as exc:
+        if exc.filename and Path(exc.filename).resolve() == path.resolve():
+            where = f"{path}:{exc.lineno or 1}:{exc.offset or 1}"
+            raise RematError(
+                f"{where}: error: the model file has a syntax error: {exc.msg}",
+                hint=f"fix it (`python {path}` shows the same error), then plan again",
+            ) from None
+        raise _located(exc, path, what) from None
+    except SystemExit as exc:
+        raise RematError(
+            f"{path}: error: {what} called sys.exit({exc.code!r})",
+            hint="a model file must not exit; guard script code with `if __name__ == \"__main__\":`",
+        ) from None
+    except Exception as exc:  # any other failure of user code
+        raise _located(exc, path, what) from None
+
+
+def _located(exc: BaseException, path: Path, what: str) -> RematError:
+    frame = _innermost_frame_in(exc, path)
+    where = f"{path}:{frame.lineno}:{(frame.colno or 0) + 1}" if frame else f"{path}"
+    message = f"{type(exc).__name__}: {exc}".strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if what.startswith("importing"):
+        text = f"{where}: error: the model file failed to import: {message}"
+    else:
+        text = f"{where}: error: {what} raised {message}"
+    return RematError(text, hint=f"run `python {path}` or call it in Python to see the full error, fix it, and plan again")
+
+
+def _innermost_frame_in(exc: BaseException, path: Path):
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename).resolve() == path.resolve()]
+    return frames[-1] if frames else None
+
+
+def check_plan_matches(plan, model_file: ModelFile) -> None:
+    """Raise PlanError at the first line of `plan`'s graph sections that the model file
+    contradicts: its inputs and parameters first (another model, other shapes), then
+    every item of a fresh capture of its graph (op times and temporaries aside)."""
+    import torch
+
+    from remat_dsl.plan.errors import PlanError
+
+    inputs = [t for t in model_file.sample_inputs() if isinstance(t, torch.Tensor)]
+    hint = f"plan again for this model: remat plan {model_file.spec} --budget ..."
+    if len(inputs) != len(plan.graph.inputs):
+        first = plan.graph.inputs[0].span if plan.graph.inputs else None
+        raise PlanError(f"the plan takes {len(plan.graph.inputs)} inputs but {model_file.spec} gives {len(inputs)}", span=first, hint=hint)
+    for decl, tensor in zip(plan.graph.inputs, inputs):
+        _check_value(decl, tensor, "input", model_file.spec, hint)
+    params = dict(model_file.build_model().named_parameters())
+    for decl in plan.graph.parameters:
+        if decl.name not in params:
+            raise PlanError(f"the plan is for another model: {model_file.spec} has no parameter '{decl.name}'", span=decl.span, hint=hint, length=len(decl.name))
+        _check_value(decl, params[decl.name], "parameter", model_file.spec, hint)
+    _check_graph(plan, model_file, hint)
+
+
+def _check_graph(plan, model_file: ModelFile, hint: str) -> None:
+    from remat_dsl.plan import digest
+    from remat_dsl.plan.errors import PlanError
+    from remat_dsl.plan.ir import Span
+    from remat_dsl.capture.pipeline import capture_graph
+
+    captured = capture_graph(model_file, measure_time=False).graph
+    outputs = plan.section_span("outputs")
+    ours = digest.items(plan.graph, outputs and Span(outputs.line + 1, 3), costs=False)
+    theirs = digest.items(captured, costs=False)
+    for index, item in enumerate(ours):
+        if index >= len(theirs) or (theirs[index].section, theirs[index].text) != (item.section, item.text):
+            got = theirs[index].text if index < len(theirs) else "nothing"
+            raise PlanError(
+                f"the model captured now differs here: {model_file.spec} gives `{got}`",
+                span=item.span or plan.section_span(item.section), hint=hint,
+            )
+    if len(theirs) > len(ours):
+        raise PlanError(f"the model captured now has {len(theirs) - len(ours)} more graph line(s) than the plan", span=plan.section_span("forward"), hint=hint)
+
+
+def _check_value(decl, tensor, what: str, spec: str, hint: str) -> None:
+    from remat_dsl.plan.errors import PlanError
+
+    actual = f"{str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)}"
+    expected = f"{decl.dtype}{list(decl.shape)}"
+    if actual != expected:
+        raise PlanError(
+            f"the plan was made for {what} '{decl.name}' {expected}, but {spec} gives {actual}",
+            span=decl.span, hint=hint, length=len(decl.name),
+        )

@@ -1,0 +1,216 @@
+"""Measure every operation of a captured training step on the model's device.
+
+For each FX node that calls an operator we record what it returns (allocations with their
+exact storage sizes, or views of existing storage), its temporary memory and its duration:
+
+* sizes: `untyped_storage().nbytes()` of each output (shape x dtype for contiguous ones);
+* aliasing: an output that shares storage with an argument is a view, it allocates nothing;
+* temporary memory: one pass under the PyTorch profiler with a `record_function` range per
+  node; the allocator's `[memory]` events inside a range give the node's own peak above
+  its outputs (../shared/notes/capture-probe.md, "Peak memory on CPU");
+* duration: median of `repeats` timed runs (microseconds), after one warm-up; with
+  `measure_time=False` no op is timed and every duration is 0 (sizes, aliasing and
+  temporary memory still come from the one real run).
+
+The RNG state is restored afterwards, so profiling draws nothing from the user's stream.
+"""
+
+from __future__ import annotations
+
+import operator
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+from torch.profiler import record_function
+
+from remat_dsl.capture.fx import Captured
+from remat_dsl.plan.errors import RematError
+from remat_dsl.capture.measure import memory_events, memory_profiler
+
+VIEW_EXTRA = {"aten._unsafe_view.default", "aten.alias.default", "aten.detach.default"}
+
+
+@dataclass
+class OutputInfo:
+    """One output of a node: an allocation (`alias` False) or a view of an argument."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    alias: bool
+
+
+@dataclass
+class NodeProfile:
+    """What one FX call node did when it ran: outputs (None where it returned None)."""
+
+    outputs: list[OutputInfo | None]
+    multi: bool
+    time_us: int = 0
+    temp_bytes: int = 0
+    random: bool = False
+
+
+@dataclass
+class StepProfile:
+    """Profiles of the forward and backward nodes, keyed by FX node."""
+
+    forward: dict[fx.Node, NodeProfile] = field(default_factory=dict)
+    backward: dict[fx.Node, NodeProfile] = field(default_factory=dict)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def is_call(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target is not operator.getitem
+
+
+def is_random(node: fx.Node) -> bool:
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags
+
+
+def _schema_is_view(node: fx.Node) -> bool:
+    target = node.target
+    if str(target) in VIEW_EXTRA:
+        return True
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    returns = target._schema.returns
+    return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+
+
+def profile_step(
+    captured: Captured, inputs_by_primal: list[torch.Tensor], repeats: int = 5, progress=None, measure_time: bool = True
+) -> StepProfile:
+    """Run the forward then the backward graph node by node and measure each node.
+
+    inputs_by_primal: the real tensors for the forward placeholders, in order.
+    progress: optional callable(advance: int) for a progress bar.
+    measure_time: False skips the timing loop (every time_us stays 0).
+    """
+    result = StepProfile()
+    devices = sorted({t.device.index or 0 for t in inputs_by_primal if t.is_cuda})
+    with torch.random.fork_rng(devices=devices), torch.no_grad():
+        env = _run_graph(captured.forward, inputs_by_primal, result.forward, repeats, progress, measure_time)
+        bw_inputs = _backward_inputs(captured, env)
+        _run_graph(captured.backward, bw_inputs, result.backward, repeats, progress, measure_time)
+    return result
+
+
+def _backward_inputs(captured: Captured, fw_env: dict[str, object]) -> list[torch.Tensor]:
+    out_node = captured.forward.graph.output_node()
+    flat_outputs = list(out_node.args[0])
+    first = len(captured.mutated)
+    model_outputs = [fw_env[n.name] for n in flat_outputs[first : first + captured.num_outputs]]
+    values, tangent_index = [], 0
+    for node in captured.backward.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        if node.name.startswith("tangents_"):
+            values.append(torch.ones_like(model_outputs[captured.tangent_of[tangent_index]]))
+            tangent_index += 1
+        else:
+            values.append(fw_env[node.name])
+    return values
+
+
+def _run_graph(gm: fx.GraphModule, args: list, profiles: dict, repeats: int, progress, measure_time: bool = True) -> dict[str, object]:
+    """Interpret `gm` on real tensors, filling `profiles`; returns name -> value."""
+    env: dict[str, object] = {}
+    placeholders = iter(args)
+    calls = []
+    with memory_profiler() as prof:
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                env[node.name] = next(placeholders)
+            elif node.op == "call_function":
+                fn_args, fn_kwargs = _materialize(node, env)
+                if is_call(node):
+                    with record_function(f"remat::{len(calls)}"):
+                        value = node.target(*fn_args, **fn_kwargs)
+                    calls.append(node)
+                    profiles[node] = _describe(node, value, fn_args, fn_kwargs)
+                else:
+                    value = node.target(*fn_args, **fn_kwargs)
+                env[node.name] = value
+    _attribute_temp(prof, calls, profiles)
+    for node in calls:
+        info = profiles[node]
+        if measure_time and not all(o is None or o.alias for o in info.outputs):
+            fn_args, fn_kwargs = _materialize(node, env)
+            info.time_us = _time(node, fn_args, fn_kwargs, repeats)
+        if progress:
+            progress(1)
+    return env
+
+
+def _materialize(node: fx.Node, env: dict[str, object]):
+    def load(a):
+        return env[a.name] if isinstance(a, fx.Node) else a
+
+    return pytree.tree_map(load, node.args), pytree.tree_map(load, node.kwargs)
+
+
+def _storages(args, kwargs) -> set[int]:
+    leaves = pytree.tree_leaves((args, kwargs))
+    return {t.untyped_storage().data_ptr() for t in leaves if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() > 0}
+
+
+def _describe(node: fx.Node, value, args, kwargs) -> NodeProfile:
+    view = _schema_is_view(node)
+    inputs = _storages(args, kwargs)
+    multi = isinstance(value, (tuple, list))
+    outputs = []
+    for item in value if multi else [value]:
+        if item is None:
+            outputs.append(None)
+            continue
+        if not isinstance(item, torch.Tensor):
+            raise RematError(f"error: operation {node.target} returns a {type(item).__name__}, which remat-dsl cannot schedule")
+        storage = item.untyped_storage()
+        alias = view or (storage.nbytes() > 0 and storage.data_ptr() in inputs)
+        outputs.append(OutputInfo(tuple(item.shape), dtype_name(item.dtype), 0 if alias else storage.nbytes(), alias))
+    return NodeProfile(outputs=outputs, multi=multi, random=is_random(node))
+
+
+def _attribute_temp(prof, calls: list[fx.Node], profiles: dict) -> None:
+    """Temporary bytes of each call: its peak inside its profiler range above its outputs."""
+    ranges = {}
+    for e in prof.profiler.kineto_results.events():
+        if e.name().startswith("remat::"):
+            ranges[int(e.name()[7:])] = (e.start_ns(), e.start_ns() + e.duration_ns())
+    memory = memory_events(prof)
+    position = 0
+    for index, node in enumerate(calls):
+        if index not in ranges:
+            continue
+        start, end = ranges[index]
+        while position < len(memory) and memory[position][0] < start:
+            position += 1
+        current = peak = 0
+        while position < len(memory) and memory[position][0] <= end:
+            current += memory[position][1]
+            peak = max(peak, current)
+            position += 1
+        allocated = sum(o.nbytes for o in profiles[node].outputs if o is not None)
+        profiles[node].temp_bytes = max(0, peak - allocated)
+
+
+def _time(node: fx.Node, args, kwargs, repeats: int) -> int:
+    sync = torch.cuda.synchronize if any(isinstance(t, torch.Tensor) and t.is_cuda for t in pytree.tree_leaves(args)) else (lambda: None)
+    node.target(*args, **kwargs)
+    samples = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter_ns()
+        node.target(*args, **kwargs)
+        sync()
+        samples.append(time.perf_counter_ns() - start)
+    return max(1, round(statistics.median(samples) / 1000))

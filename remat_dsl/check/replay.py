@@ -1,0 +1,760 @@
+"""Check a plan against its own graph and predict its peak memory and its time.
+
+`simulate(plan)` replays the forward and then the backward section instruction by
+instruction, following NOTE: [Instruction semantics] in `remat_dsl.plan.ir`.  It raises
+`PlanError` at the first instruction that breaks a rule (with that instruction's span and
+a hint how to fix it), and otherwise returns a `Simulation`: the device-memory timeline,
+the peak, the predicted time and what crosses from forward to backward.
+`with_predictions(plan, sim)` writes the predictions into the plan's header.
+
+NOTE: [Memory model]
+Device memory (bytes) is the sum of the resident tensors' `nbytes`; inputs, parameters
+and buffers are not counted (they are the same in every plan).  The tangents
+(`grad_output.k`) are added at the start of the backward section and stay to its end.
+`compute`/`recompute OP` peaks at resident + all of OP's outputs + OP.temp_bytes; outputs
+already resident are discarded right after the op.  A random op that is recomputed
+somewhere in the plan saves its RNG state at its `compute` (`rng_state_bytes(device)`
+bytes) and frees it after its last `recompute`; while it is recomputed, the generator's
+current state is set aside (one more state) and restored after.  `prefetch` allocates on the device at
+once; `offload` allocates on the host only (host copies are kept to the end of the step
+and reported as `host_peak_bytes`).
+
+NOTE: [Time model]
+Three streams, each with a clock in microseconds.  `compute`/`recompute` advance the
+compute stream by OP.time_us; `delete` takes no time.  `offload`/`prefetch T` take
+ceil(T.nbytes / bandwidth * 1e6) us on their own stream and start at max(compute clock,
+that stream's clock).  `wait T` moves the compute clock to the end of T's transfer.  The
+plan's time is the compute clock after the last backward instruction.  Transfers nobody
+waits for do not extend it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from typing import NoReturn
+
+from remat_dsl.plan import ir
+from remat_dsl.plan.ir import iter_refs, op_refs
+from remat_dsl.plan.errors import PlanError
+
+CPU_RNG_STATE_BYTES = 5056  # torch.get_rng_state() on CPU: a uint8 tensor of 5056 bytes
+
+# Bytes per element of the dtypes a captured graph may declare (ValueDecl.dtype).
+DTYPE_ITEMSIZE = {
+    "bool": 1,
+    "uint8": 1,
+    "int8": 1,
+    "float8_e4m3fn": 1,
+    "float8_e4m3fnuz": 1,
+    "float8_e5m2": 1,
+    "float8_e5m2fnuz": 1,
+    "int16": 2,
+    "uint16": 2,
+    "float16": 2,
+    "bfloat16": 2,
+    "int32": 4,
+    "uint32": 4,
+    "float32": 4,
+    "complex32": 4,
+    "int64": 8,
+    "uint64": 8,
+    "float64": 8,
+    "complex64": 8,
+    "complex128": 16,
+}
+
+
+def rng_state_bytes(device: str) -> int:
+    """Bytes one saved RNG state occupies on `device`: 5056 on "cpu", 0 elsewhere.
+
+    On CUDA the generator state is a seed and an offset kept on the host.
+    """
+    return CPU_RNG_STATE_BYTES if device == "cpu" else 0
+
+
+def value_nbytes(value: ir.ValueDecl) -> int:
+    """Bytes of a contiguous input/parameter/buffer/tangent: prod(shape) x itemsize.
+
+    Raises PlanError (at the declaration) for a dtype this module does not know.
+    """
+    itemsize = DTYPE_ITEMSIZE.get(value.dtype)
+    if itemsize is None:
+        raise PlanError(
+            f"unknown dtype '{value.dtype}' of {value.kind} '{value.name}'",
+            span=value.span,
+            hint=_did_you_mean(value.dtype, DTYPE_ITEMSIZE) or "use a torch dtype name such as float32",
+        )
+    count = 1
+    for dim in value.shape:
+        count *= dim
+    return count * itemsize
+
+
+def transfer_us(nbytes: int, bandwidth: int) -> int:
+    """Microseconds to copy `nbytes` bytes at `bandwidth` bytes/second, rounded up."""
+    return -(-nbytes * 1_000_000 // bandwidth)
+
+
+@dataclass(frozen=True)
+class Step:
+    """Device memory around one instruction (bytes).
+
+    index: 1-based position in its section.  mem_peak: the most memory in use while the
+    instruction runs.  live: (name, nbytes) of everything counted at the peak, largest
+    first; filled only for the plan's peak step.
+    """
+
+    section: str
+    index: int
+    instruction: ir.Instruction
+    mem_before: int
+    mem_peak: int
+    mem_after: int
+    live: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """What a valid plan does: peak device memory (bytes), time (microseconds), timeline.
+
+    peak_at: "forward:K" / "backward:K", the 1-based index of the peak instruction
+    ("forward:0" for a plan without instructions).  time_us: the compute stream's clock
+    at the end.  compute_us / recompute_us: sums of op times of compute / recompute
+    instructions.  transfer_us: sum of offload and prefetch durations.  host_peak_bytes:
+    the most host memory held by offloaded copies.  saved: tensors resident or with a host
+    copy at the end of the forward section, in declaration order.
+    """
+
+    peak_bytes: int
+    peak_at: str
+    time_us: int
+    compute_us: int
+    recompute_us: int
+    transfer_us: int
+    host_peak_bytes: int
+    timeline: tuple[Step, ...]
+    saved: tuple[str, ...]
+
+
+def with_predictions(plan: ir.Plan, sim: Simulation) -> ir.Plan:
+    """The plan with its header's peak, peak_at, time, compute and recompute set from `sim`."""
+    header = dataclasses.replace(
+        plan.header,
+        peak_bytes=sim.peak_bytes,
+        peak_at=sim.peak_at,
+        time_us=sim.time_us,
+        compute_us=sim.compute_us,
+        recompute_us=sim.recompute_us,
+    )
+    return dataclasses.replace(plan, header=header)
+
+
+def simulate(plan: ir.Plan, *, device: str | None = None) -> Simulation:
+    """Validate `plan` against its graph and predict its memory and time.
+
+    device: overrides plan.header.device for the RNG-state size.
+    Raises PlanError at the first violated rule, in instruction order (see
+    NOTE: [Instruction semantics] in remat_dsl.plan.ir, NOTE: [Memory model], NOTE: [Time model]).
+    """
+    graph = _GraphIndex(plan.graph)
+    graph.check_refs()
+    sim = _Simulator(plan, graph, rng_state_bytes(device or plan.header.device))
+    sim.run_section(ir.FORWARD, plan.forward)
+    sim.end_forward(plan.forward)
+    sim.start_backward()
+    sim.run_section(ir.BACKWARD, plan.backward)
+    sim.end_backward(plan.backward)
+    return sim.result()
+
+
+# ---------------------------------------------------------------------------
+# The graph, indexed by name
+# ---------------------------------------------------------------------------
+
+
+def _did_you_mean(name: str, choices) -> str | None:
+    close = difflib.get_close_matches(name, list(choices), n=1)
+    return f"did you mean '{close[0]}'?" if close else None
+
+
+class _GraphIndex:
+    """Name lookups over a Graph, plus the tensors that may never be deleted."""
+
+    def __init__(self, graph: ir.Graph):
+        self.graph = graph
+        self.ops = {op.name: op for op in graph.ops}
+        self.tensors = {t.name: t for t in graph.tensors}
+        self.values = {v.name: v for v in (*graph.inputs, *graph.parameters, *graph.buffers, *graph.tangents)}
+        self.outputs = [ref for ref in iter_refs(graph.outputs) if ref.name in self.tensors]
+        self.gradients = [
+            ref for grad in graph.gradients for ref in iter_refs(grad.value) if ref.name in self.tensors
+        ]
+        self.model_outputs = {ref.name for ref in self.outputs}
+        self.parameter_gradients = {ref.name for ref in self.gradients}
+        self.random_ops = [op.name for op in graph.ops if op.random]
+
+    def check_refs(self) -> None:
+        """Every Ref and tensor name in the graph resolves; raises PlanError at the first that does not."""
+        known = {**self.values, **self.tensors}
+        for op in self.graph.ops:
+            self._check_op(op, known)
+        for ref in iter_refs(self.graph.outputs):
+            self._check_ref(ref, known, "the model outputs", None)
+        parameters = {p.name for p in self.graph.parameters}
+        for grad in self.graph.gradients:
+            if grad.parameter not in parameters:
+                raise PlanError(
+                    f"gradient for unknown parameter '{grad.parameter}'",
+                    span=grad.span,
+                    hint=_did_you_mean(grad.parameter, parameters) or "declare it under parameters",
+                    length=len(grad.parameter),
+                )
+            for ref in iter_refs(grad.value):
+                self._check_ref(ref, known, f"the gradient of '{grad.parameter}'", grad.span)
+        for tangent in self.graph.tangents:
+            value_nbytes(tangent)
+        for update in self.graph.updates:
+            self._check_update(update)
+
+    def _check_update(self, update: ir.BufferUpdate) -> None:
+        buffers = {b.name for b in self.graph.buffers}
+        if update.buffer not in buffers:
+            raise PlanError(
+                f"update of unknown buffer '{update.buffer}'",
+                span=update.span,
+                hint=_did_you_mean(update.buffer, buffers) or "declare it under buffers",
+                length=len(update.buffer),
+            )
+        if update.tensor not in self.tensors:
+            raise PlanError(
+                f"buffer '{update.buffer}' is updated from unknown tensor '{update.tensor}'",
+                span=update.span,
+                hint=_did_you_mean(update.tensor, self.tensors) or "refer to a tensor of the graph",
+            )
+
+    def _check_op(self, op: ir.Op, known: dict) -> None:
+        for out in op.outputs:
+            if out not in self.tensors:
+                raise PlanError(
+                    f"output '{out}' of op '{op.name}' is not declared under tensors",
+                    span=op.span,
+                    hint=f"add a tensors entry '{out}' with producer {op.name}",
+                )
+        for ref in op_refs(op):
+            self._check_ref(ref, known, f"the arguments of '{op.name}'", op.span)
+
+    @staticmethod
+    def _check_ref(ref: ir.Ref, known: dict, where: str, fallback: ir.Span | None) -> None:
+        if ref.name in known:
+            return
+        raise PlanError(
+            f"unknown value '%{ref.name}' in {where}",
+            span=ref.span or fallback,
+            hint=_did_you_mean(ref.name, known) or "refer to an input, parameter, buffer, tangent or tensor",
+            length=len(ref.name) + 1 if ref.span else 1,
+        )
+
+
+# ---------------------------------------------------------------------------
+# The replay
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Transfer:
+    """An offload or prefetch in flight: started at `where`, done at `end_us`."""
+
+    kind: str
+    end_us: int
+    where: str
+
+
+@dataclass
+class _Clocks:
+    """Stream clocks and time sums (microseconds)."""
+
+    streams: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ir.STREAMS, 0))
+    compute_us: int = 0
+    recompute_us: int = 0
+    transfer_us: int = 0
+
+
+class _Simulator:
+    """Replays a plan's sections; one method per verb, each guarding its rules first."""
+
+    def __init__(self, plan: ir.Plan, graph: _GraphIndex, rng_bytes: int):
+        self.plan = plan
+        self.graph = graph
+        self.rng_bytes = rng_bytes
+        self.section = ir.FORWARD
+        self.resident: dict[str, int] = {}  # tensor -> nbytes on the device
+        self.tangents: dict[str, int] = {}  # resident in backward only
+        self.rng: dict[str, int] = {}  # random op -> bytes of its saved RNG state
+        self.computed: dict[str, str] = {}  # op -> where its compute is
+        self.deleted_at: dict[str, str] = {}
+        self.pending: dict[str, _Transfer] = {}
+        self.offloaded_at: dict[str, str] = {}  # tensors with a host copy (or one in flight)
+        self.host_ready: set[str] = set()  # host copies whose offload was waited for
+        self.host_bytes = 0
+        self.host_peak = 0
+        self.clocks = _Clocks()
+        self.steps: list[Step] = []
+        self.peak: tuple[int, int] = (-1, -1)  # (bytes, index into steps)
+        self.peak_live: tuple[tuple[str, int], ...] = ()
+        self.saved: tuple[str, ...] = ()
+        self.last_recompute = self._last_random_recomputes(plan)
+        self.current = 0  # device bytes in use now: resident + tangents + RNG states
+        self.index = 0  # the instruction being replayed, 1-based in its section
+        self.instr: ir.Instruction | None = None
+        self._freed: list[tuple[str, int]] = []  # what that instruction freed (kept for `live`)
+        self._verbs = {
+            "compute": self._compute,
+            "recompute": self._recompute,
+            "delete": self._delete,
+            "offload": self._offload,
+            "prefetch": self._prefetch,
+            "wait": self._wait,
+        }
+
+    def _last_random_recomputes(self, plan: ir.Plan) -> dict[str, tuple[str, int]]:
+        """Random op -> (section, index) of its last recompute in the plan."""
+        last = {}
+        for section, instructions in ((ir.FORWARD, plan.forward), (ir.BACKWARD, plan.backward)):
+            for index, instr in enumerate(instructions, 1):
+                op = self.graph.ops.get(instr.target)
+                if instr.verb == "recompute" and op is not None and op.random:
+                    last[op.name] = (section, index)
+        return last
+
+    def _allocate(self, name: str, nbytes: int) -> None:
+        self.resident[name] = nbytes
+        self.current += nbytes
+
+    def _release(self, name: str) -> int:
+        nbytes = self.resident.pop(name)
+        self.current -= nbytes
+        return nbytes
+
+    # -- sections -----------------------------------------------------------
+
+    def run_section(self, section: str, instructions: tuple[ir.Instruction, ...]) -> None:
+        """Replay one section, recording a Step per instruction."""
+        self.section = section
+        for index, instr in enumerate(instructions, 1):
+            self.index = index
+            self.instr = instr
+            self._freed = []
+            self._check_verb_and_stream(instr)
+            before = self.current
+            peak, extra = self._verbs[instr.verb](instr)
+            self._record(
+                Step(section, index, instr, before, max(peak, before, self.current), self.current), extra
+            )
+
+    def end_forward(self, instructions: tuple[ir.Instruction, ...]) -> None:
+        """Every forward op ran and every model output is resident; remember what is saved."""
+        span = instructions[-1].span if instructions else None
+        for op in self.plan.graph.ops:
+            if op.phase == ir.FORWARD and op.name not in self.computed:
+                self._fail(
+                    f"forward op '{op.name}' is never computed in the forward section",
+                    f"add `compute {op.name} on compute` to the forward section{self._after_inputs(op)}",
+                    span,
+                )
+        for ref in self.graph.outputs:
+            if ref.name not in self.resident:
+                self._fail(
+                    f"model output '{ref.name}' is not resident at the end of the forward section",
+                    f"compute or prefetch '{ref.name}' before the end of the forward section",
+                    span,
+                )
+        self.saved = tuple(
+            t.name for t in self.plan.graph.tensors if t.name in self.resident or t.name in self.offloaded_at
+        )
+
+    def start_backward(self) -> None:
+        """The caller hands in the tangents: they are resident from here to the end."""
+        self.tangents = {t.name: value_nbytes(t) for t in self.plan.graph.tangents}
+        self.current += sum(self.tangents.values())
+
+    def end_backward(self, instructions: tuple[ir.Instruction, ...]) -> None:
+        """Every backward op ran and every parameter gradient is resident."""
+        span = instructions[-1].span if instructions else None
+        for op in self.plan.graph.ops:
+            if op.phase == ir.BACKWARD and op.name not in self.computed:
+                self._fail(
+                    f"backward op '{op.name}' is never computed: the backward section ends here without it",
+                    f"add `compute {op.name} on compute` to the backward section{self._after_inputs(op)}",
+                    span,
+                )
+        for ref in self.graph.gradients:
+            if ref.name not in self.resident:
+                self._fail(
+                    f"parameter gradient '{ref.name}' is not resident at the end of the backward section",
+                    f"compute '{ref.name}' before the end of the backward section",
+                    span,
+                )
+
+    def _after_inputs(self, op: ir.Op) -> str:
+        """Where a missing compute of `op` belongs: after the compute of its last-computed input."""
+        producers = {self.graph.tensors[r.name].producer for r in op_refs(op) if r.name in self.graph.tensors}
+        order = [name for name in self.computed if name in producers]
+        if not order:
+            return ", after its inputs are computed"
+        last = order[-1]
+        return f", after `compute {last}` ({self.computed[last]}) and before its inputs are deleted"
+
+    def result(self) -> Simulation:
+        """The Simulation of the replayed plan."""
+        peak_bytes, at = self.peak
+        timeline = list(self.steps)
+        if at >= 0:
+            timeline[at] = dataclasses.replace(timeline[at], live=self.peak_live)
+            peak_at = f"{timeline[at].section}:{timeline[at].index}"
+        else:
+            peak_bytes, peak_at = 0, f"{ir.FORWARD}:0"
+        clocks = self.clocks
+        return Simulation(
+            peak_bytes=peak_bytes,
+            peak_at=peak_at,
+            time_us=clocks.streams[ir.COMPUTE_STREAM],
+            compute_us=clocks.compute_us,
+            recompute_us=clocks.recompute_us,
+            transfer_us=clocks.transfer_us,
+            host_peak_bytes=self.host_peak,
+            timeline=tuple(timeline),
+            saved=self.saved,
+        )
+
+    # -- helpers ------------------------------------------------------------
+
+    def _fail(self, message: str, hint: str, span: ir.Span | None = None) -> NoReturn:
+        """Raise PlanError at `span`; at the current instruction, the carets go under its target."""
+        here = self.instr is not None and span is not None and span is self.instr.span
+        raise PlanError(message, span=span, hint=hint, word=self.instr.target if here else None)
+
+    def _where(self) -> str:
+        """How messages name the current instruction: "line N", else "forward:K"."""
+        if self.instr.span is not None:
+            return f"line {self.instr.span.line}"
+        return f"{self.section}:{self.index}"
+
+    def _record(self, step: Step, extra: list[tuple[str, int]]) -> None:
+        """Append a step; at a new peak, snapshot what is live (resident + `extra`)."""
+        self.steps.append(step)
+        if step.mem_peak <= self.peak[0]:
+            return
+        self.peak = (step.mem_peak, len(self.steps) - 1)
+        live = [*self.resident.items(), *self.tangents.items()]
+        live += [(f"rng state of {op}", n) for op, n in self.rng.items()]
+        live += self._freed + extra  # freed by this instruction: still live at its peak
+        self.peak_live = tuple(
+            sorted((item for item in live if item[1]), key=lambda item: (-item[1], item[0]))
+        )
+
+    def _check_verb_and_stream(self, instr: ir.Instruction) -> None:
+        if instr.verb not in ir.VERB_STREAM:
+            self._fail(
+                f"unknown instruction '{instr.verb}'",
+                _did_you_mean(instr.verb, ir.VERBS) or f"use one of {', '.join(ir.VERBS)}",
+                instr.span,
+            )
+        if instr.verb in ("compute", "recompute"):
+            self._check_op_name(instr)
+        else:
+            self._check_tensor_name(instr)
+        stream = ir.VERB_STREAM[instr.verb]
+        if instr.stream != stream:
+            self._fail(
+                f"{instr.verb} runs on the {stream} stream, not '{instr.stream}'",
+                f"write `{instr.verb} {instr.target} on {stream}`",
+                instr.span,
+            )
+
+    def _check_op_name(self, instr: ir.Instruction) -> None:
+        if instr.target in self.graph.ops:
+            return
+        what = "a tensor, not an op" if instr.target in self.graph.tensors else "not an op of the graph"
+        if instr.target in self.graph.values:
+            what = f"a {self.graph.values[instr.target].kind}, not an op"
+        self._fail(
+            f"cannot {instr.verb} '{instr.target}': it is {what}",
+            _did_you_mean(instr.target, self.graph.ops) or "compute and recompute take an op name",
+            instr.span,
+        )
+
+    def _check_tensor_name(self, instr: ir.Instruction) -> None:
+        if instr.target in self.graph.tensors:
+            return
+        value = self.graph.values.get(instr.target)
+        if value is not None:
+            self._fail(
+                f"cannot {instr.verb} '{instr.target}': it is a {value.kind}, which stays resident "
+                "for the whole step",
+                "remove this line; only tensors allocated by ops are scheduled",
+                instr.span,
+            )
+        self._fail(
+            f"cannot {instr.verb} '{instr.target}': it is not a tensor of the graph",
+            _did_you_mean(instr.target, self.graph.tensors) or f"{instr.verb} takes a tensor name",
+            instr.span,
+        )
+
+    # -- compute and recompute ---------------------------------------------
+
+    def _compute(self, instr: ir.Instruction) -> tuple[int, list]:
+        op = self.graph.ops[instr.target]
+        self._check_first_run(op, instr)
+        self._check_random_order(op, instr)
+        self.computed[op.name] = self._where()
+        if op.random and op.name in self.last_recompute:
+            self.rng[op.name] = self.rng_bytes
+            self.current += self.rng_bytes
+        self.clocks.compute_us += op.time_us
+        return self._run_op(op, instr)
+
+    def _recompute(self, instr: ir.Instruction) -> tuple[int, list]:
+        op = self.graph.ops[instr.target]
+        if op.phase != ir.FORWARD:
+            where = self.computed.get(op.name)
+            done = f" (it runs at {where})" if where else ""
+            self._fail(
+                f"backward op '{op.name}' cannot be recomputed{done}",
+                "backward ops run exactly once: remove this line"
+                + ("" if where else f", or write `compute {op.name} on compute`"),
+                instr.span,
+            )
+        if op.name not in self.computed:
+            self._fail(
+                f"recompute of '{op.name}' before its first compute",
+                f"write `compute {op.name} on compute` here: the first execution is a compute",
+                instr.span,
+            )
+        self.clocks.recompute_us += op.time_us
+        return self._run_op(op, instr)
+
+    def _check_first_run(self, op: ir.Op, instr: ir.Instruction) -> None:
+        where = self.computed.get(op.name)
+        if op.phase == ir.FORWARD and self.section != ir.FORWARD:
+            done = f" (its compute is at {where})" if where else ""
+            self._fail(
+                f"forward op '{op.name}' is computed in the backward section{done}",
+                f"write `recompute {op.name} on compute` here; its first compute belongs in forward",
+                instr.span,
+            )
+        if op.phase == ir.BACKWARD and self.section != ir.BACKWARD:
+            self._fail(
+                f"backward op '{op.name}' is computed in the forward section",
+                "move this line to the backward section",
+                instr.span,
+            )
+        if where is not None:
+            hint = (
+                f"write `recompute {op.name} on compute` to run it again"
+                if op.phase == ir.FORWARD
+                else "backward ops run exactly once: remove this line"
+            )
+            self._fail(f"'{op.name}' is already computed at {where}", hint, instr.span)
+
+    def _check_random_order(self, op: ir.Op, instr: ir.Instruction) -> None:
+        if not op.random:
+            return
+        expected = next(name for name in self.graph.random_ops if name not in self.computed)
+        if expected != op.name:
+            self._fail(
+                f"random op '{op.name}' is computed before random op '{expected}'; random ops "
+                "must run in graph order to draw the RNG stream as eager PyTorch does",
+                f"move `compute {op.name}` after `compute {expected}`",
+                instr.span,
+            )
+
+    def _run_op(self, op: ir.Op, instr: ir.Instruction) -> tuple[int, list]:
+        """Check the arguments, allocate the outputs, discard duplicates; return (peak, extra live)."""
+        for ref in op_refs(op):
+            self._check_usable(ref.name, op, instr)
+        out_bytes = [(name, self.graph.tensors[name].nbytes) for name in op.outputs]
+        replay = self.rng_bytes if op.random and instr.verb == "recompute" else 0  # the current state, kept aside
+        peak = self.current + sum(n for _, n in out_bytes) + op.temp_bytes + replay
+        extra = [(f"{name} (new copy)", n) for name, n in out_bytes if name in self.resident]
+        extra += [(f"temporaries of {op.name}", op.temp_bytes)] if op.temp_bytes else []
+        extra += [(f"rng state set aside while {op.name} replays its own", replay)] if replay else []
+        for name, nbytes in out_bytes:
+            if name not in self.resident:
+                self._allocate(name, nbytes)
+        self.clocks.streams[ir.COMPUTE_STREAM] += op.time_us
+        if self.last_recompute.get(op.name) == (self.section, self.index) and instr.verb == "recompute":
+            self._freed = [(f"rng state of {op.name}", self.rng.pop(op.name, 0))]
+            self.current -= self._freed[0][1]
+        return peak, extra
+
+    def _check_usable(self, name: str, op: ir.Op, instr: ir.Instruction) -> None:
+        """`name`, an argument of `op`, is on the device and not awaiting a prefetch."""
+        value = self.graph.values.get(name)
+        if value is not None:
+            if value.kind == "tangent" and self.section != ir.BACKWARD:
+                self._fail(
+                    f"tangent '{name}' is used by '{op.name}' in the forward section; tangents exist "
+                    "only in the backward section",
+                    f"move this {instr.verb} to the backward section",
+                    instr.span,
+                )
+            return
+        producer = self.graph.tensors[name].producer
+        transfer = self.pending.get(name)
+        if transfer is not None and transfer.kind == "prefetch":
+            self._fail(
+                f"tensor '{name}' is used by '{op.name}' while its prefetch ({transfer.where}) is in flight",
+                f"add `wait {name} on compute` before this line",
+                instr.span,
+            )
+        if name in self.resident:
+            return
+        deleted = self.deleted_at.get(name)
+        if deleted is None:
+            self._fail(
+                f"tensor '{name}' is used by '{op.name}' but was never computed; "
+                f"compute its producer '{producer}' first",
+                f"add `compute {producer} on compute` before this line",
+                instr.span,
+            )
+        fixes = [f"move the delete at {deleted} after this line"]
+        if name in self.host_ready:
+            fixes.append(f"add `prefetch {name} on h2d` and `wait {name} on compute` before this line (it has a host copy)")
+        if self.graph.ops[producer].phase == ir.FORWARD:
+            fixes.append(f"add `recompute {producer} on compute` before this line")
+        hint = ("either " if len(fixes) > 1 else "") + "; or ".join(fixes)
+        if self.section == ir.BACKWARD and self.graph.ops[producer].phase == ir.FORWARD:
+            self._fail(
+                f"saved tensor '{name}' is missing at its backward use by '{op.name}': it was deleted at {deleted}",
+                hint,
+                instr.span,
+            )
+        self._fail(f"tensor '{name}' is used by '{op.name}' but was deleted at {deleted}", hint, instr.span)
+
+    # -- delete, offload, prefetch, wait -----------------------------------
+
+    def _delete(self, instr: ir.Instruction) -> tuple[int, list]:
+        name = instr.target
+        if name in self.graph.model_outputs:
+            self._fail(
+                f"cannot delete '{name}': it is a model output held by the caller",
+                "remove this line",
+                instr.span,
+            )
+        if name in self.graph.parameter_gradients:
+            self._fail(
+                f"cannot delete '{name}': it is a parameter gradient returned to autograd",
+                "remove this line",
+                instr.span,
+            )
+        self._check_resident(name, instr)
+        transfer = self.pending.get(name)
+        if transfer is not None:
+            self._fail(
+                f"cannot delete '{name}' while its {transfer.kind} ({transfer.where}) is in flight",
+                f"add `wait {name} on compute` before this line",
+                instr.span,
+            )
+        self._freed = [(name, self._release(name))]
+        self.deleted_at[name] = self._where()
+        return 0, []
+
+    def _check_resident(self, name: str, instr: ir.Instruction) -> None:
+        if name in self.resident:
+            return
+        deleted = self.deleted_at.get(name)
+        if deleted is not None:
+            self._fail(
+                f"cannot {instr.verb} '{name}': it was deleted at {deleted}",
+                f"remove this line, or move it before the delete at {deleted}",
+                instr.span,
+            )
+        producer = self.graph.tensors[name].producer
+        self._fail(
+            f"cannot {instr.verb} '{name}': it was never computed",
+            f"move this line after `compute {producer}`",
+            instr.span,
+        )
+
+    def _offload(self, instr: ir.Instruction) -> tuple[int, list]:
+        name = instr.target
+        self._check_resident(name, instr)
+        if name in self.offloaded_at:
+            self._fail(
+                f"cannot offload '{name}': it already has a host copy (offloaded at {self.offloaded_at[name]})",
+                "remove this line; prefetch reuses the existing host copy",
+                instr.span,
+            )
+        self.offloaded_at[name] = self._where()
+        self.host_bytes += self.resident[name]
+        self.host_peak = max(self.host_peak, self.host_bytes)
+        self._start_transfer("offload", name, instr)
+        return 0, []
+
+    def _prefetch(self, instr: ir.Instruction) -> tuple[int, list]:
+        name = instr.target
+        if name not in self.host_ready:
+            started = self.offloaded_at.get(name)
+            if started:
+                hint = f"add `wait {name} on compute` before this line"
+            elif name in self.resident:
+                hint = (
+                    f"remove this line: {name} is still on the device (to keep it on the host meanwhile, "
+                    f"`offload {name} on d2h`, `wait {name} on compute` and `delete {name} on compute` earlier)"
+                )
+            elif name in self.deleted_at:
+                producer = self.graph.ops[self.graph.tensors[name].producer]
+                hint = (
+                    f"add `offload {name} on d2h` and `wait {name} on compute` before its delete at "
+                    f"{self.deleted_at[name]}"
+                    + (f", or `recompute {producer.name} on compute` here instead" if producer.phase == ir.FORWARD else "")
+                )
+            else:
+                hint = f"{name} was never computed: compute it, offload it and wait for the offload first"
+            self._fail(
+                f"cannot prefetch '{name}': "
+                + (f"its offload ({started}) was not waited for" if started else "it has no host copy"),
+                hint,
+                instr.span,
+            )
+        if name in self.resident:
+            self._fail(
+                f"cannot prefetch '{name}': it is already resident on the device",
+                f"remove this line, or delete {name} before it",
+                instr.span,
+            )
+        self._allocate(name, self.graph.tensors[name].nbytes)
+        self._start_transfer("prefetch", name, instr)
+        return 0, []
+
+    def _start_transfer(self, kind: str, name: str, instr: ir.Instruction) -> None:
+        bandwidth = self.plan.header.bandwidth
+        if bandwidth <= 0:
+            self._fail(
+                f"cannot {kind} '{name}': the header's bandwidth is {bandwidth} B/s",
+                "set `bandwidth` in the header to the host<->device bandwidth, e.g. `bandwidth 12 GB/s`",
+                instr.span,
+            )
+        streams = self.clocks.streams
+        duration = transfer_us(self.graph.tensors[name].nbytes, bandwidth)
+        end = max(streams[ir.COMPUTE_STREAM], streams[instr.stream]) + duration
+        streams[instr.stream] = end
+        self.clocks.transfer_us += duration
+        self.pending[name] = _Transfer(kind, end, self._where())
+
+    def _wait(self, instr: ir.Instruction) -> tuple[int, list]:
+        name = instr.target
+        transfer = self.pending.pop(name, None)
+        if transfer is None:
+            self._fail(
+                f"nothing to wait for: '{name}' has no offload or prefetch in flight",
+                f"remove this line, or move it after the offload or prefetch of {name}",
+                instr.span,
+            )
+        streams = self.clocks.streams
+        streams[ir.COMPUTE_STREAM] = max(streams[ir.COMPUTE_STREAM], transfer.end_us)
+        if transfer.kind == "offload":
+            self.host_ready.add(name)
+        return 0, []

@@ -1,0 +1,243 @@
+"""The one verification of a plan: what `remat check`, `codegen`, `show` and `fmt` rely on.
+
+`verify(plan)` runs, in this order, and raises PlanError at the first failure (with the
+offending line, carets and a hint):
+
+1. the digest: the graph sections are those the plan was made with (NOTE: [Graph
+   digest] in remat_dsl.plan.digest), so only the schedule, the header's budget and comments
+   were edited by hand;
+2. the declarations: the device is one the generated module can run on, every dtype is
+   known, no tensor, value or budget is larger than any device holds (MAX_BYTES);
+3. the operators: every `aten.NAME.OVERLOAD` exists in this torch, inline calls are views,
+   and the arguments fit the operator's schema;
+4. the schedule: `simulate` replays it (remat_dsl.check.replay) and the plan's own
+   constraints hold (remat_dsl.plan.constraints.check_plan).
+
+It returns the Simulation.  `load_checked(path)` reads, parses and verifies a file.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import re
+
+from remat_dsl.plan import digest, ir
+from remat_dsl.plan.errors import PlanError
+from remat_dsl.check.replay import DTYPE_ITEMSIZE, Simulation, simulate
+
+MAX_BYTES = 1 << 48  # 256 TiB: more than any device (or host) holds
+DEVICE_RE = re.compile(r"cpu|cuda(:[0-9]+)?")
+RERUN = "the graph sections describe the model; edit only the schedule, or re-run `remat plan`"
+INLINE_TARGETS = ("operator.getitem", "torch.device")
+
+
+def load_checked(path: str, *, within_budget: bool = True) -> tuple[ir.Plan, Simulation]:
+    """Read, parse and verify the plan file at `path`: (plan, simulation).
+
+    Raises RematError when the file cannot be read (missing, not UTF-8), PlanError when
+    it does not parse or does not verify.
+    """
+    from remat_dsl.cli.console import read_text
+    from remat_dsl.plan.parser import parse
+
+    text = read_text(path, "plan")
+    plan = parse(text, path)
+    try:
+        return plan, verify(plan, within_budget=within_budget)
+    except PlanError as error:
+        raise error.with_source(path, text) from None
+
+
+def verify(plan: ir.Plan, *, within_budget: bool = True) -> Simulation:
+    """Verify `plan` (see the module docstring) and return its simulation.
+
+    within_budget: also refuse a plan whose predicted peak is above its header's budget
+    (`remat show` draws such plans; `check` and `codegen` refuse them).
+    Raises PlanError.
+    """
+    from remat_dsl.plan.constraints import check_plan
+
+    check_digest(plan)
+    check_declarations(plan)
+    check_operators(plan.graph)
+    simulation = simulate(plan)
+    check_plan(plan)
+    if within_budget:
+        from remat_dsl.check.report import check_budget
+
+        check_budget(plan, simulation)
+    return simulation
+
+
+# ---------------------------------------------------------------------------
+# 1. The digest
+# ---------------------------------------------------------------------------
+
+
+def check_digest(plan: ir.Plan) -> None:
+    """Raise PlanError at the first graph line that no longer matches the plan's digest."""
+    stored = plan.digest
+    if stored is None:
+        end = plan.section_span("backward")
+        raise PlanError(
+            "the plan has no `digest` section, so its graph sections cannot be trusted",
+            span=end, hint="re-run `remat plan` (plans written by hand start from one it printed)",
+        )
+    outputs = plan.section_span("outputs")
+    items = digest.items(plan.graph, ir.Span(outputs.line + 1, 3) if outputs else None)
+    if stored.graph == digest.graph_hash(items):
+        return
+    hashes = digest.decode_items(stored.items)
+    if hashes is None:
+        raise PlanError("the digest's `items` lines were edited", span=stored.span, hint=RERUN)
+    for index, item in enumerate(items):
+        if index >= len(hashes) or hashes[index] != digest.item_hash(item):
+            where = item.span or plan.section_span(item.section)
+            raise PlanError(
+                f"this line of the `{item.section}` section was edited (or one just above it was "
+                "added or removed): the graph sections no longer match the plan's digest",
+                span=where, hint=RERUN,
+            )  # fmt: skip
+    last = plan.section_span("forward")
+    if len(hashes) > len(items):
+        raise PlanError(
+            f"{len(hashes) - len(items)} line(s) of the graph sections were removed: they no longer match the plan's digest",
+            span=last, hint=RERUN,
+        )
+    raise PlanError("the graph sections no longer match the plan's digest", span=stored.span, hint=RERUN)
+
+
+# ---------------------------------------------------------------------------
+# 2. Declarations
+# ---------------------------------------------------------------------------
+
+
+def check_declarations(plan: ir.Plan) -> None:
+    """Device, dtypes and sizes; raises PlanError at the first bad declaration."""
+    header = plan.header
+    if not DEVICE_RE.fullmatch(header.device):
+        raise PlanError(
+            f"unknown device `{header.device}` in the header",
+            span=plan.section_span("header"),
+            hint="a plan runs on `cpu` or `cuda` (`cuda:N`); re-run `remat plan`",
+        )
+    if header.budget > MAX_BYTES:
+        raise PlanError(
+            f"the budget {header.budget} B is more than any device holds",
+            span=plan.section_span("header"), hint=f"write a budget below {MAX_BYTES} B",
+        )
+    graph = plan.graph
+    for value in (*graph.inputs, *graph.parameters, *graph.buffers, *graph.tangents):
+        _check_size(value, value.dtype, value.shape, None)
+    for tensor in graph.tensors:
+        _check_size(tensor, tensor.dtype, tensor.shape, tensor.nbytes)
+
+
+def _check_size(decl, dtype: str, shape: tuple[int, ...], nbytes: int | None) -> None:
+    itemsize = DTYPE_ITEMSIZE.get(dtype)
+    if itemsize is None:
+        close = difflib.get_close_matches(dtype, list(DTYPE_ITEMSIZE), n=1)
+        raise PlanError(
+            f"unknown dtype `{dtype}` of '{decl.name}'", span=decl.span, word=dtype,
+            hint=(f"did you mean `{close[0]}`? " if close else "") + "dtypes are torch's names: float32, bfloat16, int64, bool ...",
+        )  # fmt: skip
+    numel = 1
+    for dim in shape:
+        numel *= dim
+    if max(numel * itemsize, nbytes or 0) > MAX_BYTES:
+        raise PlanError(
+            f"'{decl.name}' would take {max(numel * itemsize, nbytes or 0)} B, more than any device holds",
+            span=decl.span, length=len(decl.name), hint=RERUN,
+        )
+
+
+# ---------------------------------------------------------------------------
+# 3. Operators
+# ---------------------------------------------------------------------------
+
+
+def check_operators(graph: ir.Graph) -> None:
+    """Every operator the module would call exists and takes these arguments."""
+    for op in graph.ops:
+        overload = _overload(op.target, op.span, op.target)
+        _check_binding(overload, op.target, op.args, op.kwargs, op.span)
+        if not _returns_list(overload):
+            returns = len(overload._schema.returns)
+            extra = [t for t in op.outputs if int(t.rpartition(":")[2] if ":" in t else 0) >= returns]
+            if extra:
+                raise PlanError(f"'{op.name}' declares output '{extra[0]}', but {op.target} returns {returns} value(s)", span=op.span, hint=RERUN)
+        for arg in (*op.args, *(v for _, v in op.kwargs)):
+            _check_inline(arg, op.span)
+    _check_inline(graph.outputs, None)
+    for grad in graph.gradients:
+        _check_inline(grad.value, grad.span)
+
+
+def _check_inline(arg: ir.Arg, span: ir.Span | None) -> None:
+    """Calls inside arguments are views (they allocate nothing), getitem or torch.device."""
+    if isinstance(arg, ir.Call):
+        if arg.target not in INLINE_TARGETS:
+            overload = _overload(arg.target, span, arg.target)
+            if not _is_view(overload):
+                raise PlanError(
+                    f"`{arg.target}` allocates memory, so it cannot be written inside another operation's arguments",
+                    span=span, word=arg.target, hint=RERUN,
+                )
+            _check_binding(overload, arg.target, arg.args, arg.kwargs, span)
+        for item in (*arg.args, *(v for _, v in arg.kwargs)):
+            _check_inline(item, span)
+    elif isinstance(arg, (ir.ListArg, ir.TupleArg)):
+        for item in arg.items:
+            _check_inline(item, span)
+
+
+@functools.cache
+def _resolve(target: str):
+    """The torch OpOverload named `aten.NAME.OVERLOAD`, or None."""
+    import torch
+
+    parts = target.split(".")
+    if len(parts) != 3 or parts[0] != "aten":
+        return None
+    packet = getattr(torch.ops.aten, parts[1], None) if not parts[1].startswith("_" * 2) else None
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
+        return None
+    overload = getattr(packet, parts[2], None) if not parts[2].startswith("_" * 2) else None
+    return overload if isinstance(overload, torch._ops.OpOverload) else None
+
+
+def _overload(target: str, span: ir.Span | None, word: str):
+    overload = _resolve(target)
+    if overload is None:
+        raise PlanError(
+            f"unknown operator `{target}`",
+            span=span, word=word,
+            hint="operators are torch's `aten.NAME.OVERLOAD` (e.g. aten.mm.default) as `remat plan` wrote them; " + RERUN,
+        )  # fmt: skip
+    return overload
+
+
+def _check_binding(overload, target: str, args: tuple, kwargs: tuple, span: ir.Span | None) -> None:
+    schema = overload._schema
+    names = [a.name for a in schema.arguments]
+    positional = [a for a in schema.arguments if not a.kwarg_only]
+    if len(args) > len(positional):
+        raise PlanError(f"`{target}` takes at most {len(positional)} positional arguments, the plan gives {len(args)}", span=span, word=target, hint=RERUN)
+    for key, _ in kwargs:
+        if key not in names:
+            raise PlanError(f"`{target}` has no argument `{key}`", span=span, word=target, hint=RERUN)
+
+
+def _returns_list(overload) -> bool:
+    returns = overload._schema.returns
+    return len(returns) == 1 and str(returns[0].type).endswith("[]")
+
+
+def _is_view(overload) -> bool:
+    from remat_dsl.capture.profile import VIEW_EXTRA
+
+    if str(overload) in VIEW_EXTRA:
+        return True
+    returns = overload._schema.returns
+    return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)

@@ -1,0 +1,224 @@
+"""What the `remat` command does to the terminal and the file system, in one place.
+
+NOTE: [Stdout is the data]
+`remat plan model.py > model.plan` must leave nothing but the plan in `model.plan`.  C
+libraries we load (HiGHS prints a banner on file descriptor 1), torch's own C++ code and
+any subprocess write to descriptor 1 behind Python's back, so while a command works,
+`stdout_to_stderr()` points descriptor 1 at descriptor 2 (os.dup2) and the command writes
+its real output into a buffer; `main` writes the buffer to the real stdout at the end, and
+only when the command succeeded.  C stdio buffers are flushed before descriptor 1 is
+restored, so nothing buffered in C reaches the real stdout later.
+
+NOTE: [Output files]
+Every file the tool writes goes through `write_atomically`: a temporary file in the
+target's directory, renamed over the target, so a failure leaves no half-written file;
+the result gets the permissions any new file gets (0666 less the umask) or keeps those
+of the file it replaces.  `check_writable` tries the same thing up front, so a command
+refuses an output path it cannot write before it spends minutes profiling.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from remat_dsl.plan.errors import RematError
+
+PLAIN_PROGRESS_SECONDS = 10.0  # a plain progress line at most this often when stderr is not a terminal
+
+
+@contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Point file descriptor 1 at descriptor 2 until the block ends (NOTE: [Stdout is the data])."""
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError):  # stdout closed: nothing to protect
+        yield
+        return
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        try:
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass
+        _flush_c_stdio()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _flush_c_stdio() -> None:
+    """fflush(NULL): C libraries' buffered stdout goes out now, to where fd 1 points now."""
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):
+        pass
+
+
+def write_stdout(text: str) -> None:
+    """Write a command's output to the real stdout; a closed pipe (`| head`) is not an error."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1 (`--repeats`)."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got '{text}'")
+    return value
+
+
+def status(message: str) -> None:
+    """One line for the person at the terminal (stderr)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------
+# Output files
+# ---------------------------------------------------------------------------
+
+
+def check_writable(path: str | Path, what: str = "output") -> Path:
+    """`path` as a Path after checking that a file can be written there now.
+
+    Raises RematError when its directory is missing, when it is a directory, or when a
+    file cannot be created beside it (permissions, read-only file system).
+    """
+    target = Path(path)
+    if target.is_dir():
+        raise RematError(f"{path}: error: cannot write the {what}: it is a directory", hint="give a file name, e.g. out/model.plan")
+    directory = target.parent
+    if not directory.is_dir():
+        reason = "does not exist" if not directory.exists() else "is not a directory"
+        raise RematError(f"{path}: error: cannot write the {what}: {directory} {reason}", hint=f"create it first (mkdir -p {directory}) or write elsewhere")
+    try:
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise RematError(f"{path}: error: cannot write the {what}: {exc.strerror or exc}", hint="choose a path you can write") from None
+    os.close(fd)
+    os.unlink(probe)
+    if target.exists() and not os.access(target, os.W_OK):
+        raise RematError(f"{path}: error: cannot write the {what}: permission denied", hint="choose a path you can write")
+    return target
+
+
+def write_atomically(path: str | Path, data: str | bytes) -> None:
+    """Write `data` (text as UTF-8, or bytes) to `path` through a temporary file
+    (NOTE: [Output files]).  Raises RematError when the file cannot be written."""
+    target = check_writable(path)
+    mode = target.stat().st_mode & 0o777 if target.exists() else 0o666 & ~_umask()
+    fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data.encode("utf-8") if isinstance(data, str) else data)
+        os.chmod(temp, mode)
+        os.replace(temp, target)
+    except OSError as exc:
+        Path(temp).unlink(missing_ok=True)
+        raise RematError(f"{path}: error: cannot write it: {exc.strerror or exc}") from None
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def read_text(path: str | Path, what: str) -> str:
+    """The UTF-8 text of the file at `path`.
+
+    Raises RematError when it is missing, unreadable, a directory or not UTF-8 text.
+    """
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except IsADirectoryError:
+        raise RematError(f"{path}: error: cannot read the {what}: it is a directory") from None
+    except OSError as exc:
+        raise RematError(f"{path}: error: cannot read the {what}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise RematError(
+            f"{path}: error: cannot read the {what}: not UTF-8 text ({exc.reason} at byte {exc.start})",
+            hint=f"is {path} really a {what}?",
+        ) from None
+
+
+# ---------------------------------------------------------------------------
+# Progress
+# ---------------------------------------------------------------------------
+
+
+class Progress:
+    """Progress of one stage on stderr: a rich bar on a terminal, else plain lines.
+
+    Plain lines (`profiling examples/gpt2.py: 120/579 ops, 12 s`) come at the start, at
+    most every PLAIN_PROGRESS_SECONDS, and at the end, so a log or a CI job shows the tool
+    is alive.  Use as a context manager; `start(total)` once the count is known, then
+    `advance(n)`.
+    """
+
+    def __init__(self, description: str, unit: str = "ops"):
+        self.description, self.unit = description, unit
+        self.total: int | None = None
+        self.done = 0
+        self.bar = None
+        self.began = self.last = time.monotonic()
+
+    def __enter__(self) -> Progress:
+        if sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as RichProgress
+
+            self.bar = RichProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True))
+            self.bar.start()
+            self.task = self.bar.add_task(self.description, total=None)
+        else:
+            status(f"{self.description} ...")
+        return self
+
+    def start(self, total: int) -> None:
+        self.total = total
+        if self.bar is not None:
+            self.bar.update(self.task, total=total)
+
+    def advance(self, n: int = 1) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.advance(self.task, n)
+            return
+        now = time.monotonic()
+        if now - self.last >= PLAIN_PROGRESS_SECONDS:
+            self.last = now
+            status(self._line(now))
+
+    def _line(self, now: float) -> str:
+        count = f"{self.done}/{self.total}" if self.total is not None else str(self.done)
+        return f"{self.description}: {count} {self.unit}, {now - self.began:.0f} s"
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+        elif exc[0] is None:
+            status(self._line(time.monotonic()))

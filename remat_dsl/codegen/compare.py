@@ -1,0 +1,86 @@
+"""Train a generated module beside the eager model and compare them bit for bit."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from remat_dsl.capture.model_file import ModelFile
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Results of `steps` SGD steps of eager vs generated (all comparisons use torch.equal)."""
+
+    steps: int
+    losses_equal: bool
+    gradients_equal: bool
+    buffers_equal: bool
+    parameters_equal: bool
+    mismatched: tuple[str, ...]
+    eager_losses: tuple[float, ...]
+
+    @property
+    def identical(self) -> bool:
+        return self.losses_equal and self.gradients_equal and self.buffers_equal and self.parameters_equal
+
+
+def load_generated(path: str | Path):
+    """Import a generated module from its file path (a fresh module object each call)."""
+    path = Path(path)
+    name = f"remat_generated_{path.stem}_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def compare_training(model_file: ModelFile, generated, steps: int = 3, lr: float = 0.1) -> Comparison:
+    """Run `steps` SGD steps of the eager model and of `generated.FastModel` from the same
+    initial state and seeds; compare losses, every parameter gradient, parameters and buffers."""
+    eager, twin = model_file.build_model(), model_file.build_model()
+    fast = generated.FastModel(twin)
+    inputs = tuple(model_file.sample_inputs())
+    optimizers = [torch.optim.SGD(m.parameters(), lr=lr) for m in (eager, twin)]
+    mismatched: list[str] = []
+    losses_equal, losses = True, []
+    for step in range(steps):
+        results = []
+        for module, optimizer in zip((eager, fast), optimizers):
+            optimizer.zero_grad(set_to_none=True)
+            torch.manual_seed(1000 + step)
+            loss = model_file.loss_fn(module(*inputs))
+            loss.backward()
+            results.append(loss.detach())
+        losses_equal &= torch.equal(results[0], results[1])
+        losses.append(float(results[0]))
+        mismatched += [f"step {step} grad {n}" for n, a, b in _pairs(eager, twin) if not _same(a.grad, b.grad)]
+        for optimizer in optimizers:
+            optimizer.step()
+    params = [n for n, a, b in _pairs(eager, twin) if not torch.equal(a, b)]
+    buffers = [n for (n, a), (_, b) in zip(eager.named_buffers(), twin.named_buffers()) if not torch.equal(a, b)]
+    return Comparison(
+        steps=steps,
+        losses_equal=losses_equal,
+        gradients_equal=not mismatched,
+        buffers_equal=not buffers,
+        parameters_equal=not params,
+        mismatched=tuple(mismatched + [f"parameter {n}" for n in params] + [f"buffer {n}" for n in buffers]),
+        eager_losses=tuple(losses),
+    )
+
+
+def _pairs(a: torch.nn.Module, b: torch.nn.Module):
+    for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
+        yield name, pa, pb
+
+
+def _same(a, b) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return torch.equal(a, b)

@@ -1,0 +1,272 @@
+"""The constraint language: what a person requires of a plan, whatever the solver.
+
+    keep        "transformer.h.*.attn.*"     # never recompute these tensors
+    recompute   "*.mlp.act*"                 # do not keep them for the backward: recompute
+    offload     "transformer.h.0.*"          # keep them on the host between forward and backward
+    no-offload  "*.ln_*"                     # never offload these
+    budget      2 GiB                        # the budget when --budget is not given
+
+Constraints live in a plan's `constraints` section (so `remat plan --from old.plan`
+re-solves with them) or in a separate file of the same lines (`--constraints FILE`).
+Patterns are globs (fnmatch) over tensor names.
+
+NOTE: [Applying constraints]
+Solvers decide an op order; constraints edit that order before the one lowering, and add
+transfers after it, so every solver honours them the same way:
+* keep and offload: a producer of a matching tensor runs once; its later runs are
+  dropped from the order, so the tensor lives from its compute to its last use;
+* recompute: a matching tensor used by the backward gets its producer run again right
+  before its first backward use, so the lowering frees it after its last forward use;
+* offload: after lowering, a matching tensor that crosses from forward to backward is
+  offloaded after its last forward use (wait, delete) and prefetched before its first
+  backward use (wait just before it).
+The exact simulation then checks the result against the budget.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import json
+import re
+from dataclasses import replace
+
+from remat_dsl.plan import ir
+from remat_dsl.plan.errors import PlanError, RematError
+from remat_dsl.solve.lowering import op_uses, pinned_tensors
+from remat_dsl.plan.parser import parse_size
+
+_LINE = re.compile(r"\s*(?P<kind>\S+)\s+(?P<value>\"(?:[^\"\\]|\\.)*\"|[^#]*?)\s*(?:#.*)?$")
+PREFETCH_LEAD = 3  # backward instructions between a prefetch and the use it serves
+
+
+# --- reading -----------------------------------------------------------------
+
+
+def read_constraints(path: str) -> tuple[ir.Constraint, ...]:
+    """Parse a constraints file.  Raises PlanError (file:line:col, hint) or RematError."""
+    from remat_dsl.cli.console import read_text
+
+    text = read_text(path, "constraints file")
+    result = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.strip().startswith("#"):
+            continue
+        result.append(_constraint(line, number, path, text))
+    return tuple(result)
+
+
+def _constraint(line: str, number: int, path: str, text: str) -> ir.Constraint:
+    match = _LINE.match(line)
+    kind = match.group("kind") if match else line.strip()
+    col = line.index(kind) + 1
+    where = dict(span=ir.Span(number, col), path=path, source=text)
+    if kind not in ir.CONSTRAINT_KINDS:
+        close = difflib.get_close_matches(kind, ir.CONSTRAINT_KINDS, n=1)
+        guess = f"did you mean `{close[0]}`? " if close else ""
+        raise PlanError(f"unknown constraint `{kind}`", hint=f"{guess}expected keep, recompute, offload, no-offload or budget", length=len(kind), **where)
+    value = match.group("value") if match else ""
+    source = f"{path}:{number}"
+    if kind == "budget":
+        try:
+            return ir.Constraint(kind, None, parse_size(value), span=ir.Span(number, col), source=source)
+        except PlanError as error:
+            raise PlanError(f"`budget` takes a size: {error.message}", hint="write for example `budget 2 GiB`", **where) from None
+    if not value.startswith('"'):
+        raise PlanError(f"`{kind}` takes a quoted glob pattern", hint=f'write for example `{kind} "transformer.h.*.attn.*"`', length=len(kind), **where)
+    return ir.Constraint(kind, json.loads(value), None, span=ir.Span(number, col), source=source)
+
+
+def located(constraints: tuple[ir.Constraint, ...], path: str) -> tuple[ir.Constraint, ...]:
+    """Constraints of a plan file, with `source` set to `PATH:LINE` for messages."""
+    return tuple(replace(c, source=f"{path}:{c.span.line}" if c.span else path) for c in constraints)
+
+
+def budget_of(constraints: tuple[ir.Constraint, ...]) -> int | None:
+    """The last `budget` constraint's size in bytes, or None."""
+    sizes = [c.size for c in constraints if c.kind == "budget"]
+    return sizes[-1] if sizes else None
+
+
+# --- matching and conflicts ----------------------------------------------------
+
+
+def matching(graph: ir.Graph, constraints, kind: str) -> dict[str, ir.Constraint]:
+    """tensor name -> the first constraint of `kind` whose pattern matches it."""
+    result: dict[str, ir.Constraint] = {}
+    for c in constraints:
+        if c.kind != kind:
+            continue
+        for t in graph.tensors:
+            if fnmatch.fnmatchcase(t.name, c.pattern):
+                result.setdefault(t.name, c)
+    return result
+
+
+def unmatched(graph: ir.Graph, constraints) -> list[str]:
+    """`FILE:LINE:COL: warning: ...` for every pattern that matches no tensor of `graph`
+    (a typo, or a pattern written for another model)."""
+    names = [t.name for t in graph.tensors]
+    warnings = []
+    for c in constraints:
+        if c.kind == "budget" or any(fnmatch.fnmatchcase(name, c.pattern) for name in names):
+            continue
+        where = f"{_where(c)}:{c.span.col}" if c.source and c.span else _where(c)
+        warnings.append(f"{where}: warning: `{c.kind} \"{c.pattern}\"` matches no tensor of the graph")
+    return warnings
+
+
+CONFLICTS = (("keep", "recompute"), ("offload", "no-offload"), ("offload", "recompute"))
+
+
+def check_conflicts(graph: ir.Graph, constraints) -> None:
+    """Raise RematError naming two constraint lines that cannot both hold for one tensor."""
+    for first, second in CONFLICTS:
+        a, b = matching(graph, constraints, first), matching(graph, constraints, second)
+        both = sorted(set(a) & set(b))
+        if both:
+            raise RematError(
+                f"error: constraints conflict on tensor '{both[0]}'"
+                + (f" and {len(both) - 1} more" if len(both) > 1 else "")
+                + f": {_where(a[both[0]])} says `{first} \"{a[both[0]].pattern}\"`, "
+                f"{_where(b[both[0]])} says `{second} \"{b[both[0]].pattern}\"`",
+                hint=f"narrow one of the two patterns or remove one line; a tensor cannot be both {first} and {second}",
+            )
+
+
+def _where(c: ir.Constraint) -> str:
+    return c.source or (f"line {c.span.line}" if c.span else "a constraint")
+
+
+def constraint_lines(constraints) -> str:
+    """`FILE:LINE` of every pattern constraint, for messages about all of them."""
+    return ", ".join(_where(c) for c in constraints if c.kind != "budget")
+
+
+# --- applying ------------------------------------------------------------------
+
+
+def constrain_order(graph: ir.Graph, order: list[str], constraints) -> list[str]:
+    """The solver's op order edited for keep, offload and recompute (NOTE above)."""
+    producers = {t.name: t.producer for t in graph.tensors}
+    once = {producers[t] for kind in ("keep", "offload") for t in matching(graph, constraints, kind)}
+    seen: set[str] = set()
+    result = []
+    for name in order:
+        if name in once and name in seen:
+            continue
+        seen.add(name)
+        result.append(name)
+    return _recompute_before_backward(graph, result, matching(graph, constraints, "recompute"), producers)
+
+
+def _recompute_before_backward(graph, order, tensors, producers) -> list[str]:
+    if not tensors:
+        return order
+    ops = {op.name: op for op in graph.ops}
+    names = {t.name for t in graph.tensors}
+    first_backward = next((i for i, n in enumerate(order) if ops[n].phase == ir.BACKWARD), len(order))
+    inserts: dict[int, list[str]] = {}
+    for tensor in tensors:
+        producer = producers[tensor]
+        if ops[producer].phase != ir.FORWARD:
+            continue
+        use = next((i for i in range(first_backward, len(order)) if tensor in op_uses(ops[order[i]], names)), None)
+        made_again = any(order[i] == producer for i in range(first_backward, use or first_backward))
+        if use is not None and not made_again:
+            inserts.setdefault(use, []).append(producer)
+    result = []
+    for i, name in enumerate(order):
+        for producer in dict.fromkeys(inserts.get(i, [])):
+            result.append(producer)
+        result.append(name)
+    return result
+
+
+def add_offloads(graph: ir.Graph, forward, backward, constraints):
+    """Forward and backward instructions with offload/prefetch of matching saved tensors."""
+    wanted = matching(graph, constraints, "offload")
+    if not wanted:
+        return forward, backward
+    ops = {op.name: op for op in graph.ops}
+    names = {t.name for t in graph.tensors}
+    crossing = _crossing(forward, backward, ops, names) - pinned_tensors(graph)
+    forward, backward = list(forward), list(backward)
+    for tensor in sorted(t for t in wanted if t in crossing):
+        forward = _offload_after_last_use(forward, tensor, ops, names)
+        backward = _prefetch_before_first_use(backward, tensor, ops, names)
+    return tuple(forward), tuple(backward)
+
+
+def _crossing(forward, backward, ops, names) -> set[str]:
+    """Tensors resident at the end of forward and read in backward before any re-creation."""
+    resident: set[str] = set()
+    for ins in forward:
+        if ins.verb in ("compute", "recompute"):
+            resident.update(ops[ins.target].outputs)
+        elif ins.verb == "delete":
+            resident.discard(ins.target)
+    used, made = set(), set()
+    for ins in backward:
+        if ins.verb in ("compute", "recompute"):
+            used.update(t for t in op_uses(ops[ins.target], names) if t not in made)
+            made.update(ops[ins.target].outputs)
+    return resident & used
+
+
+def _runs(instructions, tensor, ops, names, *, making: bool):
+    """Indices of compute/recompute instructions that read `tensor` (or make it, if `making`)."""
+    for i, ins in enumerate(instructions):
+        if ins.verb not in ("compute", "recompute"):
+            continue
+        op = ops[ins.target]
+        if tensor in op_uses(op, names) or (making and tensor in op.outputs):
+            yield i
+
+
+def _offload_after_last_use(forward, tensor, ops, names):
+    last = max(_runs(forward, tensor, ops, names, making=True))
+    moves = [
+        ir.Instruction("offload", tensor, ir.D2H_STREAM),
+        ir.Instruction("wait", tensor, ir.COMPUTE_STREAM),
+        ir.Instruction("delete", tensor, ir.COMPUTE_STREAM),
+    ]
+    return forward[: last + 1] + moves + forward[last + 1 :]
+
+
+def _prefetch_before_first_use(backward, tensor, ops, names):
+    first = next(_runs(backward, tensor, ops, names, making=False))
+    computes = [i for i, ins in enumerate(backward[:first]) if ins.verb in ("compute", "recompute")]
+    at = computes[-PREFETCH_LEAD] if len(computes) >= PREFETCH_LEAD else 0
+    prefetch = ir.Instruction("prefetch", tensor, ir.H2D_STREAM)
+    wait = ir.Instruction("wait", tensor, ir.COMPUTE_STREAM)
+    return backward[:at] + [prefetch] + backward[at:first] + [wait] + backward[first:]
+
+
+# --- checking a plan against its own constraints -----------------------------
+
+
+def check_plan(plan: ir.Plan) -> None:
+    """Raise PlanError at the first instruction that breaks the plan's own constraints:
+    a `recompute` of a kept tensor's producer, an `offload` of a no-offload tensor."""
+    graph, constraints = plan.graph, plan.constraints
+    if not constraints:
+        return
+    keep = matching(graph, constraints, "keep")
+    kept_ops = {t.producer: keep[t.name] for t in graph.tensors if t.name in keep}
+    no_offload = matching(graph, constraints, "no-offload")
+    for ins in (*plan.forward, *plan.backward):
+        if ins.verb == "recompute" and ins.target in kept_ops:
+            c = kept_ops[ins.target]
+            raise PlanError(
+                f"'{ins.target}' is recomputed, but the constraint `keep \"{c.pattern}\"` (line {c.span.line if c.span else '?'}) says its output is never recomputed",
+                span=ins.span, hint="delete this recompute and the delete before it, or narrow the keep pattern",
+                length=len(ins.verb),
+            )
+        if ins.verb == "offload" and ins.target in no_offload:
+            c = no_offload[ins.target]
+            raise PlanError(
+                f"'{ins.target}' is offloaded, but the constraint `no-offload \"{c.pattern}\"` (line {c.span.line if c.span else '?'}) forbids it",
+                span=ins.span, hint="remove this offload with its wait, delete, prefetch and wait, or narrow the pattern",
+                length=len(ins.verb),
+            )

@@ -1,0 +1,390 @@
+"""The plan IR: frozen dataclasses that every part of remat-dsl reads and writes.
+
+A `Plan` is a value. It holds the captured FB-graph (inputs, parameters, buffers, the
+operations and the tensors they allocate, the model outputs, the gradients returned for
+parameters, the buffer updates) and the schedule (a forward and a backward section of
+instructions, each on a named stream).  The parser (`remat_dsl.plan.parser`) builds it from
+text, the printer (`remat_dsl.plan.printer`) is the one way to turn it into text, the
+simulator (`remat_dsl.check.replay`) checks it and predicts its peak memory and time, and the
+code generator (`remat_dsl.codegen.generate`) renders it as a standalone PyTorch module.
+
+NOTE: [Units]
+Sizes are integer bytes.  Durations are integer microseconds (`*_us`), bandwidth is
+integer bytes per second.  Integers keep `parse(print(plan)) == plan` exact.
+
+NOTE: [Names]
+Operation names come from module paths (`transformer.h.0.ln_1`, with a local suffix such
+as `.mul_1` when a module runs several operations of one kind; backward operations carry
+`.bwd.`).  An operation's first output tensor has the operation's name; output k >= 1 is
+`NAME:k`.  Arguments refer to values with a `%` sigil: `%transformer.h.0.ln_1:1`.
+Parameters and buffers use their `state_dict` names, inputs their argument names, and the
+gradient the caller passes for model output k is `grad_output.k`.
+
+NOTE: [Instruction semantics]
+compute OP       first execution of OP (forward ops in `forward`, backward ops in
+                 `backward`, each exactly once).  Every tensor its arguments refer to must
+                 be resident and not awaiting a transfer; it allocates all of OP's outputs
+                 (peak during the op: resident + outputs + OP.temp_bytes).  Outputs that are
+                 already resident are discarded right after the op.
+recompute OP     any later execution of a forward OP, in either section.
+delete T         frees the device copy of T.  Model outputs (held by the caller) and
+                 parameter gradients (returned to autograd) cannot be deleted.
+offload T        starts copying resident T to host memory on the `d2h` stream.
+prefetch T       allocates T on the device and starts copying it back on the `h2d` stream;
+                 T must have a completed host copy and no device copy.
+wait T           the compute stream waits for T's pending transfer; required before a
+                 prefetched T is used and before an offloaded T is deleted.
+Random operations (dropout) that are recomputed replay the RNG state saved at their first
+execution; their `compute` instructions keep the captured order, so the random stream is
+consumed as in eager PyTorch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, Union
+
+COMPUTE_STREAM = "compute"
+D2H_STREAM = "d2h"
+H2D_STREAM = "h2d"
+STREAMS = (COMPUTE_STREAM, D2H_STREAM, H2D_STREAM)
+
+VERBS = ("compute", "recompute", "delete", "offload", "prefetch", "wait")
+VERB_STREAM = {
+    "compute": COMPUTE_STREAM,
+    "recompute": COMPUTE_STREAM,
+    "delete": COMPUTE_STREAM,
+    "wait": COMPUTE_STREAM,
+    "offload": D2H_STREAM,
+    "prefetch": H2D_STREAM,
+}
+
+FORWARD = "forward"
+BACKWARD = "backward"
+
+BUDGET_COUNTS = "activations, temporaries, outputs, gradients"
+
+
+@dataclass(frozen=True)
+class Span:
+    """Where a construct starts in its source file: 1-based line and column."""
+
+    line: int
+    col: int
+
+
+def _span() -> Span | None:
+    return field(default=None, compare=False, repr=False)
+
+
+# ---------------------------------------------------------------------------
+# Arguments of operations
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A reference to a named value (`%name`): input, parameter, buffer, tensor, tangent."""
+
+    name: str
+    span: Span | None = _span()
+
+
+@dataclass(frozen=True)
+class Sym:
+    """A torch constant written as a dotted name, e.g. `torch.float32`, `torch.strided`."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Call:
+    """A call inside an argument: a view (`aten.view.default(%x, [4, 8])`) or `torch.device("cpu")`.
+
+    Views allocate nothing; code generation inlines them where they are used.
+    """
+
+    target: str
+    args: tuple["Arg", ...] = ()
+    kwargs: tuple[tuple[str, "Arg"], ...] = ()
+
+
+@dataclass(frozen=True)
+class ListArg:
+    """A Python list of arguments: `[4, 8]`, `[%a, %b]`."""
+
+    items: tuple["Arg", ...] = ()
+
+
+@dataclass(frozen=True)
+class TupleArg:
+    """A Python tuple of arguments (used for model outputs): `(%a, %b)`."""
+
+    items: tuple["Arg", ...] = ()
+
+
+# int, float (inf, -inf, nan allowed), bool, None and str are plain Python constants.
+Arg = Union[Ref, Sym, Call, ListArg, TupleArg, int, float, bool, None, str]
+
+
+def iter_refs(arg: Arg) -> Iterator[Ref]:
+    """Every Ref inside an argument tree (Call, ListArg, TupleArg), left to right."""
+    if isinstance(arg, Ref):
+        yield arg
+    elif isinstance(arg, Call):
+        for item in arg.args:
+            yield from iter_refs(item)
+        for _, item in arg.kwargs:
+            yield from iter_refs(item)
+    elif isinstance(arg, (ListArg, TupleArg)):
+        for item in arg.items:
+            yield from iter_refs(item)
+
+
+# ---------------------------------------------------------------------------
+# The FB-graph
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ValueDecl:
+    """An input, parameter, buffer or tangent: resident for the whole step, never scheduled.
+
+    shape: tuple of ints; dtype: torch dtype name without `torch.` (`float32`).
+    kind: "input" | "parameter" | "buffer" | "tangent".
+    """
+
+    kind: str
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    comments: tuple[str, ...] = ()
+    span: Span | None = _span()
+
+
+@dataclass(frozen=True)
+class TensorDecl:
+    """One allocation made by an operation: output `index` of `producer`.
+
+    nbytes: bytes of its storage (exactly shape x dtype size for contiguous tensors).
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    producer: str
+    index: int = 0
+    comments: tuple[str, ...] = ()
+    span: Span | None = _span()
+
+
+@dataclass(frozen=True)
+class Op:
+    """One allocating operation of the FB-graph.
+
+    phase: "forward" | "backward".  target: `aten.NAME.OVERLOAD`.
+    outputs: the tensor names it allocates, in output order (see NOTE: [Names]).
+    time_us: measured median duration (microseconds).  temp_bytes: memory it allocates
+    and frees while it runs, above its outputs (bytes).  random: it draws from the RNG.
+    """
+
+    name: str
+    phase: str
+    target: str
+    args: tuple[Arg, ...]
+    kwargs: tuple[tuple[str, Arg], ...]
+    outputs: tuple[str, ...]
+    time_us: int
+    temp_bytes: int = 0
+    random: bool = False
+    comments: tuple[str, ...] = ()
+    span: Span | None = _span()
+
+
+def op_refs(op: Op) -> Iterator[Ref]:
+    """Every Ref in an op's positional and keyword arguments."""
+    for arg in op.args:
+        yield from iter_refs(arg)
+    for _, arg in op.kwargs:
+        yield from iter_refs(arg)
+
+
+@dataclass(frozen=True)
+class Gradient:
+    """The gradient autograd receives for a parameter (`value` is None when it gets none)."""
+
+    parameter: str
+    value: Arg
+    span: Span | None = _span()
+
+
+@dataclass(frozen=True)
+class BufferUpdate:
+    """Buffer `buffer` takes the value of tensor `tensor` when its producer first runs."""
+
+    buffer: str
+    tensor: str
+    span: Span | None = _span()
+
+
+@dataclass(frozen=True)
+class Graph:
+    """The captured FB-graph: everything code generation needs besides the schedule.
+
+    outputs: what the model's forward returns (a Ref, Call of a view, or a Tuple/ListArg
+    tree of them), in the same structure as eager PyTorch returns it.
+    """
+
+    inputs: tuple[ValueDecl, ...]
+    parameters: tuple[ValueDecl, ...]
+    buffers: tuple[ValueDecl, ...]
+    tangents: tuple[ValueDecl, ...]
+    tensors: tuple[TensorDecl, ...]
+    ops: tuple[Op, ...]
+    outputs: Arg
+    gradients: tuple[Gradient, ...]
+    updates: tuple[BufferUpdate, ...] = ()
+
+
+# ---------------------------------------------------------------------------
+# The schedule
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """One line of a forward or backward section: `VERB TARGET on STREAM`.
+
+    verb: one of VERBS.  target: an operation name (compute, recompute) or a tensor name.
+    comments: full-line comments just above it; trailing: the comment after it, if any.
+    """
+
+    verb: str
+    target: str
+    stream: str
+    comments: tuple[str, ...] = ()
+    trailing: str | None = None
+    span: Span | None = _span()
+
+
+@dataclass(frozen=True)
+class Header:
+    """What the plan is for and what the tools predicted for it.
+
+    budget, peak_bytes: bytes.  time_us, compute_us, recompute_us: microseconds.
+    bandwidth: host<->device bytes per second.  peak_at: "forward:K" or "backward:K",
+    the 1-based index of the instruction where the peak occurs.
+    solver: the solver and its settings, e.g. "rotor slots=500".
+    status: "optimal", "feasible", "baseline" (autograd), "heuristic" (checkpoint-sqrt) or "hand-written".
+    A MILP solver stopped by its time limit before proving optimality writes "feasible"
+    with a `gap`.
+
+    gap: the relative MIP gap of the solution as a fraction (0.0123 is 1.23%), None for
+    solvers that report none.  Stored rounded to 6 decimals of the fraction (4 decimals
+    of the percentage); printed `gap  1.23%` (2 to 4 decimals).
+    solve_seconds: wall time spent solving, in seconds; None when unknown (hand-written
+    plans, older plans).  Stored rounded to 0.1 s; printed `solve-time  2.4 s`.  It is
+    the one header field that differs between two runs with the same model, profile and
+    budget (`printer.without_solve_time`).
+    Both are rounded at construction (`Header(...)`, `dataclasses.replace`), so that
+    `parse(print(plan)) == plan` holds exactly; -0.0 is stored as 0.0.  The printer
+    refuses negative, infinite and NaN values.
+    """
+
+    model: str
+    device: str
+    budget: int
+    counts: str
+    solver: str
+    status: str
+    peak_bytes: int
+    peak_at: str
+    time_us: int
+    compute_us: int
+    recompute_us: int
+    bandwidth: int
+    comments: tuple[str, ...] = ()
+    gap: float | None = None
+    solve_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.gap is not None:
+            object.__setattr__(self, "gap", round_gap(self.gap))
+        if self.solve_seconds is not None:
+            object.__setattr__(self, "solve_seconds", round_seconds(self.solve_seconds))
+
+
+GAP_DECIMALS = 6  # of the fraction: 4 decimals of the percentage
+SECONDS_DECIMALS = 1
+
+
+def round_gap(gap: float) -> float:
+    """A relative gap (fraction) as Header stores it: rounded to GAP_DECIMALS, a float, never -0.0."""
+    return float(round(gap, GAP_DECIMALS)) + 0.0
+
+
+def round_seconds(seconds: float) -> float:
+    """A solve time (seconds) as Header stores it: rounded to 0.1 s, a float, never -0.0."""
+    return float(round(seconds, SECONDS_DECIMALS)) + 0.0
+
+
+CONSTRAINT_KINDS = ("keep", "recompute", "offload", "no-offload", "budget")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """One line of the constraint language: `KIND "PATTERN"` or `budget SIZE`.
+
+    kind: one of CONSTRAINT_KINDS.  pattern: a glob over tensor names
+    (`transformer.h.*.attn.*`), None for `budget`.  size: bytes, for `budget` only.
+    keep: no matching tensor is recomputed; recompute: matching tensors are not kept from
+    forward to backward but recomputed before their backward use; offload: matching saved
+    tensors go to host memory between their forward and backward uses; no-offload: they
+    never do; budget: the budget when `--budget` is not given.
+    """
+
+    kind: str
+    pattern: str | None = None
+    size: int | None = None
+    comments: tuple[str, ...] = ()
+    span: Span | None = _span()
+    source: str | None = field(default=None, compare=False, repr=False)  # "FILE:LINE" for messages
+
+
+@dataclass(frozen=True)
+class Digest:
+    """The seal of a plan's graph sections as a file states it (remat_dsl.plan.digest).
+
+    graph: `sha256:` and 32 hex digits over every item of the graph sections.
+    items: the 12-bit hash of each item, base64url, one string per `items` line.
+    """
+
+    graph: str
+    items: tuple[str, ...]
+    span: Span | None = _span()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A complete plan: header, constraints, FB-graph, forward and backward sections.
+
+    digest: the `digest` section as read from a file (None when the file has none, or
+    for a plan made in code).  It is what the file claims, not part of the plan's value:
+    the printer always writes the digest of `graph`, and the verifier compares the two
+    (NOTE: [Graph digest] in remat_dsl.plan.digest).
+    section_spans: (section name, where its name is) for a parsed plan, for messages.
+    """
+
+    header: Header
+    graph: Graph
+    forward: tuple[Instruction, ...]
+    backward: tuple[Instruction, ...]
+    comments: tuple[str, ...] = ()  # comment lines at the end of the file
+    constraints: tuple[Constraint, ...] = ()
+    digest: Digest | None = field(default=None, compare=False, repr=False)
+    section_spans: tuple[tuple[str, Span], ...] = field(default=(), compare=False, repr=False)
+
+    def section_span(self, name: str) -> Span | None:
+        """Where section `name` starts in the parsed file, or None."""
+        return dict(self.section_spans).get(name)

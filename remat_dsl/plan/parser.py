@@ -1,0 +1,998 @@
+"""Parse plan text into an `ir.Plan`: `parse(text, path=None)` and `parse_file(path)`.
+
+The grammar is grammar/plan.lark (LALR(1), contextual lexer).  A plan looks like::
+
+    # comment lines before `remat-plan 1` are Header.comments
+    remat-plan 1
+
+    header
+      model       "tests/models/tiny_mlp.py:build_model"
+      device      cpu
+      budget      64 KiB
+      counts      "activations, temporaries, outputs, gradients"
+      solver      "hand"
+      status      feasible                    # optimal | feasible | baseline | heuristic | hand-written
+      gap         1.23%                       # optional: relative MIP gap, 0 to 4 decimals
+      solve-time  2.4 s                       # optional: seconds spent solving, 0 or 1 decimal
+      peak        48 KiB at backward:3
+      time        0.120 ms
+      compute     0.100 ms
+      recompute   0.000 ms
+      bandwidth   12 GB/s
+
+    inputs                                    # also: parameters, buffers, tangents
+      x  float32[16, 32]
+
+    tensors
+      # name  shape     dtype    size   producer
+      fc1     [16, 64]  float32  4 KiB  fc1
+      drop:1  [16, 64]  bool     1 KiB  drop:1     # output 1 of op `drop`
+
+    ops
+      # name = target(args)                      time      temp  phase
+      fc1 = aten.addmm.default(%b, %x, aten.t.default(%w))  0.010 ms  0 B  forward
+      drop = aten.native_dropout.default(%fc1, 0.1, True)  0.010 ms  0 B  forward  random
+
+    outputs
+      %fc2
+
+    gradients
+      fc1.weight = aten.t.default(%fc2.bwd.mm_1)
+      fc1.bias   = None
+
+    updates
+      bn.running_mean = %act
+
+    forward
+      compute  fc1  on compute
+      offload  fc1  on d2h      # a trailing comment
+    backward
+      prefetch fc1  on h2d
+
+(The `# ...` annotations after header values, tensor rows and section names above are
+for this docstring only: the format keeps trailing comments on instructions alone.)
+Section names start at column 1 and items are indented.  buffers, tangents and updates
+may be left out, and so may the header's `gap` and `solve-time` lines (ir.Header).  Arguments: `%name` references, `torch.NAME` constants, ints, floats
+(`inf`, `-inf`, `nan`), "strings", None/True/False, `[lists]`, `(tuples,)` and calls
+`target(args, key=value)`.  Units: see remat_dsl.plan.printer (NOTE: [Units]); the canonical
+layout is the printer's.
+
+NOTE: [Comments]
+A full-line comment indented under a section is kept in the `comments` of the item
+below it; a comment after an instruction is its `trailing`; column-1 comments before
+`remat-plan 1` are `Header.comments` and those after the last section `Plan.comments`.
+The stored text is what follows `#`, less one space and trailing whitespace.  The
+heading comment the printer puts on top of `tensors` and `ops` is recognised by its
+words and dropped (the printer writes it again).  A comment anywhere else would be lost,
+so it is a syntax error.
+
+Errors: every syntax error and every structurally wrong word (unknown verb, stream,
+status or unit; a bare name where a `%` reference belongs) raises `PlanError` with
+`path:line:col`, the line, carets and a hint.  Names are not resolved here; the
+simulator checks that they exist.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import re
+from dataclasses import dataclass, replace
+from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from lark import Lark, Token, Transformer
+from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
+from lark.lexer import PatternStr
+
+from remat_dsl.plan import ir
+from remat_dsl.plan.errors import PlanError
+from remat_dsl.plan.resources import data_path
+from remat_dsl.plan.printer import (
+    BANDWIDTH_UNITS,
+    DURATION_UNITS,
+    FORMAT_VERSION,
+    GAP_PERCENT_DECIMALS,
+    OP_HEADING,
+    PEAK_AT_RE,
+    PHASES,
+    SECONDS_DECIMALS,
+    SIZE_UNITS,
+    SOLVE_TIME_UNIT,
+    STATUSES,
+    SYM_PREFIX,
+    TENSOR_HEADING,
+)
+
+GAP_STEP = f"0.{'0' * (GAP_PERCENT_DECIMALS - 1)}1%"
+GRAMMAR_PATH = data_path("grammar", "plan.lark")
+SECTIONS = (
+    "header", "inputs", "parameters", "buffers", "tangents", "tensors", "ops",
+    "outputs", "gradients", "updates", "forward", "backward", "digest",
+)  # fmt: skip
+HEADER_KEYS = (
+    "model", "device", "budget", "counts", "solver", "status", "gap", "solve-time",
+    "peak", "time", "compute", "recompute", "bandwidth",
+)  # fmt: skip
+
+VERB_ALIASES = {
+    "free": "delete", "del": "delete", "drop": "delete", "release": "delete",
+    "evict": "offload", "spill": "offload", "store": "offload", "save": "offload",
+    "load": "prefetch", "fetch": "prefetch", "restore": "prefetch", "reload": "prefetch",
+    "sync": "wait", "synchronize": "wait", "join": "wait",
+    "run": "compute", "exec": "compute", "execute": "compute",
+    "remat": "recompute", "rerun": "recompute", "rematerialize": "recompute",
+}  # fmt: skip
+
+
+@functools.cache
+def _lark() -> Lark:
+    return Lark(
+        GRAMMAR_PATH.read_text(encoding="utf-8"),
+        parser="lalr",
+        lexer="contextual",
+        propagate_positions=True,
+        maybe_placeholders=False,
+    )
+
+
+MAX_NESTING = 64  # brackets inside one argument; captured graphs stay far below
+
+
+def parse(text: str, path: str | None = None) -> ir.Plan:
+    """Parse plan text; raises PlanError (with path:line:col) on any syntax error."""
+    _check_nesting(text, path)
+    try:
+        tree = _lark().parse(text)
+    except UnexpectedInput as error:
+        raise _syntax_error(error, text, path) from None
+    try:
+        plan = _Builder().transform(tree)
+    except VisitError as error:
+        if isinstance(error.orig_exc, PlanError):
+            raise error.orig_exc.with_source(path, text) from None
+        raise
+    return replace(plan, section_spans=_section_spans(text))
+
+
+def parse_file(path: str | Path) -> ir.Plan:
+    """Parse the plan file at `path` (UTF-8).  Raises RematError when it cannot be read,
+    PlanError when it does not parse."""
+    from remat_dsl.cli.console import read_text
+
+    return parse(read_text(path, "plan"), str(path))
+
+
+def _section_spans(text: str) -> tuple[tuple[str, ir.Span], ...]:
+    """(name, span) of every section name line (section names stand alone at column 1)."""
+    names = set(SECTIONS) | {"constraints"}
+    return tuple((line, ir.Span(number, 1)) for number, line in enumerate(text.split("\n"), 1) if line.rstrip("\r") in names)
+
+
+def _check_nesting(text: str, path: str | None) -> None:
+    """Refuse arguments nested deeper than MAX_NESTING brackets before Lark sees them
+    (the transformer, the printer and the simulator walk arguments recursively)."""
+    for number, line in enumerate(text.split("\n"), 1):
+        if line.count("(") + line.count("[") <= MAX_NESTING:
+            continue
+        depth, inside, escaped = 0, False, False
+        for col, char in enumerate(line, 1):
+            if inside:
+                escaped, inside = (False, True) if escaped else (char == "\\", char != '"')
+            elif char == '"':
+                inside = True
+            elif char == "#":
+                break
+            elif char in "([":
+                depth += 1
+                if depth > MAX_NESTING:
+                    raise PlanError(
+                        f"arguments nested deeper than {MAX_NESTING} brackets",
+                        span=ir.Span(number, col), path=path, source=text,
+                        hint="a captured graph never nests this deep; re-run `remat plan` for this model",
+                    )  # fmt: skip
+            elif char in ")]":
+                depth -= 1
+
+
+# ---------------------------------------------------------------------------
+# Helpers of the transformer
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Comments:
+    texts: tuple[str, ...]
+    first: Token
+
+
+@dataclass(frozen=True)
+class _Section:
+    name: str
+    items: Any
+
+
+@dataclass(frozen=True)
+class _FileComment:
+    where: str  # "top" | "end"
+    text: str
+
+
+@dataclass(frozen=True)
+class _Kwarg:
+    name: Token
+    value: ir.Arg
+
+
+def _span(token: Token) -> ir.Span:
+    return ir.Span(token.line, token.column)
+
+
+def _error(message: str, token: Token, hint: str | None = None) -> PlanError:
+    return PlanError(message, span=_span(token), hint=hint, length=len(token.value))
+
+
+def _comment_line(token: Token) -> str:
+    """The comment itself (from `#`), without the line break a LINE_COMMENT starts with."""
+    return token.value.rsplit("\n", 1)[-1].lstrip(" \t")
+
+
+def _comment_text(token: Token) -> str:
+    text = _comment_line(token)[1:]
+    return (text[1:] if text.startswith(" ") else text).rstrip()
+
+
+def _comment_error(message: str, token: Token, hint: str) -> PlanError:
+    col = (token.end_column or 1) - len(_comment_line(token))
+    span = ir.Span(token.end_line or token.line, col)
+    return PlanError(message, span=span, hint=hint, length=len(_comment_line(token).rstrip()))
+
+
+def _suggest(word: str, options: Sequence[str], aliases: dict[str, str] | None = None) -> str | None:
+    """The option `word` most likely means, or None."""
+    lowered = {option.lower(): option for option in options}
+    if word.lower() in lowered:
+        return lowered[word.lower()]
+    if aliases and word.lower() in aliases:
+        return aliases[word.lower()]
+    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _one_of(options: Sequence[str]) -> str:
+    quoted = [f"`{option}`" for option in options]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
+
+
+def _choose(token: Token, options: Sequence[str], what: str, aliases: dict[str, str] | None = None) -> str:
+    """`token`'s text if it is one of `options`; else PlanError with a suggestion."""
+    if token.value in options:
+        return token.value
+    guess = _suggest(token.value, options, aliases)
+    hint = f"did you mean `{guess}`? " if guess else ""
+    raise _error(f"unknown {what} `{token.value}`", token, f"{hint}expected {_one_of(options)}")
+
+
+def _scaled(number: str, factor: int) -> int | None:
+    """`number * factor` if it is a whole number, else None."""
+    value = Decimal(number) * factor
+    return int(value) if value == value.to_integral_value() else None
+
+
+def _amount(number: Token, unit: Token, units: dict[str, int], what: str) -> int:
+    """An integer quantity written as NUMBER UNIT, e.g. `1.5 MiB` -> 1572864."""
+    value = _scaled(number.value, units[_choose(unit, list(units), f"{what} unit")])
+    if value is None:
+        smallest = min(units, key=units.get)
+        raise _error(
+            f"`{number} {unit}` is not a whole number of {smallest}",
+            number,
+            f"{what}s are stored as integer {smallest}; round it",
+        )
+    return value
+
+
+def _decimals(number: str) -> int:
+    """How many decimals a NUMBER writes, trailing zeros aside: `1.230` -> 2."""
+    return len(number.partition(".")[2].rstrip("0"))
+
+
+def _rounded(number: str, decimals: int) -> str:
+    """`number` rounded half-up to `decimals` decimals, for hints."""
+    return str(Decimal(number).quantize(Decimal(1).scaleb(-decimals), rounding=ROUND_HALF_UP))
+
+
+def parse_size(text: str) -> int:
+    """Bytes from a size such as `64 KiB`, `1.5 MiB` or `4096 B` (also `64KiB`).
+
+    Raises PlanError for a missing or unknown unit or a fractional number of bytes.
+    """
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    if not match or match.group(2) not in SIZE_UNITS:
+        raise PlanError(f"bad size {text!r}", hint="write e.g. `4096 B`, `64 KiB`, `1.5 MiB` or `2 GiB`")
+    value = _scaled(match.group(1), SIZE_UNITS[match.group(2)])
+    if value is None:
+        raise PlanError(f"size {text!r} is not a whole number of bytes")
+    return value
+
+
+def _split_comments(children: list) -> tuple[tuple[str, ...], list]:
+    if children and isinstance(children[0], _Comments):
+        return children[0].texts, children[1:]
+    return (), children
+
+
+def _items(children: list) -> tuple:
+    """A section's items; a comment after its last item has nothing to attach to."""
+    if children and isinstance(children[-1], _Comments):
+        raise _comment_error(
+            "comment is not followed by an item of this section",
+            children[-1].first,
+            "full-line comments are kept with the item below them; move it above an item "
+            "(or to column 1 at the very end of the file)",
+        )
+    return tuple(children)
+
+
+def _drop_heading(items: tuple, heading: Sequence[str]) -> tuple:
+    """Drop the printer's column heading (the first comment of the section) if present."""
+    words = " ".join(heading).removeprefix("#").split()
+    if not items or not items[0].comments or items[0].comments[0].split() != words:
+        return items
+    return (replace(items[0], comments=items[0].comments[1:]),) + items[1:]
+
+
+def _with_outputs(ops: tuple[ir.Op, ...], tensors: tuple[ir.TensorDecl, ...]) -> tuple[ir.Op, ...]:
+    """Op.outputs: the tensors each op produces, in output order (see the printer)."""
+    produced: dict[str, list[ir.TensorDecl]] = {}
+    for t in tensors:
+        produced.setdefault(t.producer, []).append(t)
+    return tuple(
+        replace(op, outputs=tuple(t.name for t in sorted(produced.get(op.name, []), key=lambda t: t.index)))
+        for op in ops
+    )
+
+
+# ---------------------------------------------------------------------------
+# The transformer: one method per grammar rule
+# ---------------------------------------------------------------------------
+
+
+def constraint_of(kind: Token, value, comments: tuple[str, ...] = ()) -> ir.Constraint:
+    """A Constraint from its kind word and its value (a STRING token or a size in bytes)."""
+    word = _choose(kind, ir.CONSTRAINT_KINDS, "constraint")
+    is_pattern = isinstance(value, Token)
+    if word == "budget" and is_pattern:
+        raise _error("`budget` takes a size", value, "write for example `budget 2 GiB`")
+    if word != "budget" and not is_pattern:
+        raise _error(f"`{word}` takes a quoted glob pattern", kind, f'write for example `{word} "transformer.h.*.attn.*"`')
+    if is_pattern:
+        return ir.Constraint(word, json.loads(value.value), None, comments, _span(kind))
+    return ir.Constraint(word, None, value, comments, _span(kind))
+
+
+class _Builder(Transformer):
+    """Builds ir dataclasses from the parse tree of grammar/plan.lark."""
+
+    # --- file structure
+    def start(self, c: list) -> ir.Plan:
+        version = next(x for x in c if isinstance(x, Token))
+        if version.value != str(FORMAT_VERSION):
+            raise _error(
+                f"unsupported plan version {version}", version, f"this tool reads `remat-plan {FORMAT_VERSION}`"
+            )
+        sections = {x.name: x.items for x in c if isinstance(x, _Section)}
+        header = next(x for x in c if isinstance(x, ir.Header))
+        top = tuple(x.text for x in c if isinstance(x, _FileComment) and x.where == "top")
+        end = tuple(x.text for x in c if isinstance(x, _FileComment) and x.where == "end")
+        graph = ir.Graph(
+            inputs=sections["inputs"],
+            parameters=sections["parameters"],
+            buffers=sections.get("buffers", ()),
+            tangents=sections.get("tangents", ()),
+            tensors=sections["tensors"],
+            ops=_with_outputs(sections["ops"], sections["tensors"]),
+            outputs=sections["outputs"],
+            gradients=sections["gradients"],
+            updates=sections.get("updates", ()),
+        )
+        digest = next((x for x in c if isinstance(x, ir.Digest)), None)
+        return ir.Plan(
+            replace(header, comments=top), graph, sections["forward"], sections["backward"], end,
+            sections.get("constraints", ()), digest,
+        )  # fmt: skip
+
+    def top_comment(self, c: list) -> _FileComment:
+        return _FileComment("top", _comment_text(c[0]))
+
+    def end_comment(self, c: list) -> _FileComment:
+        return _FileComment("end", _comment_text(c[0]))
+
+    def comments(self, c: list) -> _Comments:
+        return _Comments(tuple(_comment_text(t) for t in c), c[0])
+
+    # --- header
+    def header(self, c: list) -> ir.Header:
+        return ir.Header(**{key: value for entry in c for key, value in entry.items()})
+
+    def model(self, c: list) -> dict:
+        return {"model": self._string(c[0])}
+
+    def device(self, c: list) -> dict:
+        return {"device": self._string(c[0]) if c[0].type == "STRING" else c[0].value}
+
+    def budget(self, c: list) -> dict:
+        return {"budget": c[0]}
+
+    def counts(self, c: list) -> dict:
+        return {"counts": self._string(c[0])}
+
+    def solver(self, c: list) -> dict:
+        return {"solver": self._string(c[0])}
+
+    def status(self, c: list) -> dict:
+        return {"status": _choose(c[0], STATUSES, "status")}
+
+    def gap(self, c: list) -> dict:
+        number = c[0]
+        if _decimals(number.value) > GAP_PERCENT_DECIMALS:
+            raise _error(
+                f"gap `{number}%` has more than {GAP_PERCENT_DECIMALS} decimals",
+                number,
+                f"gaps are stored to {GAP_STEP} (see ir.Header); write e.g. `{_rounded(number.value, GAP_PERCENT_DECIMALS)}%`",
+            )
+        return {"gap": float(Decimal(number.value).scaleb(-2))}
+
+    def solve_time(self, c: list) -> dict:
+        number, unit = c
+        if unit.value != SOLVE_TIME_UNIT:
+            raise _error(
+                f"unknown solve-time unit `{unit}`",
+                unit,
+                f"the solve time is written in seconds, e.g. `2.4 {SOLVE_TIME_UNIT}`",
+            )
+        if _decimals(number.value) > SECONDS_DECIMALS:
+            raise _error(
+                f"solve time `{number} {unit}` has more than {SECONDS_DECIMALS} decimal",
+                number,
+                f"solve times are stored to 0.1 s (see ir.Header); write e.g. `{_rounded(number.value, SECONDS_DECIMALS)} s`",
+            )
+        return {"solve_seconds": float(number.value)}
+
+    def peak(self, c: list) -> dict:
+        number, unit, where = c
+        if not PEAK_AT_RE.fullmatch(where.value):
+            raise _error(
+                f"bad peak position `{where}`", where, "write `forward:K` or `backward:K` (K: instruction number)"
+            )
+        return {"peak_bytes": _amount(number, unit, SIZE_UNITS, "size"), "peak_at": where.value}
+
+    def time(self, c: list) -> dict:
+        return {"time_us": c[0]}
+
+    def compute(self, c: list) -> dict:
+        return {"compute_us": c[0]}
+
+    def recompute(self, c: list) -> dict:
+        return {"recompute_us": c[0]}
+
+    def bandwidth(self, c: list) -> dict:
+        return {"bandwidth": _amount(c[0], c[1], BANDWIDTH_UNITS, "bandwidth")}
+
+    def size(self, c: list) -> int:
+        return _amount(c[0], c[1], SIZE_UNITS, "size")
+
+    def duration(self, c: list) -> int:
+        return _amount(c[0], c[1], DURATION_UNITS, "duration")
+
+    # --- constraints
+    def constraints(self, c: list) -> _Section:
+        return _Section("constraints", _items(c))
+
+    def constraint(self, c: list) -> ir.Constraint:
+        comments, (kind, value) = _split_comments(c)
+        return constraint_of(kind, value, comments)
+
+    # --- the FB-graph
+    def inputs(self, c: list) -> _Section:
+        return _Section("inputs", tuple(replace(d, kind="input") for d in _items(c)))
+
+    def parameters(self, c: list) -> _Section:
+        return _Section("parameters", tuple(replace(d, kind="parameter") for d in _items(c)))
+
+    def buffers(self, c: list) -> _Section:
+        return _Section("buffers", tuple(replace(d, kind="buffer") for d in _items(c)))
+
+    def tangents(self, c: list) -> _Section:
+        return _Section("tangents", tuple(replace(d, kind="tangent") for d in _items(c)))
+
+    def value_decl(self, c: list) -> ir.ValueDecl:
+        comments, (name, dtype, shape) = _split_comments(c)
+        return ir.ValueDecl("", name.value, shape, dtype.value, comments, _span(name))
+
+    def tensors(self, c: list) -> _Section:
+        return _Section("tensors", _drop_heading(_items(c), TENSOR_HEADING))
+
+    def tensor_decl(self, c: list) -> ir.TensorDecl:
+        comments, (name, shape, dtype, nbytes, producer) = _split_comments(c)
+        op, colon, index = producer.value.rpartition(":")
+        op, index = (op, int(index)) if colon else (index, 0)
+        return ir.TensorDecl(name.value, shape, dtype.value, nbytes, op, index, comments, _span(name))
+
+    def ops(self, c: list) -> _Section:
+        return _Section("ops", _drop_heading(_items(c), OP_HEADING))
+
+    def op(self, c: list) -> ir.Op:
+        comments, (name, call, time_us, temp, phase, *random) = _split_comments(c)
+        return ir.Op(
+            name.value, _choose(phase, PHASES, "phase"), call.target, call.args, call.kwargs, (), time_us, temp,
+            bool(random), comments, _span(name),
+        )  # fmt: skip
+
+    def outputs(self, c: list) -> _Section:
+        return _Section("outputs", c[0])
+
+    def gradients(self, c: list) -> _Section:
+        return _Section("gradients", tuple(c))
+
+    def gradient(self, c: list) -> ir.Gradient:
+        return ir.Gradient(c[0].value, c[1], _span(c[0]))
+
+    def updates(self, c: list) -> _Section:
+        return _Section("updates", tuple(c))
+
+    def update(self, c: list) -> ir.BufferUpdate:
+        return ir.BufferUpdate(c[0].value, c[1].value[1:], _span(c[0]))
+
+    def shape(self, c: list) -> tuple[int, ...]:
+        for dim in c:
+            if dim.value.startswith("-"):
+                raise _error(f"negative dimension {dim}", dim, "dimensions are integers >= 0")
+        return tuple(int(dim) for dim in c)
+
+    # --- arguments
+    def ref(self, c: list) -> ir.Ref:
+        return ir.Ref(c[0].value[1:], _span(c[0]))
+
+    def sym(self, c: list) -> ir.Sym:
+        if not c[0].value.startswith(SYM_PREFIX):
+            raise _error(
+                f"bare name `{c[0]}` in an argument",
+                c[0],
+                f"refer to a value with `%`: write `%{c[0]}` (constants are written `{SYM_PREFIX}NAME`)",
+            )
+        return ir.Sym(c[0].value)
+
+    def integer(self, c: list) -> int:
+        return int(c[0])
+
+    def floating(self, c: list) -> float:
+        return float(c[0])
+
+    def string(self, c: list) -> str:
+        return self._string(c[0])
+
+    def none(self, c: list) -> None:
+        return None
+
+    def true(self, c: list) -> bool:
+        return True
+
+    def false(self, c: list) -> bool:
+        return False
+
+    def pos_inf(self, c: list) -> float:
+        return float("inf")
+
+    def neg_inf(self, c: list) -> float:
+        return float("-inf")
+
+    def nan(self, c: list) -> float:
+        return float("nan")
+
+    def call(self, c: list) -> ir.Call:
+        target, *items = c
+        args = [x for x in items if not isinstance(x, _Kwarg)]
+        kwargs = [x for x in items if isinstance(x, _Kwarg)]
+        if kwargs and not isinstance(items[-1], _Kwarg):
+            first = kwargs[0].name
+            raise _error("positional argument after a keyword argument", first, "put keyword arguments last")
+        return ir.Call(target.value, tuple(args), tuple((k.name.value, k.value) for k in kwargs))
+
+    def kwarg(self, c: list) -> _Kwarg:
+        return _Kwarg(c[0], c[1])
+
+    def list_arg(self, c: list) -> ir.ListArg:
+        return ir.ListArg(tuple(c))
+
+    def tuple_arg(self, c: list) -> ir.TupleArg:
+        return ir.TupleArg(tuple(c))
+
+    @staticmethod
+    def _string(token: Token) -> str:
+        try:
+            return json.loads(token.value)
+        except json.JSONDecodeError as e:
+            raise _error(f"bad string: {e.msg}", token, 'strings use JSON escapes: \\" \\\\ \\n \\t \\uXXXX') from None
+
+    # --- the digest
+    def digest(self, c: list) -> ir.Digest:
+        graph, *chunks = c
+        return ir.Digest(graph.value, tuple(chunks), _span(graph))
+
+    def digest_items(self, c: list) -> str:
+        return c[0].value
+
+    # --- the schedule
+    def forward(self, c: list) -> _Section:
+        return _Section("forward", _items(c))
+
+    def backward(self, c: list) -> _Section:
+        return _Section("backward", _items(c))
+
+    def instruction(self, c: list) -> ir.Instruction:
+        comments, (verb, target, stream, *trailing) = _split_comments(c)
+        verb_text = _choose(verb, ir.VERBS, "verb", VERB_ALIASES)
+        if stream.value not in ir.STREAMS:
+            right = ir.VERB_STREAM[verb_text]
+            raise _error(
+                f"unknown stream `{stream}`",
+                stream,
+                f"`{verb_text}` runs on `{right}`: write `{verb_text} {target} on {right}` "
+                f"(the streams are {_one_of(ir.STREAMS)})",
+            )
+        stream_text = stream.value
+        if ir.VERB_STREAM[verb_text] != stream_text:
+            right = ir.VERB_STREAM[verb_text]
+            raise _error(
+                f"`{verb_text}` runs on stream `{right}`, not `{stream_text}`",
+                stream,
+                f"write `{verb_text} {target} on {right}`",
+            )
+        text = _comment_text(trailing[0]) if trailing else None
+        return ir.Instruction(verb_text, target.value, stream_text, comments, text, _span(verb))
+
+
+# ---------------------------------------------------------------------------
+# Syntax errors: Lark exceptions -> PlanError
+# ---------------------------------------------------------------------------
+
+_EXAMPLE_HEAD = """remat-plan 1
+header
+  model "m"
+  device cpu
+  budget 1 KiB
+  counts "c"
+  solver "s"
+  status optimal
+  peak 0 B at forward:0
+  time 0.000 ms
+  compute 0.000 ms
+  recompute 0.000 ms
+  bandwidth 1 GB/s
+inputs
+parameters
+tensors
+ops
+"""
+_EXAMPLE_SCHEDULE = _EXAMPLE_HEAD + "outputs\n  None\ngradients\nforward\n"
+
+EXAMPLES = {
+    "missing-on": [_EXAMPLE_SCHEDULE + "  compute a\n", _EXAMPLE_SCHEDULE + "  # c\n  compute a\n"],
+    "size-unit": [_EXAMPLE_HEAD.replace("budget 1 KiB", "budget 1024")],
+    "duration-unit": [_EXAMPLE_HEAD.replace("time 0.000 ms", "time 0.1")],
+    "bandwidth-unit": [_EXAMPLE_HEAD.replace("1 GB/s", "1000000000")],
+    "gap-value": [_EXAMPLE_HEAD.replace("optimal\n", f"optimal\n  gap {value}\n") for value in ("x", "")],
+    "gap-unit": [_EXAMPLE_HEAD.replace("optimal\n", f"optimal\n  gap 1{value}\n") for value in ("", " x")],
+    "solve-time-value": [
+        _EXAMPLE_HEAD.replace("optimal\n", f"optimal\n{gap}  solve-time {value}\n")
+        for gap in ("", "  gap 1%\n")
+        for value in ("x", "")
+    ],
+    "solve-time-unit": [
+        _EXAMPLE_HEAD.replace("optimal\n", f"optimal\n{gap}  solve-time 1\n") for gap in ("", "  gap 1%\n")
+    ],
+    "one-tuple": [_EXAMPLE_HEAD + "outputs\n  (%a)\n"],
+    "negative": [
+        _EXAMPLE_HEAD + f"{comment}  o = f({args})  {time}  {temp}  forward\n"
+        for comment in ("", "  # c\n")
+        for args in ("", "%a", "%a, 1")
+        for time, temp in (("-0.010 ms", "0 B"), ("0.010 ms", "-4 B"))
+    ] + [
+        _EXAMPLE_HEAD.replace("tensors\n", f"tensors\n{comment}  t  [1]  float32  -4 B  t\n") for comment in ("", "  # c\n")
+    ] + [
+        _EXAMPLE_HEAD.replace("time 0.000 ms", "time -0.001 ms"),
+        _EXAMPLE_HEAD.replace("budget 1 KiB", "budget -1 KiB"),
+    ],
+    "after-size": [
+        _EXAMPLE_HEAD.replace("tensors\n", "tensors\n" + lines)
+        for lines in (
+            "  t  [1]  float32  4 B\n",
+            "  t  [1]  float32  4 B\n  u  [1]  float32  4 B  u\n",
+            "  # c\n  t  [1]  float32  4 B\n  u  [1]  float32  4 B  u\n",
+        )
+    ]
+    + [
+        _EXAMPLE_HEAD + lines
+        for lines in (
+            "  o = f()  0.010 ms  0 B\n",
+            "  o = f()  0.010 ms  0 B\n  p = f()  0.010 ms  0 B  forward\n",
+            "  # c\n  o = f()  0.010 ms  0 B\n  p = f()  0.010 ms  0 B  forward\n",
+        )
+    ],
+}
+
+
+def _missing_on(line: str) -> tuple[str, str]:
+    words = line.split("#")[0].split()
+    stream = ir.VERB_STREAM.get(words[0]) if words else None
+    if stream and len(words) >= 2:
+        return "expected `on STREAM` after the instruction", f"write `{words[0]} {words[1]} on {stream}`"
+    return (
+        "expected `on STREAM` after the instruction",
+        f"write `VERB TARGET on STREAM`; streams are {_one_of(ir.STREAMS)}",
+    )
+
+
+def _after_size(line: str) -> tuple[str, str] | None:
+    """A tensor or op line that ends too early after its size (a lost unit or column)."""
+    if "=" in line:
+        return "expected the phase after the temp size", "an op line ends `TIME  TEMP  forward|backward  [random]`"
+    if "[" in line:
+        return (
+            "expected the producer after the size",
+            "a tensor line is `NAME  [SHAPE]  DTYPE  SIZE  PRODUCER`; sizes need a unit (B, KiB, MiB, GiB)",
+        )
+    return None
+
+
+def _header_value(line: str) -> str:
+    """What follows the key of a header line, a comment and outer blanks aside."""
+    match = re.match(r"\s*\S+\s+([^#]*)", line)
+    return match.group(1).strip() if match else ""
+
+
+def _gap_value(line: str) -> tuple[str, str]:
+    value = _header_value(line)
+    hint = "write the relative MIP gap in percent, e.g. `gap         1.23%` (leave the line out when there is none)"
+    if not value:
+        return "expected the gap (in percent) after `gap`", hint
+    if value.startswith("-"):
+        return f"a gap cannot be negative (`{value}`)", hint
+    if re.fullmatch(r"[0-9]+(\.[0-9]+)?", value):
+        return "a gap needs a `%`", hint
+    return f"bad gap `{value}`", hint
+
+
+def _solve_time_value(line: str) -> tuple[str, str]:
+    value = _header_value(line)
+    hint = "write the seconds spent solving, e.g. `solve-time  2.4 s` (leave the line out when unknown)"
+    if not value:
+        return "expected the solve time (in seconds) after `solve-time`", hint
+    if value.startswith("-"):
+        return f"a solve time cannot be negative (`{value}`)", hint
+    if re.fullmatch(r"[0-9]+(\.[0-9]+)?", value):
+        return "a solve time needs a unit", hint
+    return f"bad solve time `{value}`", hint
+
+
+HEADER_VALUE_LABELS = ("gap-", "solve-time-")  # errors located on the whole value of the line
+
+# label -> (the source line -> message and hint, or None where the label does not fit).
+EXAMPLE_MESSAGES: dict[str, Callable[[str], tuple[str, str] | None]] = {
+    "missing-on": _missing_on,
+    "size-unit": lambda line: ("a size needs a unit", "write e.g. `4096 B` or `4 KiB`; units are B, KiB, MiB, GiB"),
+    "duration-unit": lambda line: ("a duration needs a unit", "write milliseconds, e.g. `0.120 ms` (or us, s)"),
+    "bandwidth-unit": lambda line: ("a bandwidth needs a unit", "write e.g. `12 GB/s` or `12000000000 B/s`"),
+    "one-tuple": lambda line: ("a one-element tuple needs a trailing comma", "write `(x,)`"),
+    "negative": lambda line: ("durations and sizes cannot be negative", "times and sizes are measured, >= 0: re-run `remat plan` (or `remat profile`)"),
+    "gap-value": _gap_value,
+    "gap-unit": _gap_value,
+    "solve-time-value": _solve_time_value,
+    "solve-time-unit": _solve_time_value,
+    "after-size": _after_size,
+}
+
+TERMINAL_WORDS = {
+    "NAME": "a name",
+    "REF": "a `%name` reference",
+    "BARE": "a word",
+    "UNIT": "a unit",
+    "NUMBER": "a number",
+    "INT": "an integer",
+    "FLOAT": "a number",
+    "STRING": 'a "quoted string"',
+    "COMMENT": "a comment",
+    "LINE_COMMENT": "a comment line",
+    "RANDOM": "`random`",
+    "_NL": "a line starting at column 1",
+    "_NLI": "an indented line",
+    "$END": "the end of the file",
+}
+ARG_STARTERS = {"REF", "INT", "FLOAT", "STRING"}
+LINE_STARTS = {"_NL", "_NLI", "LINE_COMMENT", "$END"}
+
+
+def _position_only(state: Any) -> Any:
+    """Compare parser states by LALR state alone: the stack depth varies with optional sections."""
+    return getattr(state, "position", state)
+
+
+def _parse_example(text: str) -> None:
+    try:
+        _lark().parse(text)
+    except UnexpectedInput as error:
+        error.state = _position_only(error.state)
+        raise
+
+
+def _match_example(error: UnexpectedInput) -> str | None:
+    error.state = _position_only(getattr(error, "state", None))
+    if error.state is None:
+        return None
+    return error.match_examples(_parse_example, EXAMPLES, use_accepts=True)
+
+
+def _terminal_word(name: str) -> str:
+    if name in TERMINAL_WORDS:
+        return TERMINAL_WORDS[name]
+    pattern = _lark().get_terminal(name).pattern
+    return f"`{pattern.value}`" if isinstance(pattern, PatternStr) else name.lower()
+
+
+def _expected_words(expected: set[str]) -> str:
+    names = set(expected)
+    words = []
+    if ARG_STARTERS <= names:
+        names -= ARG_STARTERS | {"NAME", "LPAR", "LSQB"} | {n for n in names if _is_arg_keyword(n)}
+        words.append("an argument")
+    words += sorted({_terminal_word(name) for name in names})
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+
+
+def _is_arg_keyword(name: str) -> bool:
+    pattern = _lark().get_terminal(name).pattern if name in _terminal_names() else None
+    return isinstance(pattern, PatternStr) and pattern.value in ("None", "True", "False", "inf", "-inf", "nan")
+
+
+@functools.cache
+def _terminal_names() -> frozenset[str]:
+    return frozenset(t.name for t in _lark().terminals)
+
+
+def _keywords(expected: set[str]) -> list[str]:
+    """The literal words among the expected terminals (section names, header keys, ...)."""
+    words = []
+    for name in expected & _terminal_names():
+        pattern = _lark().get_terminal(name).pattern
+        if isinstance(pattern, PatternStr) and pattern.value[:1].isalpha():
+            words.append(pattern.value)
+    return sorted(words)
+
+
+def _found(token: Token, expected: set[str]) -> str:
+    if token.type in ("_NL", "_NLI"):
+        return TERMINAL_WORDS[token.type] if expected <= LINE_STARTS else "the end of the line"
+    if token.type == "$END":
+        return "the end of the file"
+    if token.type in ("COMMENT", "LINE_COMMENT"):
+        return "a comment"
+    return f"`{token.value}`"
+
+
+def _token_hint(token: Token, expected: set[str]) -> str | None:
+    """A concrete fix for the commonest ways to end up with `token` where `expected` was due."""
+    keywords = _keywords(expected)
+    if token.type in ("COMMENT", "LINE_COMMENT"):
+        return (
+            "comments go on their own line above an item of inputs, parameters, buffers, "
+            "tangents, tensors, ops, forward or backward (or at the top or end of the file); "
+            "only schedule instructions keep a comment after them"
+        )
+    if token.type == "_NL" and "_NLI" in expected:
+        return "the items of a section are indented under its name"
+    if token.type == "_NLI" and "_NL" in expected:
+        return "this section takes no more items here; section names start at column 1"
+    if token.type == "REF" and "NAME" in expected:
+        return f"`%` marks references inside arguments; write `{token.value[1:]}`"
+    if token.type != "REF" and "REF" in expected and "NAME" not in expected:
+        return f"refer to the value with `%`: write `%{token.value}`"
+    if token.type == "$END":
+        return "the file ends early; a plan has the sections " + ", ".join(SECTIONS)
+    is_section = set(keywords) & set(SECTIONS)
+    if token.value in HEADER_KEYS and keywords and set(keywords) <= set(HEADER_KEYS):
+        return "the header's lines come once each, in this order: " + ", ".join(HEADER_KEYS) + " (gap and solve-time may be left out)"
+    if token.value in SECTIONS and is_section:
+        return "sections come in this order: " + ", ".join(SECTIONS)
+    guess = _suggest(token.value, keywords) if token.value[:1].isalpha() else None
+    if guess:
+        return f"did you mean `{guess}`?"
+    if is_section:
+        return f"expected a section name ({_one_of(keywords)}); the items of a section are indented under it"
+    return None
+
+
+def _token_message(token: Token, expected: set[str]) -> str:
+    if token.type in ("COMMENT", "LINE_COMMENT") and token.type not in expected:
+        return "a comment cannot go here"
+    word = token.value[:1].isalpha() and token.type not in ("COMMENT", "LINE_COMMENT")
+    if word and token.value not in SECTIONS and set(_keywords(expected)) & set(SECTIONS):
+        return f"unknown section `{token.value}`"
+    return f"expected {_expected_words(expected)}, found {_found(token, expected)}"
+
+
+def _describe(error: UnexpectedInput) -> tuple[str, str | None]:
+    if isinstance(error, UnexpectedToken):
+        expected = set(error.expected)
+        return _token_message(error.token, expected), _token_hint(error.token, expected)
+    char = error.char if isinstance(error, UnexpectedCharacters) else "?"
+    return f"unexpected character `{char}`, expected {_expected_words(set(error.allowed or ()))}", None
+
+
+def _end_of_text(text: str) -> tuple[int, int]:
+    body = text.rstrip("\r\n")
+    return body.count("\n") + 1, len(body.split("\n")[-1]) + 1
+
+
+def _where(error: UnexpectedInput, text: str) -> tuple[int, int, int]:
+    """Line, column and caret length of the culprit."""
+    if not isinstance(error, UnexpectedToken):
+        return error.line, error.column, 1
+    token = error.token
+    if token.type == "$END":
+        return (*_end_of_text(text), 1)
+    if token.type in ("_NL", "_NLI"):
+        if set(error.expected) <= LINE_STARTS:  # wanted another kind of line: point at it
+            return token.end_line, token.end_column, 1
+        return token.line, token.column, 1  # the line ended early: point at its end
+    return token.line, token.column, max(1, len(token.value))
+
+
+def _number_before(line: str, col: int) -> tuple[int, int] | None:
+    """Column and length of the number that ends just before column `col`, if any."""
+    match = re.search(r"[0-9.]+(?=[ \t]*$)", line[: col - 1])
+    return (match.start() + 1, len(match.group())) if match else None
+
+
+def _column_one_word(error: UnexpectedInput, source_line: str, col: int) -> tuple[str, str, int] | None:
+    """Message, hint and length for a wrong word at column 1 (a section name is due there).
+
+    Covers a misspelled section name, also one that starts with a real one (`backwards`:
+    the lexer reads `backward` and stumbles on `s`), and an instruction left unindented.
+    """
+    if not isinstance(error, UnexpectedToken) or error.token.type in ("_NL", "_NLI", "$END"):
+        return None
+    match = re.match(r"[A-Za-z_][^\s#]*", source_line)
+    if not match or col > match.end() or match.group() in SECTIONS:
+        return None
+    word = match.group()
+    if word in ir.VERBS or word in VERB_ALIASES:
+        return (
+            "this instruction starts at column 1, where a section name belongs",
+            f"indent the items of a section: write `  {source_line.strip()}`",
+            len(word),
+        )
+    guess = _suggest(word, SECTIONS)
+    hint = f"did you mean `{guess}`?" if guess else "sections come in this order: " + ", ".join(SECTIONS)
+    return f"unknown section `{word}`", hint, len(word)
+
+
+def _syntax_error(error: UnexpectedInput, text: str, path: str | None) -> PlanError:
+    line, col, length = _where(error, text)
+    label = _match_example(error)
+    source_line = text.split("\n")[line - 1] if 0 < line <= text.count("\n") + 1 else ""
+    column_one = _column_one_word(error, source_line, col)
+    if column_one is not None and not label:
+        message, hint, length = column_one
+        return PlanError(message, span=ir.Span(line, 1), hint=hint, path=path, source=text, length=length)
+    if label == "missing-on":
+        length = 1  # point at where `on` belongs
+    elif label and label.startswith(HEADER_VALUE_LABELS) and _header_value(source_line):
+        value = re.match(r"\s*\S+\s+", source_line)  # underline the whole value
+        col, length = value.end() + 1, len(_header_value(source_line))
+    elif label and label.endswith("-unit"):
+        col, length = _number_before(source_line, col) or (col, length)  # the number lacking a unit
+    message, hint = (EXAMPLE_MESSAGES[label](source_line) if label else None) or _describe(error)
+    return PlanError(message, span=ir.Span(line, col), hint=hint, path=path, source=text, length=length)

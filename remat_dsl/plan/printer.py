@@ -1,0 +1,439 @@
+"""The one canonical printer of plans: `print_plan(plan) -> str`.
+
+`remat_dsl.plan.parser.parse(print_plan(plan)) == plan` for every plan the printer accepts,
+and `print_plan(parse(text)) == text` for every text the printer produced.
+
+NOTE: [Canonical layout]
+- Comment lines of the header (the `comments` of `Header`) come first, then
+  `remat-plan 1`.  Sections follow in a fixed order, separated by one blank line:
+  header, inputs, parameters, buffers, tangents, tensors, ops, outputs, gradients,
+  updates, forward, backward, digest (remat_dsl.plan.digest: always the digest of the
+  plan's graph, whatever the file it was read from said).  Empty buffers, tangents and updates sections are left
+  out; the other sections are always printed (an empty one is just its name).  The
+  comments of `Plan.comments` close the file after a blank line.  The file ends with a
+  newline; no line has trailing whitespace.
+- Section names start at column 1, items are indented by two spaces.  Within one
+  section every column is padded to its widest cell; columns are separated by two
+  spaces (one between a number and its unit).  Numbers are right-aligned.  The
+  `name = target(args)` column of `ops` is padded to at most OPS_CALL_WIDTH characters;
+  longer calls push the rest of their line to the right.
+- Header keys are padded to HEADER_KEY_WIDTH.  `device` is a bare word when it looks
+  like one (`cpu`, `cuda:0`), a quoted string otherwise.
+- Value sections: `NAME  DTYPE[D0, D1]` (`float32[]` for scalars).
+- tensors: `NAME  [SHAPE]  DTYPE  SIZE  PRODUCER`, PRODUCER written `op:k` for output
+  k >= 1 (TensorDecl.index) and `op` for output 0.  ops:
+  `NAME = TARGET(ARGS)  TIME  TEMP  PHASE  [random]`.  Both tables open with a heading
+  comment (TENSOR_HEADING, OP_HEADING) that the parser recognises and drops.
+  An op's `outputs` are not written: they are the tensors whose producer it is, in
+  output order, so the printer refuses an op whose `outputs` disagree with the table.
+- outputs: one argument.  gradients: `PARAM = ARG`; updates: `BUFFER = %TENSOR`, names
+  padded to the widest.
+- forward/backward: `VERB  TARGET  on STREAM  # trailing`.
+- A comment is written `# TEXT` (`#` alone for empty text); full-line comments go
+  above their item, at the item's indentation.
+
+NOTE: [Units]
+Sizes (integer bytes) use the largest of GiB, MiB, KiB for which the value is at
+least one unit and a whole number of thousandths of it (`4 KiB`, `1.5 MiB`,
+`256.125 KiB`), else bytes (`12345 B`).  Durations (integer microseconds) are written
+in milliseconds with three decimals (`0.120 ms`).  Bandwidth (integer bytes/s) is
+written in decimal GB/s when it is a whole number of MB/s (`12 GB/s`, `12.5 GB/s`),
+else `N B/s`.  The header's optional `gap` (a fraction, stored to 6 decimals) is written
+in percent with 2 to 4 decimals (`1.23%`, `0.0125%`, `0.00%`), its optional
+`solve-time` (seconds, stored to 0.1 s) with one decimal (`2.4 s`); both lines come
+right after `status` and are left out when the field is None.
+
+Printing raises ValueError for a plan that could not be read back exactly (a name
+that is not a dotted identifier, a comment with a line break, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Sequence
+from decimal import Decimal
+
+from remat_dsl.plan import ir
+from remat_dsl.plan.digest import digest_of
+
+FORMAT_VERSION = 1
+HEADER_KEY_WIDTH = 12
+OPS_CALL_WIDTH = 100
+INDENT = "  "
+GAP = "  "
+
+STATUSES = ("optimal", "feasible", "baseline", "heuristic", "hand-written")
+GAP_PERCENT_DECIMALS = ir.GAP_DECIMALS - 2  # most decimals of a printed gap (percent)
+SECONDS_DECIMALS = ir.SECONDS_DECIMALS
+SOLVE_TIME_KEY = "solve-time"
+SOLVE_TIME_UNIT = "s"
+PHASES = (ir.FORWARD, ir.BACKWARD)
+SIZE_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+DURATION_UNITS = {"us": 1, "ms": 1000, "s": 1_000_000}
+BANDWIDTH_UNITS = {"B/s": 1, "KB/s": 10**3, "MB/s": 10**6, "GB/s": 10**9, "TB/s": 10**12}
+RESERVED = ("None", "True", "False", "inf", "nan")
+
+TENSOR_HEADING = ("# name", "shape", "dtype", "size", "", "producer")
+OP_HEADING = ("# name = target(args)", "time", "", "temp", "", "phase", "")
+
+NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.]*(:[0-9]+)?")  # `0.weight`: nn.Sequential's children
+CALL_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+BARE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.:\-]*")
+PEAK_AT_RE = re.compile(r"(forward|backward):[0-9]+")
+SYM_PREFIX = "torch."
+
+
+# ---------------------------------------------------------------------------
+# Numbers with units
+# ---------------------------------------------------------------------------
+
+
+def _thousandths(q: int) -> str:
+    """`q / 1000` with up to three decimals, trailing zeros stripped: 1500 -> `1.5`."""
+    whole, frac = divmod(q, 1000)
+    return f"{whole}.{frac:03d}".rstrip("0").rstrip(".")
+
+
+def size_parts(nbytes: int) -> tuple[str, str]:
+    """The number and unit `format_size` writes, e.g. (`1.5`, `MiB`)."""
+    if nbytes < 0:
+        raise ValueError(f"size must not be negative, got {nbytes}")
+    for unit in ("GiB", "MiB", "KiB"):
+        factor = SIZE_UNITS[unit]
+        if nbytes >= factor and nbytes * 1000 % factor == 0:
+            return _thousandths(nbytes * 1000 // factor), unit
+    return str(nbytes), "B"
+
+
+def format_size(nbytes: int) -> str:
+    """Bytes in human units, exactly (see NOTE: [Units]): 4096 -> `4 KiB`."""
+    return " ".join(size_parts(nbytes))
+
+
+def format_duration(us: int) -> str:
+    """Microseconds in milliseconds with three decimals: 120 -> `0.120 ms`."""
+    if us < 0:
+        raise ValueError(f"duration must not be negative, got {us}")
+    return f"{us // 1000}.{us % 1000:03d} ms"
+
+
+def format_bandwidth(bytes_per_s: int) -> str:
+    """Bytes per second in decimal GB/s when exact: 12_500_000_000 -> `12.5 GB/s`."""
+    if bytes_per_s < 0:
+        raise ValueError(f"bandwidth must not be negative, got {bytes_per_s}")
+    if bytes_per_s % 10**6 == 0:
+        return f"{_thousandths(bytes_per_s // 10**6)} GB/s"
+    return f"{bytes_per_s} B/s"
+
+
+def format_gap(gap: float) -> str:
+    """A relative gap (fraction, as ir.Header stores it) in percent, exactly: 0.0123 -> `1.23%`.
+
+    2 to 4 decimals; the digits are those of `repr(gap)` moved two places, so the text
+    reads back as the same float.  Raises ValueError for a negative, infinite or NaN gap,
+    or one with more than 6 decimals (ir.Header rounds at construction).
+    """
+    if not isinstance(gap, float) or not math.isfinite(gap) or gap < 0:
+        raise ValueError(f"cannot print gap {gap!r}: a finite fraction >= 0 (0.0123 is 1.23%)")
+    whole, _, frac = format(Decimal(repr(gap)).scaleb(2), "f").partition(".")
+    frac = frac.rstrip("0")
+    if len(frac) > GAP_PERCENT_DECIMALS:
+        raise ValueError(f"cannot print gap {gap!r}: more than {ir.GAP_DECIMALS} decimals (see ir.round_gap)")
+    return f"{whole}.{frac.ljust(2, '0')}%"
+
+
+def format_seconds(seconds: float) -> str:
+    """A solve time (seconds, as ir.Header stores it) with one decimal: 2.4 -> `2.4 s`.
+
+    Raises ValueError for a negative, infinite or NaN time, or one not rounded to 0.1 s.
+    """
+    if not isinstance(seconds, float) or not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"cannot print solve time {seconds!r}: a finite number of seconds >= 0")
+    text = f"{seconds:.{SECONDS_DECIMALS}f}"
+    if float(text) != seconds:
+        raise ValueError(f"cannot print solve time {seconds!r}: not rounded to 0.1 s (see ir.round_seconds)")
+    return f"{text} {SOLVE_TIME_UNIT}"
+
+
+def without_solve_time(text: str) -> str:
+    """Canonical plan text less its header's `solve-time` line (the one line that may
+    differ between two runs of a deterministic solver); other text is returned as is."""
+    head, sep, rest = text.partition("\n\n")  # `remat-plan 1` and the comments above it
+    header, sep2, tail = rest.partition("\n\n")
+    if not header.startswith("header\n"):
+        return text
+    prefix = f"{INDENT}{SOLVE_TIME_KEY:<{HEADER_KEY_WIDTH}}"
+    lines = [line for line in header.split("\n") if not line.startswith(prefix)]
+    return head + sep + "\n".join(lines) + sep2 + tail
+
+
+# ---------------------------------------------------------------------------
+# Names, strings, comments
+# ---------------------------------------------------------------------------
+
+
+def _name(name: str) -> str:
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        raise ValueError(f"cannot print name {name!r}: names are dotted identifiers (`a.b_1:2`)")
+    return name
+
+
+def _plain_name(name: str, what: str) -> str:
+    """A name without a `:k` suffix (op names, dtypes)."""
+    if ":" in _name(name):
+        raise ValueError(f"cannot print {what} {name!r}: no `:k` suffix allowed")
+    return name
+
+
+def _call_name(name: str, what: str) -> str:
+    """A name inside arguments: starts with a letter, not one of the argument keywords (None, inf, ...)."""
+    if _plain_name(name, what) in RESERVED or not CALL_NAME_RE.fullmatch(name):
+        raise ValueError(f"cannot print {what} {name!r}: it is a keyword or does not start with a letter")
+    return name
+
+
+def _string(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _comment(text: str) -> str:
+    if "\n" in text or "\r" in text or text != text.rstrip():
+        raise ValueError(f"cannot print comment {text!r}: no line breaks or trailing whitespace")
+    return f"# {text}" if text else "#"
+
+
+def _comment_lines(texts: Iterable[str], indent: str = INDENT) -> list[str]:
+    return [indent + _comment(text) for text in texts]
+
+
+# ---------------------------------------------------------------------------
+# Arguments
+# ---------------------------------------------------------------------------
+
+
+def format_arg(arg: ir.Arg) -> str:
+    """One argument as written in `ops`, `outputs` and `gradients`."""
+    if arg is None or isinstance(arg, bool):
+        return repr(arg)
+    if isinstance(arg, int):
+        return str(arg)
+    if isinstance(arg, float):
+        return _float(arg)
+    if isinstance(arg, str):
+        return _string(arg)
+    if isinstance(arg, ir.Ref):
+        return "%" + _name(arg.name)
+    if isinstance(arg, ir.Sym):
+        return _sym(arg.name)
+    if isinstance(arg, ir.Call):
+        return format_call(arg.target, arg.args, arg.kwargs)
+    if isinstance(arg, ir.ListArg):
+        return "[" + ", ".join(format_arg(item) for item in arg.items) + "]"
+    if isinstance(arg, ir.TupleArg):
+        return _tuple(arg.items)
+    raise ValueError(f"cannot print argument {arg!r}")
+
+
+def _float(x: float) -> str:
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return repr(x)
+
+
+def _sym(name: str) -> str:
+    if not name.startswith(SYM_PREFIX) or ":" in _name(name):
+        raise ValueError(f"cannot print symbol {name!r}: symbols are `torch.NAME`")
+    return name
+
+
+def _tuple(items: Sequence[ir.Arg]) -> str:
+    if len(items) == 1:
+        return f"({format_arg(items[0])},)"
+    return "(" + ", ".join(format_arg(item) for item in items) + ")"
+
+
+def format_call(target: str, args: Sequence[ir.Arg], kwargs: Sequence[tuple[str, ir.Arg]]) -> str:
+    """`target(arg, ..., key=value, ...)`."""
+    parts = [format_arg(arg) for arg in args]
+    parts += [f"{_call_name(key, 'keyword')}={format_arg(value)}" for key, value in kwargs]
+    return f"{_call_name(target, 'call target')}({', '.join(parts)})"
+
+
+def _shape(shape: Sequence[int]) -> str:
+    if any(not isinstance(d, int) or isinstance(d, bool) or d < 0 for d in shape):
+        raise ValueError(f"cannot print shape {shape!r}: dimensions are integers >= 0")
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _dtype(dtype: str) -> str:
+    return _plain_name(dtype, "dtype")
+
+
+# ---------------------------------------------------------------------------
+# Layout
+# ---------------------------------------------------------------------------
+
+
+def _table(
+    rows: Sequence[Sequence[str]],
+    right: frozenset[int] = frozenset(),
+    tight: frozenset[int] = frozenset(),
+    cap: dict[int, int] | None = None,
+) -> list[str]:
+    """Aligned lines: each column padded to its widest cell (at most `cap[i]`).
+
+    right: columns aligned right.  tight: columns preceded by one space, not two.
+    """
+    if not rows:
+        return []
+    cap = cap or {}
+    widths = [min(max(len(row[i]) for row in rows), cap.get(i, math.inf)) for i in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        line = cells[0] + "".join((" " if i in tight else GAP) + c for i, c in enumerate(cells) if i)
+        lines.append((INDENT + line).rstrip())
+    return lines
+
+
+def _with_comments(items: Sequence, lines: Sequence[str]) -> list[str]:
+    """Interleave each item's full-line comments above its printed line."""
+    out: list[str] = []
+    for item, line in zip(items, lines):
+        out += _comment_lines(item.comments)
+        out.append(line)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Sections
+# ---------------------------------------------------------------------------
+
+
+def _header(h: ir.Header) -> list[str]:
+    device = h.device if BARE_RE.fullmatch(h.device) else _string(h.device)
+    if h.status not in STATUSES:
+        raise ValueError(f"cannot print status {h.status!r}: one of {', '.join(STATUSES)}")
+    if not PEAK_AT_RE.fullmatch(h.peak_at):
+        raise ValueError(f"cannot print peak position {h.peak_at!r}: `forward:K` or `backward:K`")
+    entries = [
+        ("model", _string(h.model)),
+        ("device", device),
+        ("budget", format_size(h.budget)),
+        ("counts", _string(h.counts)),
+        ("solver", _string(h.solver)),
+        ("status", h.status),
+        *([("gap", format_gap(h.gap))] if h.gap is not None else []),
+        *([(SOLVE_TIME_KEY, format_seconds(h.solve_seconds))] if h.solve_seconds is not None else []),
+        ("peak", f"{format_size(h.peak_bytes)} at {h.peak_at}"),
+        ("time", format_duration(h.time_us)),
+        ("compute", format_duration(h.compute_us)),
+        ("recompute", format_duration(h.recompute_us)),
+        ("bandwidth", format_bandwidth(h.bandwidth)),
+    ]
+    return ["header"] + [f"{INDENT}{key:<{HEADER_KEY_WIDTH}}{value}" for key, value in entries]
+
+
+def _values(title: str, decls: Sequence[ir.ValueDecl]) -> list[str]:
+    rows = [[_name(d.name), _dtype(d.dtype) + _shape(d.shape)] for d in decls]
+    return [title] + _with_comments(decls, _table(rows))
+
+
+def _producer(t: ir.TensorDecl) -> str:
+    producer = _plain_name(t.producer, "producer")
+    return producer if t.index == 0 else f"{producer}:{t.index}"
+
+
+def _tensors(tensors: Sequence[ir.TensorDecl]) -> list[str]:
+    rows = [TENSOR_HEADING] + [
+        [_name(t.name), _shape(t.shape), _dtype(t.dtype), *size_parts(t.nbytes), _producer(t)] for t in tensors
+    ]
+    lines = _table(rows, right=frozenset({3}), tight=frozenset({4}))
+    return ["tensors"] + (lines[:1] + _with_comments(tensors, lines[1:]) if tensors else [])
+
+
+def _op_row(op: ir.Op) -> list[str]:
+    if op.phase not in PHASES:
+        raise ValueError(f"cannot print phase {op.phase!r} of op {op.name!r}")
+    call = f"{_plain_name(op.name, 'op name')} = {format_call(op.target, op.args, op.kwargs)}"
+    time, ms = format_duration(op.time_us).split()
+    return [call, time, ms, *size_parts(op.temp_bytes), op.phase, "random" if op.random else ""]
+
+
+def _ops(ops: Sequence[ir.Op]) -> list[str]:
+    rows = [OP_HEADING] + [_op_row(op) for op in ops]
+    lines = _table(rows, right=frozenset({1, 3}), tight=frozenset({2, 4}), cap={0: OPS_CALL_WIDTH})
+    return ["ops"] + (lines[:1] + _with_comments(ops, lines[1:]) if ops else [])
+
+
+def _assignments(title: str, pairs: Sequence[tuple[str, str]]) -> list[str]:
+    width = max((len(name) for name, _ in pairs), default=0)
+    return [title] + [f"{INDENT}{_name(name):<{width}} = {value}" for name, value in pairs]
+
+
+def _instruction_row(ins: ir.Instruction) -> list[str]:
+    if ir.VERB_STREAM.get(ins.verb) != ins.stream:
+        raise ValueError(f"cannot print `{ins.verb} {ins.target} on {ins.stream}`: see ir.VERB_STREAM")
+    trailing = "" if ins.trailing is None else _comment(ins.trailing)
+    return [ins.verb, _name(ins.target), f"on {ins.stream}", trailing]
+
+
+def _schedule(title: str, instructions: Sequence[ir.Instruction]) -> list[str]:
+    lines = _table([_instruction_row(ins) for ins in instructions])
+    return [title] + _with_comments(instructions, lines)
+
+
+def _constraint_row(c: ir.Constraint) -> list[str]:
+    if c.kind not in ir.CONSTRAINT_KINDS:
+        raise ValueError(f"cannot print constraint kind {c.kind!r}")
+    return [c.kind, format_size(c.size) if c.kind == "budget" else _string(c.pattern)]
+
+
+def _check_outputs(graph: ir.Graph) -> None:
+    """Op.outputs is not printed: it must equal the tensors each op produces, by index."""
+    produced: dict[str, list[ir.TensorDecl]] = {}
+    for t in graph.tensors:
+        produced.setdefault(t.producer, []).append(t)
+    for op in graph.ops:
+        derived = tuple(t.name for t in sorted(produced.get(op.name, []), key=lambda t: t.index))
+        if derived != tuple(op.outputs):
+            raise ValueError(f"op {op.name!r} lists outputs {op.outputs!r}, but the tensors table gives it {derived!r}")
+
+
+def _sections(plan: ir.Plan) -> list[list[str]]:
+    g = plan.graph
+    optional = [
+        (g.buffers, lambda: _values("buffers", g.buffers)),
+        (g.tangents, lambda: _values("tangents", g.tangents)),
+    ]
+    sections = [_header(plan.header)]
+    if plan.constraints:
+        sections.append(["constraints"] + _with_comments(plan.constraints, _table([_constraint_row(c) for c in plan.constraints])))
+    sections += [_values("inputs", g.inputs), _values("parameters", g.parameters)]
+    sections += [render() for items, render in optional if items]
+    sections += [_tensors(g.tensors), _ops(g.ops), ["outputs", INDENT + format_arg(g.outputs)]]
+    sections.append(_assignments("gradients", [(gr.parameter, format_arg(gr.value)) for gr in g.gradients]))
+    if g.updates:
+        sections.append(_assignments("updates", [(u.buffer, "%" + _name(u.tensor)) for u in g.updates]))
+    sections += [_schedule(ir.FORWARD, plan.forward), _schedule(ir.BACKWARD, plan.backward)]
+    sections.append(_digest(digest_of(g)))
+    return sections
+
+
+def _digest(d: ir.Digest) -> list[str]:
+    """The seal of the graph sections: always that of the plan's graph (NOTE: [Graph digest])."""
+    return ["digest", f"{INDENT}graph  {d.graph}"] + [f"{INDENT}items  {chunk}" for chunk in d.items]
+
+
+def print_plan(plan: ir.Plan) -> str:
+    """The canonical text of `plan` (see NOTE: [Canonical layout]); raises ValueError."""
+    _check_outputs(plan.graph)
+    blocks = [_comment_lines(plan.header.comments, "") + [f"remat-plan {FORMAT_VERSION}"]]
+    blocks += _sections(plan)
+    if plan.comments:
+        blocks.append(_comment_lines(plan.comments, ""))
+    return "\n\n".join("\n".join(block) for block in blocks) + "\n"

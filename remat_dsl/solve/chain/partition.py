@@ -1,0 +1,241 @@
+"""Cut the FB-graph into a chain of blocks at its 1-separators (Rockmate, appendix A.4).
+
+A forward op is a 1-separator when no tensor made before it is read by a forward op after
+it: cutting right after it splits the forward graph in two that only its outputs connect.
+Ops that depend on no parameter (position ids, attention masks) form a prelude that is
+computed once, first, and kept while used, so they do not hide the chain structure.
+
+Separators are many (nearly every op of an MLP is one); we keep those where the module
+path changes at the deepest depth that yields at most `max_blocks` blocks, so blocks are
+modules (`transformer.h.3.attn`, `transformer.h.3.mlp`), then merge the cheapest
+neighbours if still too many.  Each backward op goes to the block of the forward module it
+differentiates, lowered where needed so that B_L, ..., B_1 runs it after its producers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from remat_dsl.plan import ir
+from remat_dsl.solve.lowering import op_uses
+from remat_dsl.solve.chain.model import Block, Chain
+
+
+@dataclass(frozen=True)
+class BlockOps:
+    """The ops of one chain block: forward ops in graph order, backward ops in graph order."""
+
+    forward: tuple[str, ...]
+    backward: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ChainPartition:
+    """prelude: parameter-free forward ops run first; blocks: the chain, in forward order."""
+
+    prelude: tuple[str, ...]
+    blocks: tuple[BlockOps, ...]
+    chain: Chain
+
+
+def partition(graph: ir.Graph, max_blocks: int = 40, refine: int = 0, strict: bool = True) -> ChainPartition:
+    """Split `graph` into a prelude and a chain of blocks with rotor's costs (bytes, us).
+
+    refine > 0 cuts `refine` module levels deeper than the depth chosen for `max_blocks`
+    and then merges small blocks into the next ones (Rockmate's blocks: a GPT-2
+    layer becomes its attention and its MLP block, thesis section 2.3).  strict: refine
+    only at separators no skip tensor crosses (for chain solvers, whose model does not
+    see skip tensors); HiRemate's H-ILP sees them and refines at every separator.
+    """
+    tensors = {t.name: t for t in graph.tensors}
+    forward = [op for op in graph.ops if op.phase == ir.FORWARD]
+    backward = [op for op in graph.ops if op.phase == ir.BACKWARD]
+    prelude = _prelude(graph, forward)
+    chain_ops = [op for op in forward if op.name not in prelude]
+    skips = _skip_tensors(chain_ops, _separators(chain_ops, set()))
+    separators = _separators(chain_ops, skips)
+    cuts = _choose_cuts(chain_ops, separators, max_blocks, refine, _separators(chain_ops, set()) if strict else separators)
+    fw_blocks = _split(chain_ops, cuts)
+    bw_blocks = _assign_backward(backward, fw_blocks)
+    blocks = tuple(BlockOps(tuple(o.name for o in f), tuple(o.name for o in b)) for f, b in zip(fw_blocks, bw_blocks))
+    chain = _chain_costs(graph, blocks, tensors)
+    return ChainPartition(tuple(op.name for op in forward if op.name in prelude), blocks, chain)
+
+
+def _prelude(graph: ir.Graph, forward: list[ir.Op]) -> set[str]:
+    params = {p.name for p in graph.parameters}
+    depends: set[str] = set()  # tensors that depend on a parameter
+    prelude: set[str] = set()
+    for op in forward:
+        if any(ref.name in params or ref.name in depends for ref in ir.op_refs(op)):
+            depends.update(op.outputs)
+        else:
+            prelude.add(op.name)
+    return prelude
+
+
+def _separators(ops: list[ir.Op], skips: set[str]) -> list[int]:
+    """Positions i such that no tensor made before op i, other than a skip tensor, is read
+    after op i."""
+    produced_at = {t: i for i, op in enumerate(ops) for t in op.outputs}
+    reach = list(range(len(ops)))  # the furthest forward position reading a tensor made at i
+    for j, op in enumerate(ops):
+        for t in op_uses(op, set(produced_at) - skips):
+            reach[produced_at[t]] = max(reach[produced_at[t]], j)
+    result, furthest = [], -1
+    for i in range(len(ops) - 1):
+        if furthest <= i:
+            result.append(i)
+        furthest = max(furthest, reach[i])
+    return result
+
+
+def _skip_tensors(ops: list[ir.Op], separators: list[int]) -> set[str]:
+    """Outputs of separator ops read again further on (residual and encoder-memory links).
+
+    NOTE: [Skip tensors]
+    Rotor's chain has one link between blocks.  A tensor made at a separator and read
+    again several ops later (the input of a residual block, the encoder output every
+    decoder layer attends to) would otherwise forbid every cut in between and leave one
+    huge block.  We let such tensors cross cuts: the lowering keeps them alive while read,
+    the exact simulation counts them, and the budget correction absorbs what rotor's
+    model does not see (remat_dsl.solve.driver, NOTE: [Budget correction]).
+    """
+    return {t for i in separators for t in ops[i].outputs}
+
+
+def _choose_cuts(ops, separators: list[int], max_blocks: int, refine: int = 0, strict: list[int] = ()) -> list[int]:
+    """Cuts at the deepest module depth giving at most `max_blocks` blocks.  With refine,
+    `refine` levels deeper, among the `strict` separators only (no skip tensor crosses
+    them, so the chain model sees every tensor alive between blocks)."""
+    for depth in range(8, 0, -1):
+        cuts = _cuts_at(ops, separators, depth)
+        if len(cuts) + 1 <= max_blocks:
+            if refine:
+                finer = sorted(set(_cuts_at(ops, list(strict), depth + refine)) | set(_cuts_at(ops, list(strict), depth)))
+                return _merge_small_blocks(finer, MIN_BLOCK_OPS)
+            return _merge_small(ops, cuts, max_blocks)
+    return _merge_small(ops, separators, max_blocks)
+
+
+def _cuts_at(ops: list[ir.Op], separators: list[int], depth: int) -> list[int]:
+    return [i for i in separators if _prefix(ops[i].name, depth) != _prefix(ops[i + 1].name, depth)]
+
+
+MIN_BLOCK_OPS = 6  # refined blocks grow to at least this many forward ops
+
+
+def _merge_small_blocks(cuts: list[int], min_ops: int) -> list[int]:
+    """Keep a cut only once the block it closes has `min_ops` ops or more, so small
+    modules (a layer norm, an add, a conv-BN-ReLU's pieces) join the ops that follow."""
+    kept, start = [], 0
+    for cut in cuts:
+        if cut - start + 1 >= min_ops:
+            kept.append(cut)
+            start = cut + 1
+    return kept
+
+
+def _prefix(name: str, depth: int) -> tuple[str, ...]:
+    return tuple(name.split(".")[:depth])
+
+
+def _merge_small(ops: list[ir.Op], cuts: list[int], max_blocks: int) -> list[int]:
+    cuts = list(cuts)
+    while len(cuts) + 1 > max_blocks:
+        bounds = [-1, *cuts, len(ops) - 1]
+        cost = [sum(o.time_us for o in ops[bounds[k] + 1 : bounds[k + 1] + 1]) for k in range(len(bounds) - 1)]
+        k = min(range(len(cuts)), key=lambda c: (cost[c] + cost[c + 1], c))
+        del cuts[k]
+    return cuts
+
+
+def _split(ops: list[ir.Op], cuts: list[int]) -> list[list[ir.Op]]:
+    bounds = [-1, *cuts, len(ops) - 1]
+    return [ops[bounds[k] + 1 : bounds[k + 1] + 1] for k in range(len(bounds) - 1)]
+
+
+def _assign_backward(backward: list[ir.Op], fw_blocks: list[list[ir.Op]]) -> list[list[ir.Op]]:
+    last = len(fw_blocks) - 1
+    anchor: dict[tuple[str, ...], int] = {}
+    for index, block in enumerate(fw_blocks):
+        for op in block:
+            anchor[tuple(op.name.split("."))] = index
+    made_by: dict[str, int] = {}
+    result: list[list[ir.Op]] = [[] for _ in fw_blocks]
+    for op in backward:
+        module = tuple(op.name.split(".bwd.")[0].split(".")) if ".bwd." in op.name else ()
+        block = _anchor_of(module, anchor, last)
+        for t in op_uses(op, set(made_by)):
+            block = min(block, made_by[t])
+        for t in op.outputs:
+            made_by[t] = block
+        result[block].append(op)
+    return result
+
+
+def _anchor_of(module: tuple[str, ...], anchor: dict, last: int) -> int:
+    """The last block holding an op of `module` or of a submodule of it."""
+    best = -1
+    for key, index in anchor.items():
+        if key[: len(module)] == module and len(module) > 0:
+            best = max(best, index)
+    return best if best >= 0 else last
+
+
+def _chain_costs(graph: ir.Graph, blocks: tuple[BlockOps, ...], tensors) -> Chain:
+    ops = {op.name: op for op in graph.ops}
+    block_of_tensor = {t: k for k, b in enumerate(blocks) for name in b.forward for t in ops[name].outputs}
+    used_later, used_backward = _uses(graph, blocks, block_of_tensor)
+    chain_blocks = []
+    for k, block in enumerate(blocks):
+        made = [t for name in block.forward for t in ops[name].outputs]
+        out = sum(tensors[t].nbytes for t in made if used_later.get(t, -1) > k)
+        saved = sum(tensors[t].nbytes for t in made if t in used_backward and used_later.get(t, -1) <= k)
+        chain_blocks.append(
+            Block(
+                fwd_us=sum(ops[n].time_us for n in block.forward),
+                bwd_us=sum(ops[n].time_us for n in block.backward),
+                x_bytes=out,
+                xbar_bytes=out + saved,
+                grad_bytes=out,
+                fwd_overhead=max(0, _transient(block.forward, ops, tensors) - out),
+                bwd_overhead=_transient(block.backward, ops, tensors),
+            )
+        )
+    return Chain(tuple(chain_blocks), input_bytes=0, input_grad_bytes=0)
+
+
+def _uses(graph, blocks, block_of_tensor):
+    ops = {op.name: op for op in graph.ops}
+    used_later: dict[str, int] = {}
+    used_backward: set[str] = set()
+    for k, block in enumerate(blocks):
+        for name in block.forward:
+            for t in op_uses(ops[name], set(block_of_tensor)):
+                used_later[t] = max(used_later.get(t, -1), k)
+    for op in graph.ops:
+        if op.phase == ir.BACKWARD:
+            used_backward.update(op_uses(op, set(block_of_tensor)))
+    return used_later, used_backward
+
+
+def _transient(names: tuple[str, ...], ops, tensors) -> int:
+    """Peak bytes while running `names` in order with liveness, above nothing."""
+    made = {t for n in names for t in ops[n].outputs}
+    last = {}
+    for i, n in enumerate(names):
+        for t in op_uses(ops[n], made):
+            last[t] = i
+    live = peak = 0
+    for i, n in enumerate(names):
+        out = sum(tensors[t].nbytes for t in ops[n].outputs)
+        peak = max(peak, live + out + ops[n].temp_bytes)
+        live += out
+        for t in ops[n].outputs:
+            if last.get(t, i) <= i:
+                live -= tensors[t].nbytes
+        for t in op_uses(ops[n], made):
+            if last[t] == i:
+                live -= tensors[t].nbytes
+    return peak

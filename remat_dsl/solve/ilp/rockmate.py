@@ -1,0 +1,242 @@
+"""Rockmate: RK-Checkmate options per block, identical blocks solved once, RK-Rotor on top.
+
+Thesis (papers/thesis-*) chapter 2, Algorithm 3: for each block, RK-Checkmate (section
+2.4, here remat_dsl.solve.ilp.hilp on the block's ops) is solved on a grid of
+(M_peak, M_save) budgets (section 2.6.0.0.1: M_peak evenly spaced between the largest
+temporary memory of an op and the block's autograd peak, M_save evenly spaced between
+the block's output size and M_peak); identical blocks (papers/rockmate-*, appendix A.5:
+same ops, same arguments up to renaming, same shapes) are solved once; the distinct
+schedules become the blocks' options for RK-Rotor (section 2.5, remat_dsl.solve.chain.rk_rotor).
+
+NOTE: [Option costs]
+An option is the block's backward sequence (recomputations interleaved with backward
+ops); its forward is the block's forward ops.  Its costs for the chain are not the
+ILP's estimates but an exact replay of the block under the one lowering's liveness rule
+(`replay`): abar^o is what is alive when the forward ends, o_f and o_b the peaks above
+it.  Each block of a class is replayed with its own measured op times.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, replace
+
+from remat_dsl.plan import ir
+from remat_dsl.solve.chain.partition import ChainPartition
+from remat_dsl.solve.chain.model import Block, BlockOption, Chain
+from remat_dsl.solve.ilp import milp
+from remat_dsl.solve.ilp.checkmate import op_hgraph
+from remat_dsl.solve.ilp.hilp import HGraph, HILP
+
+PEAK_STEPS = 2  # M_peak values per block (section 2.6.0.0.1)
+SAVE_STEPS = 6  # M_save values per M_peak
+
+
+@dataclass(frozen=True)
+class Replay:
+    """Memory of a block run as forward ops then `backward` (bytes, us): `xbar` alive at
+    the boundary, `fwd_peak` and `bwd_peak` above what is alive outside the block."""
+
+    xbar: int
+    fwd_peak: int
+    bwd_peak: int
+    bwd_us: int
+
+
+def replay(hg: HGraph, backward: tuple[int, ...]) -> Replay:
+    """Replay forward nodes 0..t_b-1 then `backward` (node indices) with liveness deletes."""
+    tb = hg.boundary
+    sequence = list(range(tb)) + list(backward)
+    made_by = defaultdict(list)
+    for d, value in enumerate(hg.values):
+        made_by[value.producer].append(d)
+    last_use: dict[tuple[int, int], int] = {}  # (value, creation position) -> last position
+    current: dict[int, int] = {}
+    for i, k in enumerate(sequence):
+        for d in hg.nodes[k].reads:
+            if d in current:
+                last_use[d, current[d]] = i
+        for d in made_by[k]:
+            current[d] = i
+            last_use[d, i] = max(i, tb) if hg.values[d].keep_at_boundary and i < tb else i
+    live = fwd_peak = bwd_peak = xbar = 0
+    frees: dict[int, list[int]] = defaultdict(list)
+    for (d, created), last in last_use.items():
+        if not hg.values[d].keep_at_end:
+            frees[last].append(d)
+    for i, k in enumerate(sequence):
+        option = hg.nodes[k].options[0]
+        made = sum(hg.values[d].size for d in made_by[k])
+        peak = live + made + option.overhead
+        if i < tb:
+            fwd_peak = max(fwd_peak, peak)
+        else:
+            bwd_peak = max(bwd_peak, peak)
+        live += made - sum(hg.values[d].size for d in frees[i])
+        if i == tb - 1:
+            xbar = live
+    if tb == 0:
+        xbar = 0
+    bwd_us = sum(hg.nodes[k].options[0].time_us for k in backward)
+    return Replay(xbar, fwd_peak, bwd_peak, bwd_us)
+
+
+def block_signature(graph: ir.Graph, forward: tuple[str, ...], backward: tuple[str, ...]) -> tuple:
+    """Equal for identical blocks (papers/rockmate-*, appendix A.5): op targets, arguments
+    with references renamed to positions inside the block (outside values by shape and
+    dtype), output shapes and dtypes, in order."""
+    ops = {op.name: op for op in graph.ops}
+    decls = {d.name: (d.shape, d.dtype) for group in (graph.inputs, graph.parameters, graph.buffers, graph.tangents) for d in group}
+    decls.update({t.name: (t.shape, t.dtype) for t in graph.tensors})
+    local: dict[str, int] = {}
+    result = []
+    for name in forward + backward:
+        op = ops[name]
+        result.append((op.phase, op.target, _canon(op.args, local, decls), _canon(op.kwargs, local, decls)))
+        for t in op.outputs:
+            local[t] = len(local)
+            result.append(decls.get(t))
+    return tuple(result)
+
+
+def _canon(arg, local, decls):
+    if isinstance(arg, ir.Ref):
+        return ("r", local[arg.name]) if arg.name in local else ("x", decls.get(arg.name))
+    if isinstance(arg, ir.Call):
+        return ("c", arg.target, _canon(arg.args, local, decls), _canon(arg.kwargs, local, decls))
+    if isinstance(arg, (ir.ListArg, ir.TupleArg)):
+        return (type(arg).__name__, _canon(arg.items, local, decls))
+    if isinstance(arg, ir.Sym):
+        return ("s", arg.name)
+    if isinstance(arg, tuple):
+        return tuple(_canon(a, local, decls) for a in arg)
+    return repr(arg)
+
+
+@dataclass(frozen=True)
+class BlockOptions:
+    """The options of one block: `backward[o]` is the op sequence of B^o (o = 0 is the
+    block's own backward, store-all)."""
+
+    backward: tuple[tuple[str, ...], ...]
+
+
+@dataclass(frozen=True)
+class RockmateChain:
+    chain: Chain
+    options: tuple[BlockOptions, ...]
+    classes: int  # distinct blocks solved
+    ilps: int  # ILP solves
+    results: tuple[milp.MilpResult, ...]  # every ILP solve, in order
+    keys: tuple[int, ...]  # per block: the index of the first block identical to it
+
+
+def grid(hg: HGraph, store_all: Replay) -> list[tuple[int, int]]:
+    """(M_peak, M_save) pairs of section 2.6.0.0.1, bytes, deterministic."""
+    top = max(store_all.fwd_peak, store_all.bwd_peak)
+    low = max((n.options[0].overhead for n in hg.nodes), default=0)
+    out = sum(v.size for v in hg.values if v.producer < hg.boundary and (v.keep_at_boundary or v.keep_at_end))
+    pairs = []
+    for i in range(PEAK_STEPS):
+        peak = top - (top - low) * i // (PEAK_STEPS + 1)
+        for j in range(SAVE_STEPS):
+            save = out + (min(peak, store_all.xbar) - out) * j // SAVE_STEPS
+            pairs.append((peak, save))
+    return pairs
+
+
+def rockmate_chain(graph: ir.Graph, part: ChainPartition, time_limit: float | None = None) -> RockmateChain:
+    """The chain of `part` with every block's RK-Checkmate options (NOTE: [Option costs])."""
+    by_class: dict[tuple, int] = {}
+    solved: dict[int, list[tuple[int, ...]]] = {}
+    results: list[milp.MilpResult] = []
+    blocks, options, keys = [], [], []
+    for l, ops in enumerate(part.blocks):
+        hg = op_hgraph(graph, ops.forward, ops.backward)
+        signature = block_signature(graph, ops.forward, ops.backward)
+        cls = by_class.setdefault(signature, l)
+        keys.append(cls)
+        if cls not in solved:
+            solved[cls] = _solve_block(hg, time_limit, results)
+        names = ops.forward + ops.backward
+        schedules = pareto_schedules(hg, [tuple(range(hg.boundary, len(hg.nodes)))] + solved[cls])
+        blocks.append(_block_with_options(part.chain.blocks[l], part.chain.delta_bytes(l), hg, schedules))
+        options.append(BlockOptions(tuple(tuple(names[k] for k in s) for s in schedules)))
+    chain = replace(part.chain, blocks=tuple(blocks))
+    return RockmateChain(chain, tuple(options), len(solved), len(results), tuple(results), tuple(keys))
+
+
+def _solve_block(hg: HGraph, time_limit: float | None, results: list[milp.MilpResult]) -> list[tuple[int, ...]]:
+    """Distinct backward schedules (node indices) found over the budget grid."""
+    if hg.boundary == len(hg.nodes) or hg.boundary == 0:
+        return []
+    store_all = replay(hg, tuple(range(hg.boundary, len(hg.nodes))))
+    model = HILP(hg)
+    found: list[tuple[int, ...]] = []
+    for peak, save in grid(hg, store_all):
+        schedule = model.solve(peak, save, time_limit)
+        results.append(model.last_result)
+        if schedule is None:
+            continue
+        backward = tuple(k for k, _ in schedule.steps[schedule.boundary_step :])
+        if backward not in found and backward != tuple(range(hg.boundary, len(hg.nodes))):
+            found.append(backward)
+    return found
+
+
+MAX_OPTIONS = 6  # options per block beyond store-all, after the Pareto filter
+
+
+def pareto_schedules(hg: HGraph, schedules: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """Store-all first, then the schedules no other one beats on every cost of `replay`
+    (abar, forward peak, backward time, backward peak), at most MAX_OPTIONS of them,
+    spread evenly over abar (the memory RK-Rotor trades against time)."""
+    costs = {s: replay(hg, s) for s in schedules}
+    key = {s: (c.xbar, c.fwd_peak, c.bwd_us, c.bwd_peak) for s, c in costs.items()}
+    store_all, rest = schedules[0], schedules[1:]
+    kept = [
+        s
+        for s in rest
+        if key[s] != key[store_all]
+        and not any(o != s and all(a <= b for a, b in zip(key[o], key[s])) and key[o] != key[s] for o in schedules)
+    ]
+    kept = sorted(dict.fromkeys(kept), key=lambda s: (key[s], s))
+    if len(kept) > MAX_OPTIONS:
+        step = (len(kept) - 1) / (MAX_OPTIONS - 1)
+        kept = [kept[round(i * step)] for i in range(MAX_OPTIONS)]
+    return [store_all, *kept]
+
+
+def _block_with_options(block: Block, delta_prev: int, hg: HGraph, schedules: list[tuple[int, ...]]) -> Block:
+    """`block` with store-all and every schedule costed by `replay`; delta_prev: bytes of
+    delta^{l-1}, which the replay counts and rotor's B step adds on its own."""
+    variants = []
+    for o, backward in enumerate(schedules):
+        r = replay(hg, backward)
+        xbar = max(r.xbar, block.x_bytes)
+        variants.append(
+            BlockOption(
+                xbar_bytes=xbar,
+                fwd_overhead=max(0, r.fwd_peak - xbar),
+                bwd_us=r.bwd_us,
+                bwd_overhead=max(0, r.bwd_peak - xbar - delta_prev),
+                index=o,
+            )
+        )
+    first = variants[0]
+    return replace(
+        block,
+        xbar_bytes=first.xbar_bytes,
+        bwd_us=first.bwd_us,
+        bwd_overhead=first.bwd_overhead,
+        options=tuple(variants[1:]),
+    )
+
+
+def chain_order(part: ChainPartition, options: tuple[BlockOptions, ...], ops) -> tuple[str, ...]:
+    """Op order for an RK-Rotor sequence: the prelude, then each step's ops."""
+    order = list(part.prelude)
+    for kind, l, *rest in ops:
+        o = rest[0] if rest else 0
+        order += options[l - 1].backward[o] if kind == "B" else part.blocks[l - 1].forward
+    return tuple(order)
