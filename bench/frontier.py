@@ -7,9 +7,9 @@ step (forward + backward) relative to eager PyTorch for:
 * our plans (`make_plan(..., solver=NAME)`, module from `remat_dsl.codegen.generate.generate`):
   `autograd` and `checkpoint-sqrt` (one schedule each, whatever the budget), and `rotor`,
   `rockmate`, `hiremate` over a sweep of budgets, 100/80/70/60/50/40/30 % of the autograd
-  plan's peak, plus the smallest feasible budget ("min": `smallest_rotor_budget` for rotor,
+  plan's peak, plus the smallest feasible budget ("min": `smallest_budget(..., "rotor")` for rotor,
   `BudgetError.smallest` for the others).  A solver that is not in
-  `remat_dsl.solve.driver.SOLVERS` is listed as skipped; an infeasible budget is a row that says
+  `remat_dsl.solve.registry.NAMES` is listed as skipped; an infeasible budget is a row that says
   so, with the smallest feasible budget.  Plans with the same schedule share one module;
 * torch.utils.checkpoint (non-reentrant) around every repeated block ("every block":
   GPT-2's `transformer.h.*`, the Transformer's encoder and decoder layers, the ResNet's
@@ -94,7 +94,9 @@ from remat_dsl.codegen.generate import generate  # noqa: E402
 from remat_dsl.capture.measure import step_peak, training_step  # noqa: E402
 from remat_dsl.capture.model_file import ModelFile, load_model_file  # noqa: E402
 from remat_dsl.capture.pipeline import capture_graph  # noqa: E402
-from remat_dsl.solve.driver import BudgetError, autograd_peak, make_plan  # noqa: E402
+from remat_dsl.solve.api import BudgetError  # noqa: E402
+from remat_dsl.solve.driver import autograd_peak, make_plan  # noqa: E402
+from remat_dsl.solve.registry import NAMES  # noqa: E402
 from remat_dsl.codegen.compare import load_generated  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -277,8 +279,8 @@ class Planner:
         """The smallest budget at which `solver` plans (None when it cannot tell)."""
         if solver in self.smallest:
             return self.smallest[solver]
-        if solver == "rotor" and hasattr(solve, "smallest_rotor_budget"):
-            value = solve.smallest_rotor_budget(self.captured.graph, self.captured.device)
+        if solver == "rotor":
+            value = solve.smallest_budget(self.captured.graph, self.captured.device, "rotor")
         else:
             try:
                 self.plan(solver, 1)
@@ -293,7 +295,7 @@ class Planner:
 
 
 def available(solver: str) -> bool:
-    return solver in solve.SOLVERS
+    return solver in NAMES
 
 
 # --- one model ----------------------------------------------------------------
@@ -345,7 +347,7 @@ def bench_model(name: str, args, workdir: Path, captures: dict) -> ModelResult:
     log(f"[{name}] planning (autograd peak {mib(autograd)})")
     for solver in FIXED_SOLVERS:
         if not available(solver):
-            rows.append(Row(name, solver, "-", note="skipped: not in remat_dsl.solve.driver.SOLVERS"))
+            rows.append(Row(name, solver, "-", note="skipped: not in remat_dsl.solve.registry.NAMES"))
             continue
         row = planner.row(name, solver, "fixed", autograd)
         if row.key is None and solver in planner.smallest:  # its one schedule is above the autograd peak
@@ -353,7 +355,7 @@ def bench_model(name: str, args, workdir: Path, captures: dict) -> ModelResult:
         rows.append(row)
     for solver in args.solvers:
         if not available(solver):
-            rows.append(Row(name, solver, "-", note="skipped: not in remat_dsl.solve.driver.SOLVERS (yet)"))
+            rows.append(Row(name, solver, "-", note="skipped: not in remat_dsl.solve.registry.NAMES (yet)"))
             continue
         for fraction in fractions:
             rows.append(planner.row(name, solver, f"{fraction}%", autograd * fraction // 100))
@@ -417,7 +419,7 @@ def bench_model(name: str, args, workdir: Path, captures: dict) -> ModelResult:
 def match_peer(planner: Planner, peer: Row, peer_peak: int, budget50: int, solvers, rows, name) -> list[Matched]:
     result = []
     if not solvers:
-        return [Matched(peer, "rockmate/hiremate", min(budget50, peer_peak), None, "skipped: not in remat_dsl.solve.driver.SOLVERS (yet)")]
+        return [Matched(peer, "rockmate/hiremate", min(budget50, peer_peak), None, "skipped: not in remat_dsl.solve.registry.NAMES (yet)")]
     for solver in solvers:
         budget = min(budget50, peer_peak)
         row = planner.row(name, solver, f"matched {peer.method} {peer.setting}", budget)
@@ -582,7 +584,7 @@ def print_model(con, result: ModelResult) -> None:
     con.print(f"smallest feasible budget ({result.name}): {smallest or '-'}")
     skipped = [s for s in SWEEP_SOLVERS if not available(s)]
     if skipped:
-        con.print(f"note: {', '.join(skipped)} not in remat_dsl.solve.driver.SOLVERS: skipped")
+        con.print(f"note: {', '.join(skipped)} not in remat_dsl.solve.registry.NAMES: skipped")
     con.print()
 
 
@@ -735,7 +737,7 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     started = time.perf_counter()
     header = (
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU; solvers in remat_dsl.solve.driver.SOLVERS: {', '.join(solve.SOLVERS)}; "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU; solvers in remat_dsl.solve.registry.NAMES: {', '.join(NAMES)}; "
         f"rounds {args.rounds}{' (quick)' if args.quick else ''}; make_plan time_limit {args.time_limit if args.time_limit is not None else 'none'}; "
         f"{time.strftime('%Y-%m-%d %H:%M')}"
     )
@@ -743,7 +745,7 @@ def main(argv=None) -> int:
     con.print(header)
     for s in SWEEP_SOLVERS:
         if not available(s):
-            con.print(f"note: solver {s} is not in remat_dsl.solve.driver.SOLVERS: its points are skipped, not estimated")
+            con.print(f"note: solver {s} is not in remat_dsl.solve.registry.NAMES: its points are skipped, not estimated")
     results: list[ModelResult] = []
     captures: dict = {}
     with tempfile.TemporaryDirectory() as tmp:

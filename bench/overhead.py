@@ -32,7 +32,8 @@ from remat_dsl.codegen.generate import generate  # noqa: E402
 from remat_dsl.capture.measure import step_peak, training_step  # noqa: E402
 from remat_dsl.capture.model_file import load_model_file  # noqa: E402
 from remat_dsl.capture.pipeline import capture_graph  # noqa: E402
-from remat_dsl.solve.driver import autograd_peak, format_bytes, make_plan  # noqa: E402
+from remat_dsl.plan.units import human_bytes as format_bytes  # noqa: E402
+from remat_dsl.solve.driver import autograd_peak, make_plan  # noqa: E402
 from remat_dsl.codegen.compare import load_generated  # noqa: E402
 
 EXAMPLES = ["examples/gpt2.py", "examples/resnet.py"]

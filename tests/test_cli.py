@@ -210,18 +210,18 @@ def test_bad_time_limit_exits_2(value, message):
     assert result.stdout == ""
 
 
-def test_time_limit_goes_to_make_plan(tmp_path, monkeypatch, capsys):
+def test_time_limit_goes_to_the_planner(tmp_path, monkeypatch, capsys):
     from remat_dsl import cli
-    from remat_dsl.solve import driver as solve
+    from remat_dsl.solve.driver import Planner
 
     seen = []
-    real = solve.make_plan
+    real = Planner.__init__
 
-    def spy(*args, **kwargs):
+    def spy(self, *args, **kwargs):
         seen.append(kwargs.get("time_limit", "missing"))
-        return real(*args, **kwargs)
+        real(self, *args, **kwargs)
 
-    monkeypatch.setattr(solve, "make_plan", spy)
+    monkeypatch.setattr(Planner, "__init__", spy)
     out = tmp_path / "tiny.plan"
     assert cli.main(["plan", TINY, "--budget", "100%", "--repeats", "1", "--time-limit", "2.5", "-o", str(out)]) == 0
     assert cli.main(["plan", TINY, "--budget", "100%", "--repeats", "1", "-o", str(out)]) == 0

@@ -17,7 +17,8 @@ from remat_dsl.plan.parser import parse
 from remat_dsl.capture.pipeline import capture_graph
 from remat_dsl.plan.printer import print_plan
 from remat_dsl.check.replay import simulate
-from remat_dsl.solve.driver import SOLVERS, autograd_peak, make_plan
+from remat_dsl.solve.driver import autograd_peak, make_plan
+from remat_dsl.solve.registry import NAMES as SOLVERS
 from remat_dsl.codegen.compare import compare_training, load_generated
 from remat_dsl.codegen.generate import generate
 

@@ -21,7 +21,7 @@ from remat_dsl.capture.model_file import load_model_file
 from remat_dsl.plan.parser import parse
 from remat_dsl.capture.pipeline import capture_graph
 from remat_dsl.plan.printer import print_plan
-from remat_dsl.solve.driver import autograd_peak, make_plan, smallest_rotor_budget
+from remat_dsl.solve.driver import autograd_peak, make_plan, smallest_budget
 from remat_dsl.codegen.compare import compare_training, load_generated
 from test_profile_file import without_solve_time
 
@@ -40,7 +40,7 @@ def example(request):
 
 def budget_of(label: str, captured, autograd: int) -> int:
     if label == "min":
-        return smallest_rotor_budget(captured.graph, captured.device)
+        return smallest_budget(captured.graph, captured.device, "rotor")
     return autograd * int(label.rstrip("%")) // 100
 
 

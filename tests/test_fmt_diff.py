@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from remat_dsl.plan import ir
-from remat_dsl.review import diff, fmt
+from remat_dsl.cli import fmt as cli_fmt
+from remat_dsl.review import diff
 from remat_dsl.plan.errors import PlanError, RematError
 from remat_dsl.plan.parser import parse_file
 from remat_dsl.plan.printer import print_plan
@@ -77,7 +78,7 @@ def test_fmt_check_lists_files_that_would_change_and_changes_nothing(tmp_path, c
     bad.write_text(messy(OFFLOAD.read_text()))
     good.write_text(AUTOGRAD.read_text())
     before = bad.read_text()
-    assert run("fmt", "--check", str(bad), str(good)) == fmt.EXIT_WOULD_CHANGE
+    assert run("fmt", "--check", str(bad), str(good)) == cli_fmt.EXIT_WOULD_CHANGE
     out = capsys.readouterr()
     assert out.out.splitlines() == [str(bad)]
     assert "1 of 2 plan file(s) would be rewritten" in out.err
@@ -139,7 +140,7 @@ def test_fmt_check_on_a_plan_with_gap_and_solve_time(tmp_path, capsys):
     assert run("fmt", "--check", str(path)) == 0
     assert capsys.readouterr().out == ""
     path.write_text(messy(canonical).replace("  gap         1.23%\n", "  gap 1.2300 %\n").replace("  solve-time  2.4 s\n", "  solve-time 2.4s\n"))
-    assert run("fmt", "--check", str(path)) == fmt.EXIT_WOULD_CHANGE
+    assert run("fmt", "--check", str(path)) == cli_fmt.EXIT_WOULD_CHANGE
     assert capsys.readouterr().out.splitlines() == [str(path)]
     assert run("fmt", str(path)) == 0
     assert path.read_text() == canonical

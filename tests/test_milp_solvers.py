@@ -24,7 +24,13 @@ from remat_dsl.capture.model_file import load_model_file
 from remat_dsl.plan.parser import parse
 from remat_dsl.capture.pipeline import capture_graph
 from remat_dsl.plan.printer import print_plan
-from remat_dsl.solve.driver import BudgetError, autograd_peak, choose_solver, make_plan, smallest_budget
+from remat_dsl.solve.api import BudgetError, Problem
+from remat_dsl.solve.auto import choose
+from remat_dsl.solve.driver import autograd_peak, make_plan, smallest_budget
+
+
+def choose_solver(graph) -> str:
+    return choose(Problem(graph, "cpu"))
 from remat_dsl.solve.chain import rk_rotor
 from remat_dsl.solve.ilp import milp
 from remat_dsl.solve.chain.model import Block, BlockOption, Chain, simulate_chain

@@ -17,7 +17,7 @@ from remat_dsl.capture.pipeline import capture_graph
 from remat_dsl.plan.printer import print_plan
 from remat_dsl.capture.profile_file import apply_profile, read_profile, write_profile
 from remat_dsl.check.replay import simulate
-from remat_dsl.solve.driver import autograd_peak, make_plan, parse_budget
+from remat_dsl.solve.driver import autograd_peak, make_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "tests" / "models" / "tiny_mlp.py")
@@ -230,7 +230,7 @@ def test_plan_from_a_profile_is_byte_identical(tiny, tiny_profile):
     # the same plan made in-process from the same profile (with the solve time, left out here)
     model_file, _, untimed = tiny
     graph = apply_profile(untimed.graph, read_profile(text, str(path)), model=model_file.spec)
-    budget = parse_budget("100%", lambda: autograd_peak(graph, untimed.device))
+    budget = autograd_peak(graph, untimed.device)  # 100%
     plan = make_plan(graph, model=model_file.spec, device=untimed.device, budget=budget, solver="auto")
     assert without_solve_time(print_plan(plan)) == runs[0].stdout
     # the plan carries the profile's costs

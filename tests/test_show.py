@@ -14,7 +14,7 @@ from remat_dsl.review import show
 from remat_dsl.plan.errors import RematError
 from remat_dsl.plan.parser import parse_file
 from remat_dsl.check.replay import simulate
-from remat_dsl.solve.driver import format_bytes
+from remat_dsl.plan.units import human_bytes as format_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 OFFLOAD_PLAN = ROOT / "tests" / "plans" / "tiny_mlp_offload.plan"

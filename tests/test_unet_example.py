@@ -18,7 +18,7 @@ from remat_dsl.plan.ir import FORWARD, op_refs
 from remat_dsl.capture.model_file import load_model_file
 from remat_dsl.capture.pipeline import capture_graph
 from remat_dsl.plan.printer import print_plan
-from remat_dsl.solve.driver import autograd_peak, make_plan, smallest_rotor_budget
+from remat_dsl.solve.driver import autograd_peak, make_plan, smallest_budget
 from test_end_to_end import trained_peak
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,7 +63,7 @@ def budget_for(fraction: int, captured, autograd: int) -> int:
     """
     budget = autograd * fraction // 100
     if fraction < 100:
-        smallest = smallest_rotor_budget(captured.graph, captured.device)
+        smallest = smallest_budget(captured.graph, captured.device, "rotor")
         assert smallest <= 0.6 * autograd, (smallest, autograd)
         budget = max(budget, smallest)
     return budget

@@ -44,7 +44,7 @@ from pathlib import Path
 
 from remat_dsl.plan import ir
 from remat_dsl.plan.errors import PlanError
-from remat_dsl.plan.printer import DURATION_UNITS, SIZE_UNITS, format_duration, size_parts
+from remat_dsl.plan.units import DURATION_UNITS, SIZE_UNITS, format_duration, size_parts
 
 FORMAT_VERSION = 1
 MAGIC = "remat-profile"
@@ -293,7 +293,7 @@ def read_profile(text: str, path: str | None = None) -> ProfileFile:
 
 def load_profile(path: str) -> ProfileFile:
     """Read and parse the profile at `path`.  Raises RematError."""
-    from remat_dsl.cli.console import read_text
+    from remat_dsl.plan.files import read_text
 
     return read_profile(read_text(path, "profile"), path)
 
@@ -348,35 +348,3 @@ def apply_profile(graph: ir.Graph, profile: ProfileFile, *, model: str | None = 
             raise error(f"the graph has no op `{op.name}`", op.span, len(op.name))
     ops = tuple(replace(op, time_us=costs[op.name].time_us, temp_bytes=costs[op.name].temp_bytes) for op in graph.ops)
     return replace(graph, ops=ops)
-
-
-# ---------------------------------------------------------------------------
-# The `remat profile` command
-# ---------------------------------------------------------------------------
-
-
-def add_parsers(subparsers) -> None:
-    """Register `remat profile MODEL -o FILE [--repeats N]`."""
-    profile = subparsers.add_parser("profile", help="measure every operation of a model and write the costs as a text file")
-    profile.add_argument("model", help="model file, optionally path.py:factory")
-    profile.add_argument("-o", "--output", required=True, help="the profile file to write (e.g. model.profile)")
-    from remat_dsl.cli.console import positive_int
-
-    profile.add_argument("--repeats", type=positive_int, default=5, help="timed runs per operation (median)")
-    profile.set_defaults(run=_profile)
-
-
-def _profile(args) -> int:
-    from remat_dsl.cli.console import Progress, check_writable, status, write_atomically
-    from remat_dsl.capture.model_file import load_model_file
-    from remat_dsl.capture.pipeline import capture_graph
-
-    output = check_writable(args.output, "profile")
-    model_file = load_model_file(args.model)
-    with Progress(f"profiling {model_file.spec}") as progress:
-        captured = capture_graph(model_file, args.repeats, progress)
-    text = write_profile(captured.graph, model=model_file.spec, device=captured.device)
-    write_atomically(output, text)
-    total = sum(op.time_us for op in captured.graph.ops)
-    status(f"wrote {args.output}: {len(captured.graph.ops)} ops, {format_duration(total)} in all")
-    return 0

@@ -10,7 +10,7 @@ from rich.table import Table
 from remat_dsl.plan import ir
 from remat_dsl.plan.errors import PlanError
 from remat_dsl.plan.ir import iter_refs, op_refs
-from remat_dsl.solve.driver import format_bytes
+from remat_dsl.plan.units import format_bytes, human_bytes
 
 LARGEST_LISTED = 5  # live tensors named when the peak is above the budget
 
@@ -38,12 +38,12 @@ def check_budget(plan: ir.Plan, sim) -> None:
     instr = instructions[int(index) - 1] if index.isdigit() and 0 < int(index) <= len(instructions) else None
     step = next((s for s in sim.timeline if s.live), None)
     live = step.live if step else ()
-    listed = ", ".join(f"{name} {format_bytes(nbytes)}" for name, nbytes in live[:LARGEST_LISTED])
+    listed = ", ".join(f"{name} {human_bytes(nbytes)}" for name, nbytes in live[:LARGEST_LISTED])
     more = f" and {len(live) - LARGEST_LISTED} more" if len(live) > LARGEST_LISTED else ""
     over = sim.peak_bytes - budget
     message = (
-        f"the predicted peak {format_bytes(sim.peak_bytes)} ({sim.peak_bytes} B) at {sim.peak_at} is "
-        f"{over} B above the budget {format_bytes(budget)} ({budget} B)"
+        f"the predicted peak {format_bytes(sim.peak_bytes)} at {sim.peak_at} is "
+        f"{over} B above the budget {format_bytes(budget)}"
         + (f"; largest live here: {listed}{more}" if listed else "")
     )
     held = {ref.name for ref in iter_refs(plan.graph.outputs)}
@@ -73,8 +73,8 @@ def check_report(path: str, plan: ir.Plan, sim) -> str:
     table.add_column("what")
     table.add_column("value", justify="right")
     budget = plan.header.budget
-    table.add_row("budget", f"{format_bytes(budget)} ({budget} B)")
-    table.add_row("predicted peak", f"{format_bytes(sim.peak_bytes)} ({sim.peak_bytes} B), {100 * sim.peak_bytes / budget:.1f}% of budget" if budget else f"{sim.peak_bytes} B")
+    table.add_row("budget", f"{format_bytes(budget)}")
+    table.add_row("predicted peak", f"{format_bytes(sim.peak_bytes)}, {100 * sim.peak_bytes / budget:.1f}% of budget" if budget else f"{sim.peak_bytes} B")
     table.add_row("peak at", instruction_line(plan, sim.peak_at))
     table.add_row("predicted time", f"{sim.time_us / 1000:.3f} ms")
     table.add_row("compute / recompute", f"{sim.compute_us / 1000:.3f} ms / {sim.recompute_us / 1000:.3f} ms")
@@ -87,7 +87,7 @@ def check_report(path: str, plan: ir.Plan, sim) -> str:
         largest.add_column("tensor")
         largest.add_column("size", justify="right")
         for name, nbytes in peak_step.live[:8]:
-            largest.add_row(name, format_bytes(nbytes))
+            largest.add_row(name, human_bytes(nbytes))
         lines.append(_render(largest))
     stale = _stale(plan, sim)
     if stale:

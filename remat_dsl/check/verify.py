@@ -38,7 +38,7 @@ def load_checked(path: str, *, within_budget: bool = True) -> tuple[ir.Plan, Sim
     Raises RematError when the file cannot be read (missing, not UTF-8), PlanError when
     it does not parse or does not verify.
     """
-    from remat_dsl.cli.console import read_text
+    from remat_dsl.plan.files import read_text
     from remat_dsl.plan.parser import parse
 
     text = read_text(path, "plan")

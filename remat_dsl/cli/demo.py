@@ -15,7 +15,7 @@ from pathlib import Path
 from remat_dsl.capture.measure import step_peak, step_seconds
 from remat_dsl.capture.model_file import load_model_file
 from remat_dsl.plan.parser import parse_file
-from remat_dsl.solve.driver import format_bytes
+from remat_dsl.plan.units import format_bytes
 from remat_dsl.codegen.compare import compare_training, load_generated
 
 MODEL = "examples/gpt2.py"

@@ -18,9 +18,9 @@ import jinja2
 import torch
 
 from remat_dsl.plan import ir
-from remat_dsl.solve.lowering import refs_in
+from remat_dsl.plan.ir import refs_in
 from remat_dsl.plan.resources import data_path
-from remat_dsl.solve.driver import format_bytes
+from remat_dsl.plan.units import format_bytes
 
 TEMPLATES = data_path("templates")
 

@@ -33,11 +33,9 @@ from dataclasses import replace
 
 from remat_dsl.plan import ir
 from remat_dsl.plan.errors import PlanError, RematError
-from remat_dsl.solve.lowering import op_uses, pinned_tensors
 from remat_dsl.plan.parser import parse_size
 
 _LINE = re.compile(r"\s*(?P<kind>\S+)\s+(?P<value>\"(?:[^\"\\]|\\.)*\"|[^#]*?)\s*(?:#.*)?$")
-PREFETCH_LEAD = 3  # backward instructions between a prefetch and the use it serves
 
 
 # --- reading -----------------------------------------------------------------
@@ -45,7 +43,7 @@ PREFETCH_LEAD = 3  # backward instructions between a prefetch and the use it ser
 
 def read_constraints(path: str) -> tuple[ir.Constraint, ...]:
     """Parse a constraints file.  Raises PlanError (file:line:col, hint) or RematError."""
-    from remat_dsl.cli.console import read_text
+    from remat_dsl.plan.files import read_text
 
     text = read_text(path, "constraints file")
     result = []
@@ -141,106 +139,6 @@ def _where(c: ir.Constraint) -> str:
 def constraint_lines(constraints) -> str:
     """`FILE:LINE` of every pattern constraint, for messages about all of them."""
     return ", ".join(_where(c) for c in constraints if c.kind != "budget")
-
-
-# --- applying ------------------------------------------------------------------
-
-
-def constrain_order(graph: ir.Graph, order: list[str], constraints) -> list[str]:
-    """The solver's op order edited for keep, offload and recompute (NOTE above)."""
-    producers = {t.name: t.producer for t in graph.tensors}
-    once = {producers[t] for kind in ("keep", "offload") for t in matching(graph, constraints, kind)}
-    seen: set[str] = set()
-    result = []
-    for name in order:
-        if name in once and name in seen:
-            continue
-        seen.add(name)
-        result.append(name)
-    return _recompute_before_backward(graph, result, matching(graph, constraints, "recompute"), producers)
-
-
-def _recompute_before_backward(graph, order, tensors, producers) -> list[str]:
-    if not tensors:
-        return order
-    ops = {op.name: op for op in graph.ops}
-    names = {t.name for t in graph.tensors}
-    first_backward = next((i for i, n in enumerate(order) if ops[n].phase == ir.BACKWARD), len(order))
-    inserts: dict[int, list[str]] = {}
-    for tensor in tensors:
-        producer = producers[tensor]
-        if ops[producer].phase != ir.FORWARD:
-            continue
-        use = next((i for i in range(first_backward, len(order)) if tensor in op_uses(ops[order[i]], names)), None)
-        made_again = any(order[i] == producer for i in range(first_backward, use or first_backward))
-        if use is not None and not made_again:
-            inserts.setdefault(use, []).append(producer)
-    result = []
-    for i, name in enumerate(order):
-        for producer in dict.fromkeys(inserts.get(i, [])):
-            result.append(producer)
-        result.append(name)
-    return result
-
-
-def add_offloads(graph: ir.Graph, forward, backward, constraints):
-    """Forward and backward instructions with offload/prefetch of matching saved tensors."""
-    wanted = matching(graph, constraints, "offload")
-    if not wanted:
-        return forward, backward
-    ops = {op.name: op for op in graph.ops}
-    names = {t.name for t in graph.tensors}
-    crossing = _crossing(forward, backward, ops, names) - pinned_tensors(graph)
-    forward, backward = list(forward), list(backward)
-    for tensor in sorted(t for t in wanted if t in crossing):
-        forward = _offload_after_last_use(forward, tensor, ops, names)
-        backward = _prefetch_before_first_use(backward, tensor, ops, names)
-    return tuple(forward), tuple(backward)
-
-
-def _crossing(forward, backward, ops, names) -> set[str]:
-    """Tensors resident at the end of forward and read in backward before any re-creation."""
-    resident: set[str] = set()
-    for ins in forward:
-        if ins.verb in ("compute", "recompute"):
-            resident.update(ops[ins.target].outputs)
-        elif ins.verb == "delete":
-            resident.discard(ins.target)
-    used, made = set(), set()
-    for ins in backward:
-        if ins.verb in ("compute", "recompute"):
-            used.update(t for t in op_uses(ops[ins.target], names) if t not in made)
-            made.update(ops[ins.target].outputs)
-    return resident & used
-
-
-def _runs(instructions, tensor, ops, names, *, making: bool):
-    """Indices of compute/recompute instructions that read `tensor` (or make it, if `making`)."""
-    for i, ins in enumerate(instructions):
-        if ins.verb not in ("compute", "recompute"):
-            continue
-        op = ops[ins.target]
-        if tensor in op_uses(op, names) or (making and tensor in op.outputs):
-            yield i
-
-
-def _offload_after_last_use(forward, tensor, ops, names):
-    last = max(_runs(forward, tensor, ops, names, making=True))
-    moves = [
-        ir.Instruction("offload", tensor, ir.D2H_STREAM),
-        ir.Instruction("wait", tensor, ir.COMPUTE_STREAM),
-        ir.Instruction("delete", tensor, ir.COMPUTE_STREAM),
-    ]
-    return forward[: last + 1] + moves + forward[last + 1 :]
-
-
-def _prefetch_before_first_use(backward, tensor, ops, names):
-    first = next(_runs(backward, tensor, ops, names, making=False))
-    computes = [i for i, ins in enumerate(backward[:first]) if ins.verb in ("compute", "recompute")]
-    at = computes[-PREFETCH_LEAD] if len(computes) >= PREFETCH_LEAD else 0
-    prefetch = ir.Instruction("prefetch", tensor, ir.H2D_STREAM)
-    wait = ir.Instruction("wait", tensor, ir.COMPUTE_STREAM)
-    return backward[:at] + [prefetch] + backward[at:first] + [wait] + backward[first:]
 
 
 # --- checking a plan against its own constraints -----------------------------

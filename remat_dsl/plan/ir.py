@@ -44,6 +44,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator, Union
 
+from remat_dsl.plan.units import round_gap, round_seconds
+
 COMPUTE_STREAM = "compute"
 D2H_STREAM = "d2h"
 H2D_STREAM = "h2d"
@@ -315,20 +317,6 @@ class Header:
             object.__setattr__(self, "solve_seconds", round_seconds(self.solve_seconds))
 
 
-GAP_DECIMALS = 6  # of the fraction: 4 decimals of the percentage
-SECONDS_DECIMALS = 1
-
-
-def round_gap(gap: float) -> float:
-    """A relative gap (fraction) as Header stores it: rounded to GAP_DECIMALS, a float, never -0.0."""
-    return float(round(gap, GAP_DECIMALS)) + 0.0
-
-
-def round_seconds(seconds: float) -> float:
-    """A solve time (seconds) as Header stores it: rounded to 0.1 s, a float, never -0.0."""
-    return float(round(seconds, SECONDS_DECIMALS)) + 0.0
-
-
 CONSTRAINT_KINDS = ("keep", "recompute", "offload", "no-offload", "budget")
 
 
@@ -388,3 +376,26 @@ class Plan:
     def section_span(self, name: str) -> Span | None:
         """Where section `name` starts in the parsed file, or None."""
         return dict(self.section_spans).get(name)
+
+
+# ---------------------------------------------------------------------------
+# Queries every stage asks
+# ---------------------------------------------------------------------------
+
+
+def refs_in(arg: Arg) -> list[str]:
+    """Names referred to (`%name`) anywhere inside an argument tree."""
+    return [ref.name for ref in iter_refs(arg)]
+
+
+def op_uses(op: Op, tensors: set[str]) -> list[str]:
+    """Tensor names (allocations, not parameters/inputs) that `op` reads, in order, unique."""
+    return list(dict.fromkeys(ref.name for ref in op_refs(op) if ref.name in tensors))
+
+
+def pinned_tensors(graph: Graph) -> set[str]:
+    """Tensors the plan may not delete: model outputs and parameter gradients."""
+    names = set(refs_in(graph.outputs))
+    for grad in graph.gradients:
+        names.update(refs_in(grad.value))
+    return names

@@ -90,21 +90,17 @@ from lark.lexer import PatternStr
 from remat_dsl.plan import ir
 from remat_dsl.plan.errors import PlanError
 from remat_dsl.plan.resources import data_path
-from remat_dsl.plan.printer import (
+from remat_dsl.plan.printer import FORMAT_VERSION, OP_HEADING, PEAK_AT_RE, PHASES, SOLVE_TIME_UNIT, STATUSES, SYM_PREFIX, TENSOR_HEADING
+from remat_dsl.plan.units import (
     BANDWIDTH_UNITS,
     DURATION_UNITS,
-    FORMAT_VERSION,
     GAP_PERCENT_DECIMALS,
-    OP_HEADING,
-    PEAK_AT_RE,
-    PHASES,
     SECONDS_DECIMALS,
     SIZE_UNITS,
-    SOLVE_TIME_UNIT,
-    STATUSES,
-    SYM_PREFIX,
-    TENSOR_HEADING,
+    UnitError,
+    scaled,
 )
+from remat_dsl.plan import units
 
 GAP_STEP = f"0.{'0' * (GAP_PERCENT_DECIMALS - 1)}1%"
 GRAMMAR_PATH = data_path("grammar", "plan.lark")
@@ -160,7 +156,7 @@ def parse(text: str, path: str | None = None) -> ir.Plan:
 def parse_file(path: str | Path) -> ir.Plan:
     """Parse the plan file at `path` (UTF-8).  Raises RematError when it cannot be read,
     PlanError when it does not parse."""
-    from remat_dsl.cli.console import read_text
+    from remat_dsl.plan.files import read_text
 
     return parse(read_text(path, "plan"), str(path))
 
@@ -275,15 +271,9 @@ def _choose(token: Token, options: Sequence[str], what: str, aliases: dict[str, 
     raise _error(f"unknown {what} `{token.value}`", token, f"{hint}expected {_one_of(options)}")
 
 
-def _scaled(number: str, factor: int) -> int | None:
-    """`number * factor` if it is a whole number, else None."""
-    value = Decimal(number) * factor
-    return int(value) if value == value.to_integral_value() else None
-
-
 def _amount(number: Token, unit: Token, units: dict[str, int], what: str) -> int:
     """An integer quantity written as NUMBER UNIT, e.g. `1.5 MiB` -> 1572864."""
-    value = _scaled(number.value, units[_choose(unit, list(units), f"{what} unit")])
+    value = scaled(number.value, units[_choose(unit, list(units), f"{what} unit")])
     if value is None:
         smallest = min(units, key=units.get)
         raise _error(
@@ -305,17 +295,14 @@ def _rounded(number: str, decimals: int) -> str:
 
 
 def parse_size(text: str) -> int:
-    """Bytes from a size such as `64 KiB`, `1.5 MiB` or `4096 B` (also `64KiB`).
+    """Bytes from a size such as `64 KiB`, `1.5 MiB`, `2 GB` or `4096 B` (remat_dsl.plan.units).
 
     Raises PlanError for a missing or unknown unit or a fractional number of bytes.
     """
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
-    if not match or match.group(2) not in SIZE_UNITS:
-        raise PlanError(f"bad size {text!r}", hint="write e.g. `4096 B`, `64 KiB`, `1.5 MiB` or `2 GiB`")
-    value = _scaled(match.group(1), SIZE_UNITS[match.group(2)])
-    if value is None:
-        raise PlanError(f"size {text!r} is not a whole number of bytes")
-    return value
+    try:
+        return units.parse_size(text)
+    except UnitError as error:
+        raise PlanError(error.message, hint=error.hint) from None
 
 
 def _split_comments(children: list) -> tuple[tuple[str, ...], list]:

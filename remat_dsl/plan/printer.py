@@ -53,10 +53,10 @@ import json
 import math
 import re
 from collections.abc import Iterable, Sequence
-from decimal import Decimal
 
 from remat_dsl.plan import ir
 from remat_dsl.plan.digest import digest_of
+from remat_dsl.plan.units import format_bandwidth, format_duration, format_gap, format_seconds, format_size, size_parts
 
 FORMAT_VERSION = 1
 HEADER_KEY_WIDTH = 12
@@ -65,14 +65,9 @@ INDENT = "  "
 GAP = "  "
 
 STATUSES = ("optimal", "feasible", "baseline", "heuristic", "hand-written")
-GAP_PERCENT_DECIMALS = ir.GAP_DECIMALS - 2  # most decimals of a printed gap (percent)
-SECONDS_DECIMALS = ir.SECONDS_DECIMALS
 SOLVE_TIME_KEY = "solve-time"
 SOLVE_TIME_UNIT = "s"
 PHASES = (ir.FORWARD, ir.BACKWARD)
-SIZE_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
-DURATION_UNITS = {"us": 1, "ms": 1000, "s": 1_000_000}
-BANDWIDTH_UNITS = {"B/s": 1, "KB/s": 10**3, "MB/s": 10**6, "GB/s": 10**9, "TB/s": 10**12}
 RESERVED = ("None", "True", "False", "inf", "nan")
 
 TENSOR_HEADING = ("# name", "shape", "dtype", "size", "", "producer")
@@ -88,73 +83,6 @@ SYM_PREFIX = "torch."
 # ---------------------------------------------------------------------------
 # Numbers with units
 # ---------------------------------------------------------------------------
-
-
-def _thousandths(q: int) -> str:
-    """`q / 1000` with up to three decimals, trailing zeros stripped: 1500 -> `1.5`."""
-    whole, frac = divmod(q, 1000)
-    return f"{whole}.{frac:03d}".rstrip("0").rstrip(".")
-
-
-def size_parts(nbytes: int) -> tuple[str, str]:
-    """The number and unit `format_size` writes, e.g. (`1.5`, `MiB`)."""
-    if nbytes < 0:
-        raise ValueError(f"size must not be negative, got {nbytes}")
-    for unit in ("GiB", "MiB", "KiB"):
-        factor = SIZE_UNITS[unit]
-        if nbytes >= factor and nbytes * 1000 % factor == 0:
-            return _thousandths(nbytes * 1000 // factor), unit
-    return str(nbytes), "B"
-
-
-def format_size(nbytes: int) -> str:
-    """Bytes in human units, exactly (see NOTE: [Units]): 4096 -> `4 KiB`."""
-    return " ".join(size_parts(nbytes))
-
-
-def format_duration(us: int) -> str:
-    """Microseconds in milliseconds with three decimals: 120 -> `0.120 ms`."""
-    if us < 0:
-        raise ValueError(f"duration must not be negative, got {us}")
-    return f"{us // 1000}.{us % 1000:03d} ms"
-
-
-def format_bandwidth(bytes_per_s: int) -> str:
-    """Bytes per second in decimal GB/s when exact: 12_500_000_000 -> `12.5 GB/s`."""
-    if bytes_per_s < 0:
-        raise ValueError(f"bandwidth must not be negative, got {bytes_per_s}")
-    if bytes_per_s % 10**6 == 0:
-        return f"{_thousandths(bytes_per_s // 10**6)} GB/s"
-    return f"{bytes_per_s} B/s"
-
-
-def format_gap(gap: float) -> str:
-    """A relative gap (fraction, as ir.Header stores it) in percent, exactly: 0.0123 -> `1.23%`.
-
-    2 to 4 decimals; the digits are those of `repr(gap)` moved two places, so the text
-    reads back as the same float.  Raises ValueError for a negative, infinite or NaN gap,
-    or one with more than 6 decimals (ir.Header rounds at construction).
-    """
-    if not isinstance(gap, float) or not math.isfinite(gap) or gap < 0:
-        raise ValueError(f"cannot print gap {gap!r}: a finite fraction >= 0 (0.0123 is 1.23%)")
-    whole, _, frac = format(Decimal(repr(gap)).scaleb(2), "f").partition(".")
-    frac = frac.rstrip("0")
-    if len(frac) > GAP_PERCENT_DECIMALS:
-        raise ValueError(f"cannot print gap {gap!r}: more than {ir.GAP_DECIMALS} decimals (see ir.round_gap)")
-    return f"{whole}.{frac.ljust(2, '0')}%"
-
-
-def format_seconds(seconds: float) -> str:
-    """A solve time (seconds, as ir.Header stores it) with one decimal: 2.4 -> `2.4 s`.
-
-    Raises ValueError for a negative, infinite or NaN time, or one not rounded to 0.1 s.
-    """
-    if not isinstance(seconds, float) or not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"cannot print solve time {seconds!r}: a finite number of seconds >= 0")
-    text = f"{seconds:.{SECONDS_DECIMALS}f}"
-    if float(text) != seconds:
-        raise ValueError(f"cannot print solve time {seconds!r}: not rounded to 0.1 s (see ir.round_seconds)")
-    return f"{text} {SOLVE_TIME_UNIT}"
 
 
 def without_solve_time(text: str) -> str:

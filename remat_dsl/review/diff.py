@@ -37,7 +37,7 @@ from decimal import Decimal
 
 from remat_dsl.plan import ir
 from remat_dsl.plan.errors import PlanError
-from remat_dsl.review.fmt import read_plan_text
+from remat_dsl.plan.files import read_text
 
 KEPT, RECOMPUTED, OFFLOADED = "kept", "recomputed", "offloaded"
 MAX_LISTED = 50  # changes listed per kind in the summary; the line diff shows them all
@@ -89,7 +89,7 @@ def load_side(path: str, label: str | None = None, *, lenient: bool = False) -> 
     label = label or path
     if path == os.devnull:
         return Side(label, "")
-    text = read_plan_text(path)
+    text = read_text(path, "plan")
     try:
         plan = _parse(text, path)
         return Side(label, _print(plan, path), plan)
@@ -201,9 +201,9 @@ def policy_changes(old: ir.Plan, new: ir.Plan) -> list[tuple[str, str, str]]:
 
 
 def _size(nbytes: int) -> str:
-    from remat_dsl.solve.driver import format_bytes
+    from remat_dsl.plan.units import format_bytes
 
-    return f"{format_bytes(nbytes)} ({nbytes} B)"
+    return format_bytes(nbytes)
 
 
 def _ms(us: int) -> str:
@@ -386,49 +386,3 @@ def textconv(side: Side) -> str:
 # ---------------------------------------------------------------------------
 # Commands
 # ---------------------------------------------------------------------------
-
-
-def add_parsers(subparsers) -> None:
-    """Register `remat diff`, `remat git-diff` and `remat textconv` on the `remat` command."""
-    diff = subparsers.add_parser("diff", help="semantic summary and line diff of two plans")
-    diff.add_argument("old", help="the plan before (/dev/null: none)")
-    diff.add_argument("new", help="the plan after (/dev/null: none)")
-    diff.add_argument("--exit-code", action="store_true", help="exit 1 when the canonical texts differ (the solve time aside)")
-    diff.set_defaults(run=run_diff)
-
-    git = subparsers.add_parser("git-diff", help="git's external diff driver (diff.remat.command); GIT_EXTERNAL_DIFF arguments")
-    git.add_argument("path", help="the path in the repository")
-    git.add_argument("rest", nargs="*", help="old-file old-hex old-mode new-file new-hex new-mode [new-path rename-info]")
-    git.set_defaults(run=run_git_diff)
-
-    conv = subparsers.add_parser("textconv", help="a plan's summary header and canonical text (diff.remat.textconv)")
-    conv.add_argument("file")
-    conv.set_defaults(run=run_textconv)
-
-
-def run_diff(args) -> int:
-    """`remat diff OLD NEW`: 0 (or 1 with --exit-code when they differ, solve time aside); invalid plans raise."""
-    old, new = load_side(args.old), load_side(args.new)
-    args.out.write(render(old, new))
-    return 1 if args.exit_code and compared_text(old) != compared_text(new) else 0
-
-
-def run_git_diff(args) -> int:
-    """GIT_EXTERNAL_DIFF: `PATH OLD-FILE OLD-HEX OLD-MODE NEW-FILE NEW-HEX NEW-MODE [NEW-PATH INFO]`."""
-    if len(args.rest) < 6:  # git passes the path alone for an unmerged file
-        args.out.write(f"* Unmerged path {args.path}\n")
-        return 0
-    old_file, old_hex, _, new_file, new_hex, _ = args.rest[:6]
-    new_path = args.rest[6] if len(args.rest) > 6 else args.path
-    old = load_side(old_file, "/dev/null" if old_file == os.devnull else f"a/{args.path}", lenient=True)
-    new = load_side(new_file, "/dev/null" if new_file == os.devnull else f"b/{new_path}", lenient=True)
-    args.out.write(f"diff --remat a/{args.path} b/{new_path}\n")
-    args.out.write(f"index {old_hex[:7]}..{new_hex[:7]}\n")
-    args.out.write(render(old, new))
-    return 0
-
-
-def run_textconv(args) -> int:
-    """`remat textconv FILE`: the summary header and canonical text on stdout (raw text if invalid)."""
-    args.out.write(textconv(load_side(args.file, lenient=True)))
-    return 0

@@ -200,7 +200,7 @@ def _check_agreement(steps: list[StepUsage], sim) -> None:
 
 
 def _title(plan: ir.Plan, sim) -> str:
-    from remat_dsl.solve.driver import format_bytes
+    from remat_dsl.plan.units import format_bytes
 
     h = plan.header
     model = h.model or "plan"
@@ -221,7 +221,7 @@ def draw_png(plan: ir.Plan, sim, path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from remat_dsl.solve.driver import format_bytes
+    from remat_dsl.plan.units import format_bytes
 
     timeline = category_timeline(plan, sim)
     steps = timeline.steps
@@ -324,7 +324,7 @@ def terminal_view(plan: ir.Plan, sim, *, buckets: int = 60, height: int = 8) -> 
     boundary, `r` a bucket with a recompute, `t` one with an offload or prefetch (`*` both).
     """
     from remat_dsl.check.report import instruction_line
-    from remat_dsl.solve.driver import format_bytes
+    from remat_dsl.plan.units import format_bytes, human_bytes
 
     timeline = category_timeline(plan, sim)
     steps = sim.timeline
@@ -341,7 +341,7 @@ def terminal_view(plan: ir.Plan, sim, *, buckets: int = 60, height: int = 8) -> 
     levels = [round(h / scale * cells) for h in highs]
     budget_row = min(height - 1, int(budget / scale * height)) if budget else None
     peak_bucket = next(b for b, (lo, hi) in enumerate(bounds) if lo <= _peak_pos(sim) < hi)
-    label_width = max(len(format_bytes(scale)), len("0 B")) + 1
+    label_width = max(len(human_bytes(scale)), len("0 B")) + 1
 
     lines.append(" " * label_width + " " + "".join("▼" if b == peak_bucket else " " for b in range(width)) + "  ▼ peak")
     for row in range(height - 1, -1, -1):
@@ -352,7 +352,7 @@ def terminal_view(plan: ir.Plan, sim, *, buckets: int = 60, height: int = 8) -> 
                 chars.append("┈")
             else:
                 chars.append(BLOCKS[fill])
-        label = format_bytes(scale) if row == height - 1 else ""
+        label = human_bytes(scale) if row == height - 1 else ""
         note = f"  ┈ budget {format_bytes(budget)}" if row == budget_row else ""
         lines.append(f"{label:>{label_width}}│{''.join(chars)}{note}")
     boundary = next((b for b, (lo, hi) in enumerate(bounds) if lo <= n_forward < hi), width)
@@ -371,8 +371,8 @@ def terminal_view(plan: ir.Plan, sim, *, buckets: int = 60, height: int = 8) -> 
         " " * label_width + f" {fwd}{' | ' if fwd and bwd else ''}{bwd}  ({n} instructions, {per:.1f} per column)"
     )
     ratio = f", {100 * sim.peak_bytes / budget:.1f}% of budget" if budget else ""
-    lines.append(f"peak {format_bytes(sim.peak_bytes)} ({sim.peak_bytes} B) at {instruction_line(plan, sim.peak_at)}{ratio}")
-    lines.append(f"budget {format_bytes(budget)} ({budget} B)")
+    lines.append(f"peak {format_bytes(sim.peak_bytes)} at {instruction_line(plan, sim.peak_at)}{ratio}")
+    lines.append(f"budget {format_bytes(budget)}")
     lines.append(_live_table(timeline, sim))
     return "\n".join(lines)
 
@@ -385,7 +385,7 @@ def _live_table(timeline: CategoryTimeline, sim, limit: int = 10) -> str:
     from rich.console import Console
     from rich.table import Table
 
-    from remat_dsl.solve.driver import format_bytes
+    from remat_dsl.plan.units import human_bytes
 
     peak = timeline.steps[_peak_pos(sim)]
     table = Table(title=f"largest live tensors at the peak ({sim.peak_at})")
@@ -395,42 +395,13 @@ def _live_table(timeline: CategoryTimeline, sim, limit: int = 10) -> str:
     table.add_column("share", justify="right")
     total = sim.peak_bytes or 1
     for name, nbytes, category in timeline.peak_live[:limit]:
-        table.add_row(name, category, format_bytes(nbytes), f"{100 * nbytes / total:.1f}%")
+        table.add_row(name, category, human_bytes(nbytes), f"{100 * nbytes / total:.1f}%")
     rest = timeline.peak_live[limit:]
     if rest:
-        table.add_row(f"… {len(rest)} more", "", format_bytes(sum(n for _, n, _ in rest)), f"{100 * sum(n for _, n, _ in rest) / total:.1f}%")
+        table.add_row(f"… {len(rest)} more", "", human_bytes(sum(n for _, n, _ in rest)), f"{100 * sum(n for _, n, _ in rest) / total:.1f}%")
     by_category = ", ".join(
-        f"{name} {format_bytes(peak.peak[c])}" for c, name in enumerate(CATEGORIES) if peak.peak[c]
+        f"{name} {human_bytes(peak.peak[c])}" for c, name in enumerate(CATEGORIES) if peak.peak[c]
     )
     buffer = io.StringIO()
     Console(file=buffer, width=120, color_system=None).print(table)
     return f"at the peak: {by_category}\n" + buffer.getvalue().rstrip()
-
-
-# ---------------------------------------------------------------------------
-# The command
-# ---------------------------------------------------------------------------
-
-
-def add_parsers(subparsers) -> None:
-    """Register `remat show PLAN [--png FILE]`."""
-    show = subparsers.add_parser("show", help="draw a plan's memory timeline (terminal chart, or a PNG with --png)")
-    show.add_argument("plan")
-    show.add_argument("--png", metavar="FILE", help="write the timeline as a PNG image instead of printing a chart")
-    show.add_argument("--buckets", type=int, default=60, help="columns of the terminal chart (default 60)")
-    show.set_defaults(run=_show)
-
-
-def _show(args) -> int:
-    from remat_dsl.check.verify import load_checked
-    from remat_dsl.cli.console import check_writable, status
-
-    if args.png:
-        check_writable(args.png, "picture")
-    plan, sim = load_checked(args.plan, within_budget=False)
-    if args.png:
-        draw_png(plan, sim, args.png)
-        status(f"wrote {args.png}")
-    else:
-        args.out.write(terminal_view(plan, sim, buckets=max(1, args.buckets)) + "\n")
-    return 0

@@ -14,24 +14,43 @@ from __future__ import annotations
 from collections import defaultdict
 
 from remat_dsl.plan import ir
+from remat_dsl.plan.constraints import matching
+from remat_dsl.plan.ir import op_uses, pinned_tensors
+
+PREFETCH_LEAD = 3  # backward instructions between a prefetch and the use it serves
 
 
-def refs_in(arg: ir.Arg) -> list[str]:
-    """Names referred to (`%name`) anywhere inside an argument tree."""
-    return [ref.name for ref in ir.iter_refs(arg)]
+def lower_order(graph: ir.Graph, order, constraints=()) -> tuple[tuple[ir.Instruction, ...], tuple[ir.Instruction, ...]]:
+    """The forward and backward instructions of a solver's op `order`, with the user's
+    constraints applied (NOTE: [Applying constraints] in remat_dsl.plan.constraints):
+    the order edited for keep/recompute, lowered, then transfers added for offload."""
+    edited = constrain_order(graph, list(order), constraints)
+    return add_offloads(graph, *lower(graph, edited), constraints)
 
 
-def op_uses(op: ir.Op, tensors: set[str]) -> list[str]:
-    """Tensor names (allocations, not parameters/inputs) that `op` reads, in order, unique."""
-    return list(dict.fromkeys(ref.name for ref in ir.op_refs(op) if ref.name in tensors))
+DEFAULT_BANDWIDTH = 12 * 10**9  # bytes/s, PCIe 4 x16 in practice
 
 
-def pinned_tensors(graph: ir.Graph) -> set[str]:
-    """Tensors the plan may not delete: model outputs and parameter gradients."""
-    names = set(refs_in(graph.outputs))
-    for grad in graph.gradients:
-        names.update(refs_in(grad.value))
-    return names
+def lowered_plan(graph: ir.Graph, order, *, constraints=(), model: str = "", device: str = "cpu", budget: int = 0,
+                 solver: str = "", status: str = "optimal", bandwidth: int = DEFAULT_BANDWIDTH) -> ir.Plan:
+    """The plan of a solver's op `order`: lowered (`lower_order`), simulated exactly
+    (remat_dsl.check.replay) and with the simulation's predictions in its header."""
+    from remat_dsl.check.replay import simulate, with_predictions
+
+    forward, backward = lower_order(graph, order, constraints)
+    header = ir.Header(model, device, budget, ir.BUDGET_COUNTS, solver, status, 0, "forward:1", 0, 0, 0, bandwidth)
+    plan = ir.Plan(header, graph, forward, backward, constraints=tuple(constraints))
+    return with_predictions(plan, simulate(plan))
+
+
+def simulated_peak(graph: ir.Graph, order, constraints=(), device: str = "cpu") -> int:
+    """The exact peak (bytes) of the plan of `order` (`lowered_plan`)."""
+    return lowered_plan(graph, order, constraints=constraints, device=device).header.peak_bytes
+
+
+def autograd_order(graph: ir.Graph) -> tuple[str, ...]:
+    """What PyTorch does: every op once, in graph order (the store-all order)."""
+    return tuple(op.name for op in graph.ops)
 
 
 def lower(graph: ir.Graph, order: list[str]) -> tuple[tuple[ir.Instruction, ...], tuple[ir.Instruction, ...]]:
@@ -85,3 +104,105 @@ def _deletes(order, ops, uses, pinned) -> dict[int, list[str]]:
 def _declaration_order(ops):
     position = {t: i for i, t in enumerate(t for op in ops.values() for t in op.outputs)}
     return lambda name: position[name]
+
+
+# ---------------------------------------------------------------------------
+# Constraints (NOTE: [Applying constraints] in remat_dsl.plan.constraints)
+# ---------------------------------------------------------------------------
+
+
+def constrain_order(graph: ir.Graph, order: list[str], constraints) -> list[str]:
+    """The solver's op order edited for keep, offload and recompute (NOTE above)."""
+    producers = {t.name: t.producer for t in graph.tensors}
+    once = {producers[t] for kind in ("keep", "offload") for t in matching(graph, constraints, kind)}
+    seen: set[str] = set()
+    result = []
+    for name in order:
+        if name in once and name in seen:
+            continue
+        seen.add(name)
+        result.append(name)
+    return _recompute_before_backward(graph, result, matching(graph, constraints, "recompute"), producers)
+
+
+def _recompute_before_backward(graph, order, tensors, producers) -> list[str]:
+    if not tensors:
+        return order
+    ops = {op.name: op for op in graph.ops}
+    names = {t.name for t in graph.tensors}
+    first_backward = next((i for i, n in enumerate(order) if ops[n].phase == ir.BACKWARD), len(order))
+    inserts: dict[int, list[str]] = {}
+    for tensor in tensors:
+        producer = producers[tensor]
+        if ops[producer].phase != ir.FORWARD:
+            continue
+        use = next((i for i in range(first_backward, len(order)) if tensor in op_uses(ops[order[i]], names)), None)
+        made_again = any(order[i] == producer for i in range(first_backward, use or first_backward))
+        if use is not None and not made_again:
+            inserts.setdefault(use, []).append(producer)
+    result = []
+    for i, name in enumerate(order):
+        for producer in dict.fromkeys(inserts.get(i, [])):
+            result.append(producer)
+        result.append(name)
+    return result
+
+
+def add_offloads(graph: ir.Graph, forward, backward, constraints):
+    """Forward and backward instructions with offload/prefetch of matching saved tensors."""
+    wanted = matching(graph, constraints, "offload")
+    if not wanted:
+        return forward, backward
+    ops = {op.name: op for op in graph.ops}
+    names = {t.name for t in graph.tensors}
+    crossing = _crossing(forward, backward, ops, names) - pinned_tensors(graph)
+    forward, backward = list(forward), list(backward)
+    for tensor in sorted(t for t in wanted if t in crossing):
+        forward = _offload_after_last_use(forward, tensor, ops, names)
+        backward = _prefetch_before_first_use(backward, tensor, ops, names)
+    return tuple(forward), tuple(backward)
+
+
+def _crossing(forward, backward, ops, names) -> set[str]:
+    """Tensors resident at the end of forward and read in backward before any re-creation."""
+    resident: set[str] = set()
+    for ins in forward:
+        if ins.verb in ("compute", "recompute"):
+            resident.update(ops[ins.target].outputs)
+        elif ins.verb == "delete":
+            resident.discard(ins.target)
+    used, made = set(), set()
+    for ins in backward:
+        if ins.verb in ("compute", "recompute"):
+            used.update(t for t in op_uses(ops[ins.target], names) if t not in made)
+            made.update(ops[ins.target].outputs)
+    return resident & used
+
+
+def _runs(instructions, tensor, ops, names, *, making: bool):
+    """Indices of compute/recompute instructions that read `tensor` (or make it, if `making`)."""
+    for i, ins in enumerate(instructions):
+        if ins.verb not in ("compute", "recompute"):
+            continue
+        op = ops[ins.target]
+        if tensor in op_uses(op, names) or (making and tensor in op.outputs):
+            yield i
+
+
+def _offload_after_last_use(forward, tensor, ops, names):
+    last = max(_runs(forward, tensor, ops, names, making=True))
+    moves = [
+        ir.Instruction("offload", tensor, ir.D2H_STREAM),
+        ir.Instruction("wait", tensor, ir.COMPUTE_STREAM),
+        ir.Instruction("delete", tensor, ir.COMPUTE_STREAM),
+    ]
+    return forward[: last + 1] + moves + forward[last + 1 :]
+
+
+def _prefetch_before_first_use(backward, tensor, ops, names):
+    first = next(_runs(backward, tensor, ops, names, making=False))
+    computes = [i for i, ins in enumerate(backward[:first]) if ins.verb in ("compute", "recompute")]
+    at = computes[-PREFETCH_LEAD] if len(computes) >= PREFETCH_LEAD else 0
+    prefetch = ir.Instruction("prefetch", tensor, ir.H2D_STREAM)
+    wait = ir.Instruction("wait", tensor, ir.COMPUTE_STREAM)
+    return backward[:at] + [prefetch] + backward[at:first] + [wait] + backward[first:]

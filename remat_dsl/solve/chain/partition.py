@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from remat_dsl.plan import ir
-from remat_dsl.solve.lowering import op_uses
+from remat_dsl.plan.ir import op_uses
 from remat_dsl.solve.chain.model import Block, Chain
 
 
@@ -239,3 +239,30 @@ def _transient(names: tuple[str, ...], ops, tensors) -> int:
             if last[t] == i:
                 live -= tensors[t].nbytes
     return peak
+
+
+def chain_order(part: ChainPartition, ops, options=None) -> tuple[str, ...]:
+    """The op order of a chain sequence `ops` ((kind, l) or (kind, l, o) steps, rotor's
+    vocabulary): the prelude, then each forward step's block ops and each backward step's
+    backward ops (`options[l-1][o]`, option o's op sequence, when RK-Rotor chose one)."""
+    order = list(part.prelude)
+    for kind, l, *rest in ops:
+        block = part.blocks[l - 1]
+        if kind != "B":
+            order += block.forward
+        else:
+            order += options[l - 1][rest[0] if rest else 0] if options is not None else block.backward
+    return tuple(order)
+
+
+AUTO_CHAIN_SHARE = 0.3  # the largest block holds at most this share of the forward ops ...
+AUTO_BLOCK_OPS = 40  # ... and at most this many
+
+
+def is_small_chain(graph: ir.Graph) -> bool:
+    """Cut at the separators no skip tensor crosses (Rockmate's blocks), no block holds
+    more than AUTO_CHAIN_SHARE of the forward ops nor more than AUTO_BLOCK_OPS of them:
+    a chain of small blocks (GPT-2, the ResNet), which chain solvers plan well."""
+    sizes = [len(b.forward) for b in partition(graph, refine=1).blocks]
+    largest = max(sizes)
+    return largest <= AUTO_CHAIN_SHARE * sum(sizes) and largest <= AUTO_BLOCK_OPS

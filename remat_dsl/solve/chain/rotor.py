@@ -36,9 +36,14 @@ Deterministic: among F_ck branches the smallest s' wins; F_all wins a tie with F
 
 from __future__ import annotations
 
+import functools
+import time
 from dataclasses import dataclass
 
 import numpy as np
+
+from remat_dsl.solve.api import BudgetError, Problem, SolverInfo, SolverResult, Status
+from remat_dsl.solve.chain.partition import chain_order, partition
 
 from remat_dsl.solve.chain.model import (
     Chain,
@@ -289,3 +294,39 @@ def _opt_rec_p(choice: np.ndarray, sz: _Sizes, top: int, all_step=None) -> tuple
         stack.append((s, branch - 1, mem))
         stack.append((branch, t, mem - int(sz.a[branch - 1])))
     return tuple(ops)
+
+
+class Rotor:
+    """`--solver rotor`: Algorithms 3-4 over the chain of blocks cut at the graph's
+    1-separators (remat_dsl.solve.chain.partition, papers/rockmate-* appendix A.4), with
+    DEFAULT_SLOTS memory slots.  Its chain budget is the driver's target."""
+
+    name = "rotor"
+    auto_rank = None
+    optimizes = True
+
+    def __init__(self, problem: Problem):
+        start = time.perf_counter()
+        self.part = partition(problem.graph)
+        self.seconds = time.perf_counter() - start
+
+    def describe(self) -> str:
+        return f"slots={DEFAULT_SLOTS} blocks={len(self.part.blocks)}"
+
+    @functools.cached_property
+    def _floor(self) -> int:
+        return min_feasible_budget(self.part.chain, DEFAULT_SLOTS)
+
+    def floor(self) -> int:
+        return self._floor
+
+    def solve(self, target: int) -> SolverResult:
+        try:
+            schedule = solve_rotor(self.part.chain, target, DEFAULT_SLOTS)
+        except InfeasibleBudget:
+            raise BudgetError(target, self.floor(), self.name) from None
+        return SolverResult(chain_order(self.part, schedule.ops), self.info)
+
+    @property
+    def info(self) -> SolverInfo:
+        return SolverInfo(Status.OPTIMAL, None, self.seconds)

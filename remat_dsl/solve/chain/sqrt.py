@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import math
 
+from remat_dsl.solve.api import Problem, Status
+from remat_dsl.solve.autograd import FixedOrder
 from remat_dsl.solve.chain.model import Chain, ChainOp, ChainSchedule, simulate_chain
+from remat_dsl.solve.chain.partition import chain_order, partition
 
 
 def segment_bounds(length: int, segments: int) -> list[tuple[int, int]]:
@@ -48,3 +51,21 @@ def solve_checkpoint_sqrt(chain: Chain, segments: int | None = None) -> ChainSch
         ops.extend(("B", l) for l in range(last, first - 1, -1))
     peak, total = simulate_chain(chain, ops)
     return ChainSchedule(tuple(ops), total, peak)
+
+
+class CheckpointSqrt(FixedOrder):
+    """`--solver checkpoint-sqrt`: checkpoint_sequential's segments over the chain of blocks
+    (remat_dsl.solve.chain.partition), whatever the budget (status `heuristic`)."""
+
+    name = "checkpoint-sqrt"
+    status = Status.HEURISTIC
+
+    def __init__(self, problem: Problem):
+        super().__init__(problem)
+        self.part = partition(problem.graph)
+
+    def describe(self) -> str:
+        return f"blocks={len(self.part.blocks)}"
+
+    def order(self) -> tuple[str, ...]:
+        return chain_order(self.part, solve_checkpoint_sqrt(self.part.chain).ops)

@@ -11,9 +11,13 @@ available and not counted: the chain or the caller counts them.
 
 from __future__ import annotations
 
+import time
+
 from remat_dsl.plan import ir
-from remat_dsl.solve.lowering import op_uses, pinned_tensors
-from remat_dsl.solve.ilp.hilp import CNode, HGraph, Option, Value
+from remat_dsl.plan.errors import RematError
+from remat_dsl.plan.ir import op_uses, pinned_tensors
+from remat_dsl.solve.api import Problem
+from remat_dsl.solve.ilp.hilp import HILP, CNode, HGraph, Option, TargetSolver, Value, ops_of
 
 
 def op_hgraph(graph: ir.Graph, forward: tuple[str, ...], backward: tuple[str, ...]) -> HGraph:
@@ -54,3 +58,37 @@ def op_hgraph(graph: ir.Graph, forward: tuple[str, ...], backward: tuple[str, ..
         option = Option(op.time_us, op.temp_bytes, 0, (name,))
         nodes.append(CNode(name, k >= len(forward), (option,), reads))
     return HGraph(tuple(nodes), tuple(values))
+
+
+class Checkmate(TargetSolver):
+    """`--solver checkmate`: RK-Checkmate (thesis section 2.4, eq. 2.3-2.19) as one ILP over
+    every op of the graph, solved at the target.  For small graphs: refused above MAX_OPS
+    ops (RematError), chosen by `auto` up to AUTO_OPS."""
+
+    name = "checkmate"
+    auto_rank = 1
+    MAX_OPS = 160
+    AUTO_OPS = 60
+
+    def __init__(self, problem: Problem):
+        graph = problem.graph
+        if len(graph.ops) > self.MAX_OPS:
+            raise RematError(
+                f"error: the checkmate solver builds one ILP over all {len(graph.ops)} ops; "
+                f"it is meant for graphs of at most {self.MAX_OPS} ops",
+                hint="use --solver rockmate or --solver hiremate (or auto), which solve small pieces",
+            )
+        start = time.perf_counter()
+        forward = tuple(op.name for op in graph.ops if op.phase == ir.FORWARD)
+        backward = tuple(op.name for op in graph.ops if op.phase == ir.BACKWARD)
+        hg = op_hgraph(graph, forward, backward)
+        super().__init__(problem, HILP(hg), lambda schedule: ops_of(hg, schedule.steps), self.name)
+        self.seconds = time.perf_counter() - start
+        self.ops = len(graph.ops)
+
+    @classmethod
+    def fits(cls, problem: Problem) -> bool:
+        return len(problem.graph.ops) <= cls.AUTO_OPS
+
+    def describe(self) -> str:
+        return f"ops={self.ops}"

@@ -39,12 +39,16 @@ boundary (eq. 2.19).  `HILP` builds the model once; `solve` changes only the two
 
 from __future__ import annotations
 
+import functools
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 
 import pulp
 
+from remat_dsl.solve.api import BudgetError, SolverInfo, SolverResult, Status
 from remat_dsl.solve.ilp import milp
+from remat_dsl.solve.lowering import autograd_order, simulated_peak
 
 
 @dataclass(frozen=True)
@@ -352,3 +356,70 @@ class HILP:
                         steps.append((k, o))
         time_us = sum(self.graph.nodes[k].options[o].time_us for k, o in steps)
         return HSchedule(tuple(steps), len(steps) if boundary_step is None else boundary_step, time_us, result)
+
+
+def ops_of(hg: HGraph, steps) -> tuple[str, ...]:
+    """The op order of H-ILP schedule steps ((node, option) pairs): each option's ops."""
+    order: list[str] = []
+    for k, o in steps:
+        order += hg.nodes[k].options[o].ops
+    return tuple(order)
+
+
+class TargetSolver:
+    """A solver whose order comes from one H-ILP `model` solved at the target (bytes):
+    `--solver checkmate` (one ILP over every op) and HiRemate's root.  Solves are
+    remembered per target; `floor()` bisects the target between 0 and the exact peak of
+    the store-all plan (FLOOR_STEPS solves), and `floor_targets()` are the feasible
+    targets that bisection met, whose plans the driver compares for the smallest budget."""
+
+    auto_rank = None
+    optimizes = True
+    FLOOR_STEPS = 7
+
+    def __init__(self, problem, model: HILP, order_of, name: str):
+        self.problem, self.model, self._order_of, self.name = problem, model, order_of, name
+        self.results: list[milp.MilpResult] = []
+        self.seconds = 0.0
+        self._solved: dict[int, tuple[str, ...] | None] = {}
+        self._feasible: list[int] = []
+
+    def _order(self, target: int) -> tuple[str, ...] | None:
+        if target not in self._solved:
+            start = time.perf_counter()
+            schedule = self.model.solve(target, None, self.problem.time_limit)
+            self.results.append(self.model.last_result)
+            self.seconds += time.perf_counter() - start
+            self._solved[target] = None if schedule is None else self._order_of(schedule)
+        return self._solved[target]
+
+    @property
+    def info(self) -> SolverInfo:
+        status, gap = milp.status_of(self.results)
+        return SolverInfo(Status(status), gap, self.seconds)
+
+    def solve(self, target: int) -> SolverResult:
+        order = self._order(target)
+        if order is None:
+            raise BudgetError(target, self.floor(), self.name)
+        return SolverResult(order, self.info)
+
+    @functools.cached_property
+    def _floor(self) -> int:
+        p = self.problem
+        lo, hi = 0, simulated_peak(p.graph, autograd_order(p.graph), p.constraints, p.device)
+        for _ in range(self.FLOOR_STEPS):
+            mid = (lo + hi) // 2
+            if self._order(mid) is None:
+                lo = mid
+            else:
+                hi = mid
+                self._feasible.append(mid)
+        return hi
+
+    def floor(self) -> int:
+        return self._floor
+
+    def floor_targets(self) -> list[int]:
+        self.floor()
+        return list(self._feasible)

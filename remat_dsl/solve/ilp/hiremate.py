@@ -34,18 +34,20 @@ above; the exact simulation of the lowered plan decides feasibility.
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass
 
 import networkx as nx
 
 from remat_dsl.plan import ir
-from remat_dsl.solve.chain.partition import ChainPartition
-from remat_dsl.solve.ilp.hpartition import HCluster, h_partition
-from remat_dsl.solve.lowering import op_uses, pinned_tensors
+from remat_dsl.plan.ir import op_uses, pinned_tensors
+from remat_dsl.solve.api import Problem, SolverInfo, SolverResult, fallbacks, floor_targets
+from remat_dsl.solve.chain.partition import ChainPartition, is_small_chain, partition
 from remat_dsl.solve.ilp import milp
 from remat_dsl.solve.ilp.checkmate import op_hgraph
-from remat_dsl.solve.ilp.hilp import HILP, CNode, HGraph, HSchedule, Option, Value
-from remat_dsl.solve.ilp.rockmate import RockmateChain, grid, pareto_schedules, replay
+from remat_dsl.solve.ilp.hilp import HILP, CNode, HGraph, Option, TargetSolver, Value, ops_of
+from remat_dsl.solve.ilp.hpartition import HCluster, h_partition
+from remat_dsl.solve.ilp.rockmate import Rockmate, RockmateChain, grid, pareto_schedules, per_ilp_limit, replay, rockmate_chain
 
 MAX_CHILDREN = 12  # children per cluster above the blocks (M^l = M^t of Algorithm 7)
 
@@ -62,7 +64,8 @@ class Child:
 
 
 class Hierarchy:
-    """The whole HiRemate solve for one graph: build once, then `order(peak)`."""
+    """HiRemate's clusters for one graph, solved bottom-up once: `top` is the root level's
+    H-ILP graph and `model` its H-ILP, `results` every MILP solve made on the way."""
 
     def __init__(self, graph: ir.Graph, part: ChainPartition, rc: RockmateChain, time_limit: float | None = None):
         self.graph, self.part, self.time_limit = graph, part, time_limit
@@ -106,23 +109,74 @@ class Hierarchy:
             self.results.append(model.last_result)
             if schedule is None:
                 continue
-            seq = tuple(position[n] for n in _ops_of(hg, schedule.steps[schedule.boundary_step :]))
+            seq = tuple(position[n] for n in ops_of(hg, schedule.steps[schedule.boundary_step :]))
             if seq not in found:
                 found.append(seq)
         return pareto_schedules(ops_hg, found)[1:]
 
-    def order(self, peak: int) -> tuple[str, ...] | None:
-        """The op order of the root's H-ILP schedule at `peak` bytes, None if infeasible."""
-        schedule = self.model.solve(peak, None, self.time_limit)
-        self.results.append(self.model.last_result)
-        return None if schedule is None else _ops_of(self.top, schedule.steps)
 
 
-def _ops_of(hg: HGraph, steps) -> tuple[str, ...]:
-    order: list[str] = []
-    for k, o in steps:
-        order += hg.nodes[k].options[o].ops
-    return tuple(order)
+class Hiremate:
+    """`--solver hiremate`: HiRemate's hierarchy (NOTE: [Hierarchy]), the root solved at the
+    target by H-ILP (`TargetSolver`).
+
+    NOTE: [H-Solver on chains] HiRemate "includes not only H-ILP, but also other solvers,
+    including CHECKMATE and ROTOR, to provide solutions when the target graph has a
+    desirable structure" (thesis, chapter 1 and section 3.2.2).  When the clusters above
+    the blocks form a chain (`is_small_chain`), the root level is solved by RK-Rotor,
+    exact for persistent schedules of a chain, over the blocks' RK-Checkmate options: the
+    same plan as rockmate (remat_dsl.solve.ilp.rockmate, with its fallback)."""
+
+    name = "hiremate"
+    auto_rank = 3
+    optimizes = True
+
+    def __init__(self, problem: Problem):
+        if is_small_chain(problem.graph):
+            self.inner = Rockmate(problem, label="levels=2 root=rk-rotor", name=self.name)
+        else:
+            self.inner = _Root(problem)
+
+    @classmethod
+    def fits(cls, problem: Problem) -> bool:
+        return True  # any graph
+
+    @property
+    def info(self) -> SolverInfo:
+        return self.inner.info
+
+    def describe(self) -> str:
+        return self.inner.describe()
+
+    def solve(self, target: int) -> SolverResult:
+        return self.inner.solve(target)
+
+    def floor(self) -> int:
+        return self.inner.floor()
+
+    def floor_targets(self) -> list[int]:
+        return floor_targets(self.inner)
+
+    def fallbacks(self):
+        return fallbacks(self.inner)
+
+
+class _Root(TargetSolver):
+    """The hierarchy built bottom-up (NOTE: [Hierarchy]); its root H-ILP solved at the target."""
+
+    def __init__(self, problem: Problem):
+        start = time.perf_counter()
+        graph = problem.graph
+        part = partition(graph, refine=1, strict=False)
+        rc = rockmate_chain(graph, part, per_ilp_limit(problem.time_limit, len(part.blocks)))
+        h = Hierarchy(graph, part, rc, problem.time_limit)
+        super().__init__(problem, h.model, lambda schedule: ops_of(h.top, schedule.steps), "hiremate")
+        self.results = list(h.results)
+        self.seconds = time.perf_counter() - start
+        self.settings = f"levels={h.levels} blocks={h.clusters} classes={rc.classes} ilps={len(h.results)} top-nodes={len(h.top.nodes)}"
+
+    def describe(self) -> str:
+        return self.settings
 
 
 def _digest(text: str) -> str:
@@ -225,8 +279,3 @@ def _option_costs(graph: ir.Graph, child: Child) -> list[tuple[int, int, int, in
         r = replay(hg, tuple(position[n] for n in seq))
         result.append((r.xbar, r.fwd_peak, fwd_us, r.bwd_us, r.bwd_peak))
     return result
-
-
-def schedule_order(hg: HGraph, schedule: HSchedule) -> tuple[str, ...]:
-    """The op order of an H-ILP schedule: each step's option op sequence."""
-    return _ops_of(hg, schedule.steps)

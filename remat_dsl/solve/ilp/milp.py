@@ -113,3 +113,14 @@ def _status(sol_status: int) -> str:
     if sol_status == pulp.LpSolutionInfeasible:
         return INFEASIBLE
     return NO_SOLUTION
+
+
+def status_of(results) -> tuple[str, float | None]:
+    """A plan's status over every MILP solve that made it: ("optimal", 0.0) when each
+    proved its optimum, else ("feasible", the largest gap; None when a backend could not
+    tell it); ("optimal", None) when there was no solve.  NOTE: [Honest status]."""
+    feasible = [r for r in results if r.status == FEASIBLE]
+    if not feasible:
+        return OPTIMAL, 0.0 if results else None
+    gaps = [r.gap for r in feasible]
+    return FEASIBLE, None if None in gaps else max(gaps)

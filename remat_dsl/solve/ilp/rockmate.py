@@ -18,12 +18,18 @@ it.  Each block of a class is replayed with its own measured op times.
 
 from __future__ import annotations
 
+import functools
+import time
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
 from remat_dsl.plan import ir
-from remat_dsl.solve.chain.partition import ChainPartition
+from remat_dsl.solve.api import BudgetError, Problem, SolverInfo, SolverResult, Status
 from remat_dsl.solve.chain.model import Block, BlockOption, Chain
+from remat_dsl.solve.chain.partition import ChainPartition, chain_order, is_small_chain, partition
+from remat_dsl.solve.chain.rk_rotor import min_feasible_budget as rk_min_feasible_budget
+from remat_dsl.solve.chain.rk_rotor import try_rk_rotor
+from remat_dsl.solve.chain.rotor import DEFAULT_SLOTS as ROTOR_SLOTS
 from remat_dsl.solve.ilp import milp
 from remat_dsl.solve.ilp.checkmate import op_hgraph
 from remat_dsl.solve.ilp.hilp import HGraph, HILP
@@ -233,10 +239,73 @@ def _block_with_options(block: Block, delta_prev: int, hg: HGraph, schedules: li
     )
 
 
-def chain_order(part: ChainPartition, options: tuple[BlockOptions, ...], ops) -> tuple[str, ...]:
-    """Op order for an RK-Rotor sequence: the prelude, then each step's ops."""
-    order = list(part.prelude)
-    for kind, l, *rest in ops:
-        o = rest[0] if rest else 0
-        order += options[l - 1].backward[o] if kind == "B" else part.blocks[l - 1].forward
-    return tuple(order)
+class OverBlocks:
+    """RK-Rotor over the blocks of `part`, each with its RK-Checkmate options (Algorithm 3).
+
+    The block ILPs are solved here, once (identical blocks once, NOTE: [Option costs]);
+    `solve(target)` runs RK-Rotor with the chain budget `target` (bytes).  `label` goes
+    in front of the settings in the plan header (HiRemate's chain root says what it is)."""
+
+    auto_rank = None
+    optimizes = True
+
+    def __init__(self, problem: Problem, part: ChainPartition, name: str, label: str = ""):
+        start = time.perf_counter()
+        self.name, self.label, self.part = name, label, part
+        self.rc = rockmate_chain(problem.graph, part, per_ilp_limit(problem.time_limit, len(part.blocks)))
+        status, gap = milp.status_of(self.rc.results)
+        self.info = SolverInfo(Status(status), gap, time.perf_counter() - start)
+
+    def describe(self) -> str:
+        options = sum(len(b.options) for b in self.rc.chain.blocks)
+        settings = f"slots={ROTOR_SLOTS} blocks={len(self.part.blocks)} classes={self.rc.classes} ilps={self.rc.ilps} options={options}"
+        return f"{self.label} {settings}".strip()
+
+    @functools.cached_property
+    def _floor(self) -> int:
+        return rk_min_feasible_budget(self.rc.chain, ROTOR_SLOTS)
+
+    def floor(self) -> int:
+        return self._floor
+
+    def solve(self, target: int) -> SolverResult:
+        schedule = try_rk_rotor(self.rc.chain, target, ROTOR_SLOTS)
+        if schedule is None:
+            raise BudgetError(target, self.floor(), self.name)
+        options = [b.backward for b in self.rc.options]
+        return SolverResult(chain_order(self.part, schedule.ops, options), self.info)
+
+
+def per_ilp_limit(time_limit: float | None, blocks: int) -> float | None:
+    """A user's time limit (seconds) shared by the grid's ILPs of every block."""
+    if time_limit is None:
+        return None
+    return max(0.05, time_limit / max(1, blocks) / (PEAK_STEPS * SAVE_STEPS))
+
+
+class Rockmate(OverBlocks):
+    """`--solver rockmate` (thesis chapter 2, Algorithm 3) on Rockmate's blocks
+    (`partition(refine=1)`, cut where no skip tensor crosses when the graph is a chain of
+    small blocks, else at every separator as rotor does).
+
+    NOTE: [Two partitions] Rockmate's blocks suit chains of repeated layers (a GPT-2
+    layer's attention and MLP).  On a graph with few such blocks (the ResNet cuts into 5)
+    RK-Rotor has few places to checkpoint, and rotor's finer blocks reach lower budgets;
+    RK-Rotor over rotor's blocks with their RK-Checkmate options can do everything rotor
+    does there.  A budget the first cannot meet goes to the second (`fallbacks`), built
+    only then, and the smallest feasible budget is the least of the two."""
+
+    name = "rockmate"
+    auto_rank = 2
+
+    def __init__(self, problem: Problem, label: str = "", name: str = "rockmate"):
+        self.problem = problem
+        part = partition(problem.graph, refine=1, strict=is_small_chain(problem.graph))
+        super().__init__(problem, part, name, label)
+
+    @classmethod
+    def fits(cls, problem: Problem) -> bool:
+        return is_small_chain(problem.graph)
+
+    def fallbacks(self):
+        yield OverBlocks(self.problem, partition(self.problem.graph), self.name, self.label)

@@ -1,0 +1,35 @@
+"""`remat check PLAN [--model [MODEL]]`: verify a plan and report its predicted peak and time."""
+
+from __future__ import annotations
+
+
+def register(subparsers) -> None:
+    check = subparsers.add_parser("check", help="validate a plan and report its predicted peak memory and time")
+    check.add_argument("plan")
+    check.add_argument("--model", nargs="?", const="", help="also check the plan against a model file (default: the one in its header): its inputs, parameters and captured graph")
+    check.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from remat_dsl.check.report import check_report
+    from remat_dsl.check.verify import load_checked
+    from remat_dsl.cli.plan import solver_status
+
+    plan, sim = load_checked(args.plan)
+    if args.model is not None:
+        _check_model(args.plan, plan, args.model or plan.header.model)
+    args.out.write(check_report(args.plan, plan, sim) + "\n")
+    if plan.header.gap is not None or plan.header.solve_seconds is not None:
+        args.out.write(solver_status(plan.header) + "\n")
+    return 0
+
+
+def _check_model(path: str, plan, spec: str) -> None:
+    from remat_dsl.capture.model_file import check_plan_matches, load_model_file
+    from remat_dsl.plan.errors import PlanError
+    from remat_dsl.plan.files import read_text
+
+    try:
+        check_plan_matches(plan, load_model_file(spec))
+    except PlanError as error:
+        raise error.with_source(path, read_text(path, "plan")) from None

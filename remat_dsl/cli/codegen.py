@@ -1,0 +1,25 @@
+"""`remat codegen PLAN -o FILE`: write the standalone module that runs a verified plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from remat_dsl.cli.console import check_writable, status, write_atomically
+
+
+def register(subparsers) -> None:
+    codegen = subparsers.add_parser("codegen", help="generate a standalone PyTorch module that runs a plan")
+    codegen.add_argument("plan")
+    codegen.add_argument("-o", "--output", required=True, help="the .py file to write")
+    codegen.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from remat_dsl.check.verify import load_checked
+    from remat_dsl.codegen.generate import generate
+
+    output = check_writable(args.output, "module")
+    plan, _ = load_checked(args.plan)
+    write_atomically(output, generate(plan, source=Path(args.plan).name))
+    status(f"wrote {args.output}")
+    return 0

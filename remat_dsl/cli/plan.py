@@ -1,0 +1,179 @@
+"""`remat plan MODEL --budget B > model.plan`: capture, cost, solve, print the plan.
+
+NOTE: [Fail fast]
+`remat plan` reads and checks every argument it can without the model (budget, solver,
+bandwidth, constraints, `--from`, `--profile`, `--repeats`, the output path) before it
+imports the model file, so a typo costs a second, not a capture.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from remat_dsl.cli.console import Progress, check_writable, positive_int, status, write_atomically
+from remat_dsl.plan.errors import RematError
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a number of seconds > 0 (`--time-limit`)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, e.g. 60 or 2.5, got '{text}'") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got '{text}' (leave the option out for no limit)")
+    return value
+
+
+def register(subparsers) -> None:
+    from remat_dsl.solve.registry import NAMES
+
+    plan = subparsers.add_parser("plan", help="capture and profile a model, solve, print the plan on stdout")
+    plan.add_argument("model", help="model file, optionally path.py:factory")
+    plan.add_argument("--budget", help="bytes with a unit (1.5GiB, 800MB) or a percentage of the autograd peak (50%%); default: the constraints' budget (not needed with --solver autograd)")
+    plan.add_argument("--constraints", help="a file of constraint lines: keep/recompute/offload/no-offload \"GLOB\", budget SIZE")
+    plan.add_argument("--strict", action="store_true", help="a constraint pattern that matches no tensor is an error, not a warning")
+    plan.add_argument("--from", dest="from_plan", help="re-solve with this plan's constraints and budget")
+    plan.add_argument(
+        "--solver",
+        default="auto",
+        choices=NAMES,
+        help="auto (default: picks checkmate, rockmate or hiremate by graph structure and size), "
+        "rockmate, hiremate, checkmate, rotor, checkpoint-sqrt or autograd",
+    )
+    plan.add_argument("--bandwidth", default="12GB", help="host<->device bandwidth per second (default 12GB)")
+    plan.add_argument("--repeats", type=positive_int, default=5, help="timed runs per operation (median)")
+    plan.add_argument("--time-limit", type=seconds, metavar="SECONDS", help="stop the solver after this many seconds (MILP solvers: the best plan found so far, status `feasible` with its gap); default: no limit")
+    plan.add_argument("--record-solve-time", action="store_true", help="write the solver's run time into the header (`solve-time`); off by default so that plans are byte-identical from run to run")
+    plan.add_argument("--profile", help="take every operation's time and temporary memory from this profile file (see `remat profile`) instead of measuring")
+    plan.add_argument("-o", "--output", help="write the plan here instead of stdout")
+    plan.set_defaults(run=run)
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """Everything `remat plan` was asked, read and checked before the model is touched.
+
+    budget: bytes, a percentage (`50%` -> 50.0) of the autograd peak, or None (autograd).
+    bandwidth: bytes per second.  constraints: from --from, then --constraints.
+    """
+
+    budget: int | float | None
+    budget_is_percent: bool
+    bandwidth: int
+    constraints: tuple
+    profile: object | None
+    output: Path | None
+
+
+def _quantity(parse, text: str, what: str):
+    from remat_dsl.plan.units import UnitError
+
+    try:
+        return parse(text, what, exact=False)
+    except UnitError as error:
+        raise RematError(f"error: {error.message}", hint=error.hint) from None
+
+
+def read_request(args) -> PlanRequest:
+    """NOTE: [Fail fast]: the arguments of `remat plan`, checked.  Raises RematError."""
+    from remat_dsl.plan.constraints import budget_of, located, read_constraints
+    from remat_dsl.plan.parser import parse_file
+    from remat_dsl.plan.units import parse_bandwidth, parse_percent, parse_size
+
+    output = check_writable(args.output, "plan") if args.output else None
+    bandwidth = _quantity(parse_bandwidth, args.bandwidth, "bandwidth")
+    if bandwidth <= 0:
+        raise RematError(f"error: the bandwidth must be more than 0 bytes per second, got '{args.bandwidth}'", hint="pass e.g. --bandwidth 12GB")
+    constraints, from_budget = (), None
+    if args.from_plan:
+        old = parse_file(args.from_plan)
+        constraints, from_budget = located(old.constraints, args.from_plan), old.header.budget
+    if args.constraints:
+        constraints += read_constraints(args.constraints)
+    profile = None
+    if args.profile:
+        from remat_dsl.capture.profile_file import load_profile
+
+        profile = load_profile(args.profile)
+    fallback = budget_of(constraints) if budget_of(constraints) is not None else from_budget
+    text = args.budget or (None if fallback is None else str(fallback))
+    if text is None:
+        if args.solver == "autograd":
+            return PlanRequest(None, False, bandwidth, constraints, profile, output)
+        raise RematError("error: no budget given", hint="pass --budget (2GiB, 50%), or a `budget SIZE` constraint, or --from PLAN")
+    percent = parse_percent(text)
+    budget = percent if percent is not None else _quantity(parse_size, text, "budget")
+    if budget <= 0:
+        raise RematError(f"error: the budget must be more than 0, got '{text}'", hint="pass e.g. --budget 50% or --budget 2GiB")
+    return PlanRequest(budget, percent is not None, bandwidth, constraints, profile, output)
+
+
+def run(args) -> int:
+    from remat_dsl.capture.model_file import load_model_file
+    from remat_dsl.plan.constraints import unmatched
+    from remat_dsl.plan.printer import print_plan
+    from remat_dsl.plan.units import format_bytes, format_duration
+    from remat_dsl.solve.driver import Planner
+
+    request = read_request(args)
+    model_file = load_model_file(args.model)
+    graph, device = _captured(model_file, args, request)
+    for warning in unmatched(graph, request.constraints):
+        if args.strict:
+            raise RematError(warning.replace("warning:", "error:", 1), hint="fix the pattern or remove the line (without --strict this is a warning)")
+        status(warning)
+    planner = Planner(
+        graph, model=model_file.spec, device=device, bandwidth=request.bandwidth,
+        constraints=request.constraints, time_limit=args.time_limit,
+    )  # fmt: skip
+    if request.budget is None or request.budget_is_percent:
+        peak = planner.autograd_peak
+        budget = peak if request.budget is None else math.floor(peak * request.budget / 100)
+    else:
+        budget = int(request.budget)
+    limit = f", time limit {args.time_limit:g} s" if args.time_limit is not None else ""
+    status(f"solving with {args.solver} for a budget of {format_bytes(budget)}{limit}")
+    plan = planner.plan(budget, args.solver)
+    seconds = plan.header.solve_seconds
+    if not args.record_solve_time:
+        plan = replace(plan, header=replace(plan.header, solve_seconds=None))
+    text = print_plan(plan)
+    if request.output:
+        write_atomically(request.output, text)
+    else:
+        args.out.write(text)
+    h = replace(plan.header, solve_seconds=seconds)
+    status(f"predicted peak {format_bytes(h.peak_bytes)} at {h.peak_at}, time {format_duration(h.time_us)}; {solver_status(h)}")
+    return 0
+
+
+def _captured(model_file, args, request: PlanRequest):
+    """(graph, device) of the model: measured, or with costs from --profile."""
+    from remat_dsl.capture.pipeline import capture_graph
+
+    if request.profile is None:
+        with Progress(f"profiling {model_file.spec}") as progress:
+            captured = capture_graph(model_file, args.repeats, progress)
+        return captured.graph, captured.device
+    from remat_dsl.capture.profile_file import apply_profile
+
+    with Progress(f"capturing {model_file.spec}") as progress:
+        captured = capture_graph(model_file, args.repeats, progress, measure_time=False)
+    status(f"costs from {args.profile}")
+    return apply_profile(captured.graph, request.profile, model=model_file.spec), captured.device
+
+
+def solver_status(header) -> str:
+    """`status optimal`, or with what the header records of the solve: `status feasible, gap 1.23%, solve time 2.4 s`."""
+    from remat_dsl.plan.units import format_gap, format_seconds
+
+    parts = [f"status {header.status}"]
+    if header.gap is not None:
+        parts.append(f"gap {format_gap(header.gap)}")
+    if header.solve_seconds is not None:
+        parts.append(f"solve time {format_seconds(header.solve_seconds)}")
+    return ", ".join(parts)

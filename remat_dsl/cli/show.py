@@ -1,0 +1,28 @@
+"""`remat show PLAN [--png FILE]`: a plan's memory timeline."""
+
+from __future__ import annotations
+
+from remat_dsl.cli.console import check_writable, status
+
+
+def register(subparsers) -> None:
+    show = subparsers.add_parser("show", help="draw a plan's memory timeline (terminal chart, or a PNG with --png)")
+    show.add_argument("plan")
+    show.add_argument("--png", metavar="FILE", help="write the timeline as a PNG image instead of printing a chart")
+    show.add_argument("--buckets", type=int, default=60, help="columns of the terminal chart (default 60)")
+    show.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from remat_dsl.check.verify import load_checked
+    from remat_dsl.review.show import draw_png, terminal_view
+
+    if args.png:
+        check_writable(args.png, "picture")
+    plan, sim = load_checked(args.plan, within_budget=False)
+    if args.png:
+        draw_png(plan, sim, args.png)
+        status(f"wrote {args.png}")
+    else:
+        args.out.write(terminal_view(plan, sim, buckets=max(1, args.buckets)) + "\n")
+    return 0

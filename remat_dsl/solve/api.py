@@ -1,0 +1,136 @@
+"""The one solver interface.
+
+A solver decides the ORDER in which operations run (the first run of a forward op is a
+`compute`, any later one a `recompute`); the driver (remat_dsl.solve.driver) lowers that
+order into instructions (remat_dsl.solve.lowering, the one lowering), simulates it exactly
+(remat_dsl.check.replay) and fits it to the budget.  Every solver is a class with:
+
+    name                    the registry name (`rotor`, `rockmate`, ...)
+    __init__(problem)       build what every budget shares (partitions, block ILPs, ...)
+    describe() -> str       its settings for the plan header (`slots=500 blocks=9`)
+    solve(target) -> SolverResult
+                            an order whose peak, in the solver's own memory model, is at
+                            most `target` bytes; raises BudgetError when none is
+    floor() -> int          the smallest `target` solve() accepts (bytes)
+    fallbacks() -> tuple    solvers to try, in order, when this one cannot meet a budget
+                            (optional; Rockmate falls back to rotor's finer blocks)
+    fits(problem) -> bool   classmethod, optional: `auto` may pick it for this graph
+    auto_rank: int | None   the order in which `auto` asks (None: never)
+
+A new solver is one module with such a class and one line in remat_dsl.solve.registry.
+Solvers are exchangeable and never return None: infeasibility is a BudgetError that
+states the smallest budget (Checkmate's habit of returning None is what STYLE.md asks
+us to avoid).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+from remat_dsl.plan import ir
+from remat_dsl.plan.errors import RematError
+from remat_dsl.plan.units import format_bytes
+
+
+class Status(str, enum.Enum):
+    """What a plan's header says of the solve (NOTE: [Honest status] in remat_dsl.solve.ilp.milp)."""
+
+    OPTIMAL = "optimal"  # proven optimal for the solver's model (MILP gap <= 0.01%)
+    FEASIBLE = "feasible"  # a solution, not proven optimal (gap, time limit, budget correction)
+    BASELINE = "baseline"  # autograd: what eager PyTorch does
+    HEURISTIC = "heuristic"  # a rule, not an optimization (checkpoint-sqrt)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What every solve of one plan shares: the FB-graph, its device, the user's
+    constraints (remat_dsl.plan.constraints) and the time limit of each MILP (seconds)."""
+
+    graph: ir.Graph
+    device: str
+    constraints: tuple[ir.Constraint, ...] = ()
+    time_limit: float | None = None
+
+
+@dataclass(frozen=True)
+class SolverInfo:
+    """How a solve went: its status, the largest relative MIP gap (a fraction, None when
+    no MILP reported one) and the seconds spent in the solver."""
+
+    status: Status
+    gap: float | None = None
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A solver's decision for the ops starting at position `at` of its order, in words,
+    for the plan's readers (`transformer.h.3.mlp: option 2 of 6, ...`)."""
+
+    at: int
+    text: str
+
+
+@dataclass(frozen=True)
+class SolverResult:
+    """An op order (names; see the module docstring), how the solve went, and the
+    decisions to print above the instructions they explain."""
+
+    order: tuple[str, ...]
+    info: SolverInfo
+    decisions: tuple[Decision, ...] = ()
+
+
+class BudgetError(RematError):
+    """No plan of this solver fits the budget; `smallest` is the smallest budget that does
+    (bytes), `solver` the solver's name."""
+
+    def __init__(self, budget: int, smallest: int, solver: str):
+        self.budget, self.smallest, self.solver = budget, smallest, solver
+        super().__init__(
+            f"error: budget {format_bytes(budget)} is infeasible for solver {solver}: "
+            f"the smallest feasible budget is {format_bytes(smallest)}",
+            hint=f"plan with --budget {smallest} or more, or choose another solver",
+        )
+
+
+class Solver(Protocol):
+    """See the module docstring."""
+
+    name: ClassVar[str]
+    auto_rank: ClassVar[int | None]
+
+    def __init__(self, problem: Problem) -> None: ...
+
+    def describe(self) -> str: ...
+
+    def solve(self, target: int) -> SolverResult: ...
+
+    def floor(self) -> int: ...
+
+
+def fallbacks(solver):
+    """The solver's fallbacks, an iterator (built as they are asked for; empty when none)."""
+    method = getattr(solver, "fallbacks", None)
+    return iter(method()) if method else iter(())
+
+
+FLOOR_SWEEP = (1.0, 1.05, 1.1, 1.2, 1.35, 1.5)
+
+
+def floor_targets(solver) -> list[int]:
+    """Targets at and a little above the solver's floor, whose plans the driver compares for
+    the smallest budget: the solver's own `floor_targets()` when it has them (a bisection's
+    feasible points), else its floor times FLOOR_SWEEP."""
+    method = getattr(solver, "floor_targets", None)
+    if method:
+        return method() or [solver.floor()]
+    return [math.ceil(solver.floor() * factor) for factor in FLOOR_SWEEP]
+
+
+def header_name(solver) -> str:
+    """`rotor slots=500 blocks=9`: the name and settings the plan header records."""
+    return f"{solver.name} {solver.describe()}".strip()

@@ -1,0 +1,60 @@
+"""The baseline: what eager PyTorch does, every op once, saving what autograd saves."""
+
+from __future__ import annotations
+
+import functools
+from typing import ClassVar
+
+from remat_dsl.solve.api import BudgetError, Problem, SolverInfo, SolverResult, Status
+from remat_dsl.solve.lowering import autograd_order, simulated_peak
+
+
+class FixedOrder:
+    """A solver whose order does not depend on the budget (a baseline or a rule): it
+    fits any budget at or above the exact peak of its plan, and no other."""
+
+    name: ClassVar[str]
+    status: ClassVar[Status]
+    auto_rank: ClassVar[int | None] = None
+    optimizes: ClassVar[bool] = False  # no store-all shortcut: its plan is its plan
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+
+    def order(self) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return ""
+
+    @functools.cached_property
+    def _order(self) -> tuple[str, ...]:
+        return self.order()
+
+    def floor(self) -> int:
+        """The exact peak of this solver's plan (bytes)."""
+        return self._floor
+
+    @functools.cached_property
+    def _floor(self) -> int:
+        p = self.problem
+        return simulated_peak(p.graph, self._order, p.constraints, p.device)
+
+    @property
+    def info(self) -> SolverInfo:
+        return SolverInfo(self.status)
+
+    def solve(self, target: int) -> SolverResult:
+        if target < self.floor():
+            raise BudgetError(target, self.floor(), self.name)
+        return SolverResult(self._order, self.info)
+
+
+class Autograd(FixedOrder):
+    """Every op once, in graph order: the plan eager PyTorch runs (status `baseline`)."""
+
+    name = "autograd"
+    status = Status.BASELINE
+
+    def order(self) -> tuple[str, ...]:
+        return autograd_order(self.problem.graph)
