@@ -90,6 +90,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from remat_dsl.solve import driver as solve  # noqa: E402
+from remat_dsl.check.verify import verify  # noqa: E402
 from remat_dsl.codegen.generate import generate  # noqa: E402
 from remat_dsl.capture.measure import step_peak, training_step  # noqa: E402
 from remat_dsl.capture.model_file import ModelFile, load_model_file  # noqa: E402
@@ -254,7 +255,7 @@ class Planner:
         key = tuple((i.verb, i.target) for i in plan.forward) + (("--", "--"),) + tuple((i.verb, i.target) for i in plan.backward)
         if key not in self.modules:
             path = self.workdir / f"fast_{len(self.modules)}.py"
-            path.write_text(generate(plan))
+            path.write_text(generate(verify(plan, within_budget=False)))
             self.modules[key] = load_generated(path).FastModel(self.model_file.build_model())
             self.predicted[key] = plan.header.peak_bytes
         return key

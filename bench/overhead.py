@@ -28,6 +28,7 @@ import torch.utils.checkpoint as ckpt
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from remat_dsl.check.verify import verify  # noqa: E402
 from remat_dsl.codegen.generate import generate  # noqa: E402
 from remat_dsl.capture.measure import step_peak, training_step  # noqa: E402
 from remat_dsl.capture.model_file import load_model_file  # noqa: E402
@@ -98,7 +99,7 @@ def bench_example(path: str, rounds: int, workdir: Path) -> list[tuple]:
         budget = autograd * fraction // 100
         plan = make_plan(captured.graph, model=model_file.spec, device=captured.device, budget=budget, solver="rotor")
         module_path = workdir / f"fast_{Path(path).stem}_{fraction}.py"
-        module_path.write_text(generate(plan))
+        module_path.write_text(generate(verify(plan, within_budget=False)))
         generated = load_generated(module_path)
         eager = model_file.build_model()
         fast = generated.FastModel(model_file.build_model())

@@ -20,6 +20,7 @@ from remat_dsl.check.replay import simulate
 from remat_dsl.solve.driver import autograd_peak, make_plan
 from remat_dsl.solve.registry import NAMES as SOLVERS
 from remat_dsl.codegen.compare import compare_training, load_generated
+from remat_dsl.check.verify import verify
 from remat_dsl.codegen.generate import generate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,7 +80,7 @@ def test_keep_with_rotor_under_a_tight_budget_still_fits_and_trains(gpt2, tmp_pa
     assert plan.header.peak_bytes <= autograd * 6 // 10
     assert not [t for t in recomputed_tensors(plan) if t.startswith("transformer.h.3.")]
     module = tmp_path / "fast.py"
-    module.write_text(generate(plan))
+    module.write_text(generate(verify(plan)))
     assert compare_training(model_file, load_generated(module), steps=2).identical
 
 
@@ -92,7 +93,7 @@ def test_recompute_and_offload_constraints(tiny, tmp_path):
     assert {("offload", "relu"), ("prefetch", "relu")} <= verbs
     assert "relu_1" not in simulate(plan).saved
     module = tmp_path / "fast.py"
-    module.write_text(generate(plan))
+    module.write_text(generate(verify(plan)))
     assert compare_training(model_file, load_generated(module), steps=3).identical
 
 

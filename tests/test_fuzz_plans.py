@@ -130,15 +130,14 @@ def run_mutants(plan_name: str, reference: Reference, count: int, seed: int) -> 
         kind, mutant = mutate(text, rng)
         where = f"{plan_name} mutant {index} (seed {seed}, {kind})"
         try:
-            plan = parse(mutant, "mutant.plan")
-            verify(plan)
+            verified = verify(parse(mutant, "mutant.plan"))
         except RematError:
             outcomes["rejected"] += 1
             continue
         except Exception as error:  # noqa: BLE001 - the property under test
             pytest.fail(f"{where}: {type(error).__name__} escaped the tool: {error}\n{_diff(text, mutant)}")
         try:
-            source = generate(plan, source="mutant.plan")
+            source = generate(verified, source="mutant.plan")
             wrong = reference.same_as_eager(source)
         except Exception as error:  # noqa: BLE001
             pytest.fail(f"{where}: an accepted plan failed in codegen or training: {type(error).__name__}: {error}\n{_diff(text, mutant)}")

@@ -175,7 +175,8 @@ def check_edited(base: Base, edits: list[tuple]) -> str:
     path = base.workdir / f"{base.name}-edited.plan"
     path.write_text(text)
     try:
-        plan, sim = load_checked(str(path))
+        verified = load_checked(str(path))
+        plan, sim = verified.plan, verified.simulation
     except PlanError as error:
         message = error.format()
         m = re.match(rf"^{re.escape(str(path))}:(\d+):(\d+): error: \S", message)
@@ -187,7 +188,7 @@ def check_edited(base: Base, edits: list[tuple]) -> str:
     module = base.generated.get(text)
     if module is None:
         module_path = base.workdir / f"fast_{base.name}_{len(base.generated)}.py"
-        module_path.write_text(generate(plan, source=path.name))
+        module_path.write_text(generate(verified, source=path.name))
         module = base.generated[text] = load_generated(module_path)
     comparison = compare_training(base.model_file, module, steps=2)
     assert comparison.identical, f"accepted plan trains differently after {done}: {comparison.mismatched[:10]}"

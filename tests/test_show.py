@@ -14,6 +14,7 @@ from remat_dsl.review import show
 from remat_dsl.plan.errors import RematError
 from remat_dsl.plan.parser import parse_file
 from remat_dsl.check.replay import simulate
+from remat_dsl.check.verify import VerifiedPlan
 from remat_dsl.plan.units import human_bytes as format_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,7 +58,7 @@ def check_png(path: Path) -> None:
 
 
 def assert_agrees_with_simulate(plan, sim) -> None:
-    timeline = show.category_timeline(plan, sim)
+    timeline = show.category_timeline(VerifiedPlan(plan, sim))
     assert len(timeline.steps) == len(sim.timeline)
     for mine, step in zip(timeline.steps, sim.timeline):
         assert (mine.section, mine.index, mine.instruction) == (step.section, step.index, step.instruction)
@@ -86,7 +87,7 @@ def test_a_drifted_simulation_is_detected(offload_plan):
     steps = list(sim.timeline)
     steps[3] = dataclasses.replace(steps[3], mem_peak=steps[3].mem_peak + 1)
     with pytest.raises(AssertionError, match="disagrees with simulate"):
-        show.category_timeline(plan, dataclasses.replace(sim, timeline=tuple(steps)))
+        show.category_timeline(VerifiedPlan(plan, dataclasses.replace(sim, timeline=tuple(steps))))
 
 
 def test_tensor_categories_of_the_tiny_mlp(offload_plan):
@@ -97,7 +98,7 @@ def test_tensor_categories_of_the_tiny_mlp(offload_plan):
     assert categories["head"] == show.OUTPUTS
     assert categories["grad_output.0"] == show.GRADIENTS
     assert categories["head.bwd.mm"] == show.GRADIENTS
-    timeline = show.category_timeline(plan, sim)
+    timeline = show.category_timeline(VerifiedPlan(plan, sim))
     prefetch = next(s for s in timeline.steps if s.instruction.verb == "prefetch")
     saved = show.CATEGORIES.index(show.SAVED)
     assert prefetch.after[saved] - prefetch.before[saved] == 4096  # relu comes back
@@ -109,20 +110,20 @@ def test_tensor_categories_of_the_tiny_mlp(offload_plan):
 def test_png_for_each_example(example_plan, tmp_path):
     plan, sim = example_plan
     path = tmp_path / "timeline.png"
-    show.draw_png(plan, sim, path)
+    show.draw_png(VerifiedPlan(plan, sim), path)
     check_png(path)
 
 
 def test_png_for_the_offload_plan(offload_plan, tmp_path):
     path = tmp_path / "timeline.png"
     path.write_bytes(b"old")
-    show.draw_png(*offload_plan, str(path))
+    show.draw_png(VerifiedPlan(*offload_plan), str(path))
     check_png(path)
 
 
 def test_png_into_a_missing_directory_is_a_user_error(offload_plan, tmp_path):
     with pytest.raises(RematError, match="does not exist"):
-        show.draw_png(*offload_plan, tmp_path / "missing" / "timeline.png")
+        show.draw_png(VerifiedPlan(*offload_plan), tmp_path / "missing" / "timeline.png")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -131,7 +132,7 @@ def test_png_into_a_missing_directory_is_a_user_error(offload_plan, tmp_path):
 
 def test_terminal_view_shows_peak_and_budget(example_plan):
     plan, sim = example_plan
-    text = show.terminal_view(plan, sim)
+    text = show.terminal_view(VerifiedPlan(plan, sim))
     assert f"peak {format_bytes(sim.peak_bytes)}" in text
     assert f"budget {format_bytes(plan.header.budget)}" in text
     assert sim.peak_at in text
@@ -143,7 +144,7 @@ def test_terminal_view_shows_peak_and_budget(example_plan):
 
 def test_terminal_view_of_the_offload_plan(offload_plan):
     plan, sim = offload_plan
-    text = show.terminal_view(plan, sim)
+    text = show.terminal_view(VerifiedPlan(plan, sim))
     assert f"peak {format_bytes(sim.peak_bytes)}" in text
     assert f"budget {format_bytes(plan.header.budget)}" in text
     marks = next(line for line in text.splitlines() if "r recompute" in line)
@@ -182,9 +183,9 @@ def test_show_command_rejects_an_invalid_plan(tmp_path):
 def test_views_of_a_plan_above_its_budget(offload_plan, tmp_path):
     plan, sim = offload_plan
     tight = dataclasses.replace(plan, header=dataclasses.replace(plan.header, budget=sim.peak_bytes // 2))
-    text = show.terminal_view(tight, sim)
+    text = show.terminal_view(VerifiedPlan(tight, sim))
     assert "200.0% of budget" in text
     budget_line = next(line for line in text.splitlines() if "┈ budget" in line)
     assert "█" in budget_line  # the bars cross the budget line
-    show.draw_png(tight, sim, tmp_path / "tight.png")
+    show.draw_png(VerifiedPlan(tight, sim), tmp_path / "tight.png")
     check_png(tmp_path / "tight.png")

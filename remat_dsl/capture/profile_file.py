@@ -36,28 +36,29 @@ NOTE: [Profile format]
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, field, replace
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
+
+from lark import Lark, Token, Transformer
+from lark.exceptions import UnexpectedInput, VisitError
 
 from remat_dsl.plan import ir
 from remat_dsl.plan.errors import PlanError
-from remat_dsl.plan.units import DURATION_UNITS, SIZE_UNITS, format_duration, size_parts
+from remat_dsl.plan.resources import data_path
+from remat_dsl.plan.units import DURATION_UNITS, EXACT_SIZE_UNITS, format_duration, scaled, size_parts
 
 FORMAT_VERSION = 1
 MAGIC = "remat-profile"
 KEY_WIDTH = 8
 TIME_WIDTH = 8  # digits of `12345.678`: wide enough that a changed time keeps the layout
 TEMP_WIDTH = 8  # digits of `1023.999`
-HEADER_KEYS = ("model", "device", "torch", "input")
 UNKNOWN_PATH = "<profile>"
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.]*")
 _BARE = re.compile(r"[A-Za-z_][A-Za-z0-9_.:\-]*")
-_TYPE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\[\s*((?:[0-9]+\s*(?:,\s*[0-9]+\s*)*)?)\]")
-_TOKEN = re.compile(r"\S+")
 
 RERUN = "the profile was made for another model or other input shapes: run `remat profile` again"
 
@@ -145,150 +146,152 @@ def write_profile(graph: ir.Graph, *, model: str, device: str, torch_version: st
 # ---------------------------------------------------------------------------
 
 
-class _Line:
-    """One line of the file without its comment, with its tokens and their columns."""
+class _Builder(Transformer):
+    """Builds a ProfileFile from the parse tree of grammar/profile.lark."""
 
-    def __init__(self, number: int, text: str):
-        self.number = number
-        self.text = _strip_comment(text)
-        self.tokens = [(m.group(), m.start() + 1) for m in _TOKEN.finditer(self.text)]
-
-    def span(self, col: int = 1) -> ir.Span:
-        return ir.Span(self.number, col)
-
-
-def _strip_comment(text: str) -> str:
-    """`text` without a trailing `# comment` outside a JSON string."""
-    inside = escaped = False
-    for index, char in enumerate(text):
-        if inside:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                inside = False
-        elif char == '"':
-            inside = True
-        elif char == "#":
-            return text[:index].rstrip()
-    return text.rstrip()
-
-
-class _Reader:
     def __init__(self, text: str, path: str | None):
+        super().__init__()
         self.text, self.path = text, path
 
-    def error(self, message: str, line: _Line, col: int = 1, length: int = 1, hint: str | None = None) -> PlanError:
-        return PlanError(message, span=line.span(col), hint=hint, path=self.path or UNKNOWN_PATH, source=self.text, length=length)
+    def error(self, message: str, token: Token, length: int | None = None, hint: str | None = None) -> PlanError:
+        return PlanError(message, span=ir.Span(token.line, token.column), hint=hint, path=self.path or UNKNOWN_PATH,
+                         source=self.text, length=len(token.value) if length is None else length)  # fmt: skip
 
-    def string(self, line: _Line, key: str, bare: bool = False) -> str:
-        rest_col = line.tokens[1][1] if len(line.tokens) > 1 else len(line.text) + 2
-        rest = line.text[rest_col - 1 :].strip()
-        if not rest:
-            raise self.error(f"`{key}` needs a value", line, len(line.text) + 1, hint=f'write e.g. `{key} "..."`')
-        if bare and _BARE.fullmatch(rest):
-            return rest
-        try:
-            value = json.loads(rest)
-        except json.JSONDecodeError:
-            value = None
-        if not isinstance(value, str):
-            raise self.error(f"cannot read the {key} `{rest}`", line, rest_col, len(rest), hint='write a quoted string, e.g. "text"')
+    def magic(self, c):
+        (version,) = c
+        if version.value != str(FORMAT_VERSION):
+            raise self.error(f"expected `{MAGIC} {FORMAT_VERSION}`", version, hint="a profile starts with `remat-profile 1`; write it with `remat profile MODEL -o FILE`")
+        return version
+
+    def model(self, c):
+        return ("model", _json_string(c[0], self), c[0])
+
+    def torch(self, c):
+        return ("torch", _json_string(c[0], self), c[0])
+
+    def device(self, c):
+        value = _json_string(c[0], self) if c[0].type == "STRING" else c[0].value
+        return ("device", value, c[0])
+
+    def input(self, c):
+        name, dtype, shape = c
+        return ("input", ProfileInput(name.value, dtype.value, shape, ir.Span(name.line, name.column)), name)
+
+    def shape(self, c):
+        return tuple(int(d) for d in c)
+
+    def op(self, c):
+        name, number, unit, size, size_unit = c
+        time_us = self.amount(number, unit, DURATION_UNITS, "duration")
+        temp = self.amount(size, size_unit, EXACT_SIZE_UNITS, "size")
+        return ProfileOp(name.value, time_us, temp, ir.Span(name.line, name.column))
+
+    def amount(self, number: Token, unit: Token, units: dict[str, int], what: str) -> int:
+        if unit.value not in units:
+            options = ", ".join(f"`{u}`" for u in units)
+            raise self.error(f"unknown {what} unit `{unit}`", unit, hint=f"expected one of {options}")
+        value = scaled(number.value, units[unit.value])
+        if value is None:
+            smallest = min(units, key=units.get)
+            raise self.error(f"`{number} {unit}` is not a whole number of {smallest}", number, hint=f"{what}s are stored as integer {smallest}; round it")
         return value
 
-    def input(self, line: _Line) -> ProfileInput:
-        if len(line.tokens) < 3:
-            raise self.error("an input line is `input NAME DTYPE[SHAPE]`", line, hint="e.g. `input  x  float32[16, 32]`")
-        name, name_col = line.tokens[1]
-        type_col = line.tokens[2][1]
-        text = line.text[type_col - 1 :].strip()
-        match = _TYPE.fullmatch(text)
-        if not _NAME.fullmatch(name):
-            raise self.error(f"bad input name `{name}`", line, name_col, len(name), hint="names are dotted identifiers")
-        if not match:
-            raise self.error(f"cannot read the input type `{text}`", line, type_col, len(text), hint="write DTYPE[SHAPE], e.g. `float32[16, 32]`")
-        shape = tuple(int(d) for d in match.group(2).split(",")) if match.group(2).strip() else ()
-        return ProfileInput(name, match.group(1), shape, line.span(name_col))
-
-    def amount(self, line: _Line, index: int, units: dict[str, int], what: str, example: str) -> int:
-        number, col = line.tokens[index]
-        unit, unit_col = line.tokens[index + 1]
-        if unit not in units:
-            options = ", ".join(f"`{u}`" for u in units)
-            raise self.error(f"unknown {what} unit `{unit}`", line, unit_col, len(unit), hint=f"expected one of {options}")
-        try:
-            value = Decimal(number) * units[unit]
-        except InvalidOperation:
-            value = None
-        if value is None or not re.fullmatch(r"[0-9]+(\.[0-9]+)?", number):
-            raise self.error(f"cannot read the {what} `{number} {unit}`", line, col, len(number), hint=f"write e.g. `{example}`")
-        if value != value.to_integral_value():
-            smallest = min(units, key=units.get)
-            raise self.error(f"`{number} {unit}` is not a whole number of {smallest}", line, col, len(number), hint=f"{what}s are stored as integer {smallest}; round it")
-        return int(value)
-
-    def op(self, line: _Line) -> ProfileOp:
-        if len(line.tokens) != 5:
-            at = line.tokens[5][1] if len(line.tokens) > 5 else len(line.text) + 1
-            raise self.error("an op line is `NAME  TIME  TEMP`", line, at, hint="e.g. `fc1  0.012 ms  4 KiB`")
-        name, col = line.tokens[0]
-        if not _NAME.fullmatch(name):
-            raise self.error(f"bad op name `{name}`", line, col, len(name), hint="op names are dotted identifiers, as in the plan's `ops`")
-        time_us = self.amount(line, 1, DURATION_UNITS, "duration", "0.123 ms")
-        temp = self.amount(line, 3, SIZE_UNITS, "size", "4 KiB")
-        return ProfileOp(name, time_us, temp, line.span(col))
-
-    def read(self) -> ProfileFile:
-        lines = [_Line(i + 1, t) for i, t in enumerate(self.text.split("\n"))]
-        lines = [line for line in lines if line.tokens]
-        if not lines:
-            raise PlanError("the profile is empty", path=self.path or UNKNOWN_PATH, hint="write it with `remat profile MODEL -o FILE`")
-        first = lines[0]
-        if [t for t, _ in first.tokens] != [MAGIC, str(FORMAT_VERSION)]:
-            raise self.error(f"expected `{MAGIC} {FORMAT_VERSION}`", first, first.tokens[0][1], len(first.text.strip()), hint="a profile starts with `remat-profile 1`; write it with `remat profile MODEL -o FILE`")
+    def start(self, c):
+        magic = next(x for x in c if isinstance(x, Token))
         header: dict[str, object] = {}
-        spans: dict[str, _Line] = {}
-        inputs: list[ProfileInput] = []
-        ops: list[ProfileOp] = []
-        ops_line = None
-        for line in lines[1:]:
-            word, col = line.tokens[0]
-            if ops_line is not None:
-                ops.append(self.op(line))
-            elif word == "ops" and len(line.tokens) == 1:
-                ops_line = line
-            elif word == "input":
-                inputs.append(self.input(line))
-            elif word in HEADER_KEYS:
-                if word in header:
-                    raise self.error(f"`{word}` is given twice", line, col, len(word), hint=f"keep one `{word}` line (the first is line {spans[word].number})")
-                header[word] = self.string(line, word, bare=word == "device")
-                spans[word] = line
+        where: dict[str, Token] = {}
+        inputs = []
+        for key, value, token in (x for x in c if isinstance(x, tuple)):
+            if key == "input":
+                inputs.append(value)
+            elif key in header:
+                raise self.error(f"`{key}` is given twice", token, hint=f"keep one `{key}` line (the first is line {where[key].line})")
             else:
-                raise self.error(f"unknown header key `{word}`", line, col, len(word), hint="expected `model`, `device`, `torch`, `input` or `ops`")
+                header[key], where[key] = value, token
         for key in ("model", "device", "torch"):
             if key not in header:
-                raise self.error(f"the header has no `{key}` line", first, hint=f"add a `{key}` line after `{MAGIC} {FORMAT_VERSION}`")
-        if ops_line is None:
-            raise self.error("the profile has no `ops` table", lines[-1], hint="add `ops` followed by one `NAME  TIME  TEMP` line per operation")
+                raise self.error(f"the header has no `{key}` line", magic, hint=f"add a `{key}` line after `{MAGIC} {FORMAT_VERSION}`")
+        ops = [x for x in c if isinstance(x, ProfileOp)]
         seen: dict[str, ProfileOp] = {}
         for op in ops:
             if op.name in seen:
                 raise PlanError(
                     f"op `{op.name}` is listed twice", span=op.span, path=self.path or UNKNOWN_PATH, source=self.text, length=len(op.name),
                     hint=f"keep one line for it (the first is line {seen[op.name].span.line})",
-                )
+                )  # fmt: skip
             seen[op.name] = op
+        model_span = ir.Span(where["model"].line, where["model"].column)
         return ProfileFile(
             model=header["model"], device=header["device"], torch=header["torch"], inputs=tuple(inputs), ops=tuple(ops),
-            path=self.path, source=self.text, model_span=spans["model"].span(spans["model"].tokens[1][1]), ops_span=ops_line.span(),
-        )
+            path=self.path, source=self.text, model_span=model_span, ops_span=self.ops_span,
+        )  # fmt: skip
+
+
+def _json_string(token: Token, builder: _Builder) -> str:
+    try:
+        return json.loads(token.value)
+    except json.JSONDecodeError as error:
+        raise builder.error(f"bad string: {error.msg}", token, hint='strings use JSON escapes: \\" \\\\ \\n \\uXXXX') from None
+
+
+@functools.cache
+def _lark() -> Lark:
+    return Lark.open(str(data_path("grammar", "profile.lark")), parser="lalr", lexer="contextual", propagate_positions=True)
+
+
+HEADER_WORDS = ("model", "device", "torch", "input", "ops")
+
+
+def _syntax_error(error: UnexpectedInput, text: str, path: str | None) -> PlanError:
+    """A line the grammar refuses, named by what it should have been."""
+    lines = text.split("\n")
+    number = min(max(1, error.line), len(lines))
+    line = lines[number - 1]
+    words = [(m.group(), m.start() + 1) for m in re.finditer(r"\S+", line.split("#")[0])]
+    where = dict(path=path or UNKNOWN_PATH, source=text)
+    ops_line = next((i for i, l in enumerate(lines, 1) if l.split("#")[0].strip() == "ops"), None)
+    if not words:
+        if ops_line is None:
+            return PlanError("the profile has no `ops` table", span=ir.Span(number, 1), hint="add `ops` followed by one `NAME  TIME  TEMP` line per operation", **where)
+        return PlanError("the profile ends early", span=ir.Span(number, 1), hint="write it with `remat profile MODEL -o FILE`", **where)
+    first, col = words[0]
+    if number == 1 or (ops_line is None or number < ops_line) and first == MAGIC:
+        return PlanError(f"expected `{MAGIC} {FORMAT_VERSION}`", span=ir.Span(number, col), length=len(line.strip()), hint="a profile starts with `remat-profile 1`; write it with `remat profile MODEL -o FILE`", **where)
+    if ops_line is None or number < ops_line:
+        if first not in HEADER_WORDS:
+            return PlanError(f"unknown header key `{first}`", span=ir.Span(number, col), length=len(first), hint="expected `model`, `device`, `torch`, `input` or `ops`", **where)
+        if first == "input":
+            return PlanError("an input line is `input NAME DTYPE[SHAPE]`", span=ir.Span(number, col), hint="e.g. `input  x  float32[16, 32]`", **where)
+        if len(words) == 1:
+            return PlanError(f"`{first}` needs a value", span=ir.Span(number, len(line) + 1), hint=f'write e.g. `{first} "..."`', **where)
+        value, value_col = words[1]
+        return PlanError(f"cannot read the {first} `{line[value_col - 1 :].split('#')[0].strip()}`", span=ir.Span(number, value_col), length=len(value), hint='write a quoted string, e.g. "text"', **where)
+    if len(words) != 5:
+        at = words[5][1] if len(words) > 5 else len(line) + 1
+        return PlanError("an op line is `NAME  TIME  TEMP`", span=ir.Span(number, at), hint=f"e.g. `{first}  0.012 ms  4 KiB`", **where)
+    for (number_text, number_col), (unit, _), what, example in ((words[1], words[2], "duration", "0.123 ms"), (words[3], words[4], "size", "4 KiB")):
+        if not re.fullmatch(r"[0-9]+(\.[0-9]+)?", number_text):
+            return PlanError(f"cannot read the {what} `{number_text} {unit}`", span=ir.Span(number, number_col), length=len(number_text), hint=f"write e.g. `{example}`", **where)
+    return PlanError(f"bad op name `{first}`", span=ir.Span(number, col), length=len(first), hint="op names are dotted identifiers, as in the plan's `ops`", **where)
 
 
 def read_profile(text: str, path: str | None = None) -> ProfileFile:
-    """Parse a profile file.  Raises PlanError (file:line:col, with a hint)."""
-    return _Reader(text, path).read()
+    """Parse a profile file (grammar/profile.lark).  Raises PlanError (file:line:col, with a hint)."""
+    if not text.strip():
+        raise PlanError("the profile is empty", path=path or UNKNOWN_PATH, hint="write it with `remat profile MODEL -o FILE`")
+    try:
+        tree = _lark().parse(text)
+    except UnexpectedInput as error:
+        raise _syntax_error(error, text, path) from None
+    builder = _Builder(text, path)
+    ops_line = next(i for i, l in enumerate(text.split("\n"), 1) if l.split("#")[0].strip() == "ops")
+    builder.ops_span = ir.Span(ops_line, 1)
+    try:
+        return builder.transform(tree)
+    except VisitError as error:
+        if isinstance(error.orig_exc, PlanError):
+            raise error.orig_exc from None
+        raise
 
 
 def load_profile(path: str) -> ProfileFile:

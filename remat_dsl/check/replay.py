@@ -104,6 +104,19 @@ class Step:
     index: 1-based position in its section.  mem_peak: the most memory in use while the
     instruction runs.  live: (name, nbytes) of everything counted at the peak, largest
     first; filled only for the plan's peak step.
+
+    NOTE: [Step events] What the instruction did to device memory, so that every reader of
+    a plan (the memory chart by category, code generation, the placement of transfers)
+    reads it here instead of replaying the instructions again.  Each is (key, bytes); a
+    key is a tensor name or a label (`rng state of OP`, `temporaries of OP`, `rng state
+    set aside while OP replays its own`):
+      at_peak   what it holds at its peak on top of mem_before (every output of a compute,
+                also those already resident; temporaries; the RNG state it saves or sets
+                aside), so mem_peak = mem_before + their sum (delete: nothing);
+      added     what is resident after it and was not before (new outputs, a prefetched
+                tensor, a saved RNG state);
+      removed   what it freed (a deleted tensor, an RNG state after its last replay);
+    so mem_after = mem_before + sum(added) - sum(removed).
     """
 
     section: str
@@ -113,6 +126,26 @@ class Step:
     mem_peak: int
     mem_after: int
     live: tuple[tuple[str, int], ...] = ()
+    at_peak: tuple[tuple[str, int], ...] = ()
+    added: tuple[tuple[str, int], ...] = ()
+    removed: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class Crossing:
+    """What crosses from the forward section to the backward, in declaration order.
+
+    resident: tensors on the device when the forward ends.  host: tensors with a host copy
+    (offloaded) then.  rng: random ops whose saved RNG state is held then.  needed: the
+    tensors of `resident` or `host` that the backward reads before making them again (what
+    autograd would save).  saved: resident or host.
+    """
+
+    resident: tuple[str, ...] = ()
+    host: tuple[str, ...] = ()
+    rng: tuple[str, ...] = ()
+    needed: tuple[str, ...] = ()
+    saved: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -123,8 +156,8 @@ class Simulation:
     ("forward:0" for a plan without instructions).  time_us: the compute stream's clock
     at the end.  compute_us / recompute_us: sums of op times of compute / recompute
     instructions.  transfer_us: sum of offload and prefetch durations.  host_peak_bytes:
-    the most host memory held by offloaded copies.  saved: tensors resident or with a host
-    copy at the end of the forward section, in declaration order.
+    the most host memory held by offloaded copies.  crossing: what the forward hands to
+    the backward (`Crossing`); tangent_bytes: the tangents the backward starts with.
     """
 
     peak_bytes: int
@@ -135,7 +168,13 @@ class Simulation:
     transfer_us: int
     host_peak_bytes: int
     timeline: tuple[Step, ...]
-    saved: tuple[str, ...]
+    crossing: Crossing
+    tangent_bytes: int = 0
+
+    @property
+    def saved(self) -> tuple[str, ...]:
+        """Tensors resident or with a host copy when the forward ends, in declaration order."""
+        return self.crossing.saved
 
 
 def with_predictions(plan: ir.Plan, sim: Simulation) -> ir.Plan:
@@ -303,12 +342,16 @@ class _Simulator:
         self.steps: list[Step] = []
         self.peak: tuple[int, int] = (-1, -1)  # (bytes, index into steps)
         self.peak_live: tuple[tuple[str, int], ...] = ()
-        self.saved: tuple[str, ...] = ()
+        self.crossing = Crossing()
+        self.made_in_backward: set[str] = set()
+        self.needed: set[str] = set()
         self.last_recompute = self._last_random_recomputes(plan)
         self.current = 0  # device bytes in use now: resident + tangents + RNG states
         self.index = 0  # the instruction being replayed, 1-based in its section
         self.instr: ir.Instruction | None = None
-        self._freed: list[tuple[str, int]] = []  # what that instruction freed (kept for `live`)
+        self._freed: list[tuple[str, int]] = []  # NOTE: [Step events] of the instruction replayed
+        self._added: list[tuple[str, int]] = []
+        self._held: list[tuple[str, int]] = []  # at_peak: what it holds above mem_before
         self._verbs = {
             "compute": self._compute,
             "recompute": self._recompute,
@@ -345,13 +388,12 @@ class _Simulator:
         for index, instr in enumerate(instructions, 1):
             self.index = index
             self.instr = instr
-            self._freed = []
+            self._freed, self._added, self._held = [], [], []
             self._check_verb_and_stream(instr)
             before = self.current
             peak, extra = self._verbs[instr.verb](instr)
-            self._record(
-                Step(section, index, instr, before, max(peak, before, self.current), self.current), extra
-            )
+            events = dict(at_peak=tuple(self._held), added=tuple(self._added), removed=tuple(self._freed))
+            self._record(Step(section, index, instr, before, max(peak, before, self.current), self.current, **events), extra)
 
     def end_forward(self, instructions: tuple[ir.Instruction, ...]) -> None:
         """Every forward op ran and every model output is resident; remember what is saved."""
@@ -370,8 +412,12 @@ class _Simulator:
                     f"compute or prefetch '{ref.name}' before the end of the forward section",
                     span,
                 )
-        self.saved = tuple(
-            t.name for t in self.plan.graph.tensors if t.name in self.resident or t.name in self.offloaded_at
+        names = [t.name for t in self.plan.graph.tensors]
+        self.crossing = Crossing(
+            resident=tuple(n for n in names if n in self.resident),
+            host=tuple(n for n in names if n in self.offloaded_at),
+            rng=tuple(sorted(self.rng)),
+            saved=tuple(n for n in names if n in self.resident or n in self.offloaded_at),
         )
 
     def start_backward(self) -> None:
@@ -425,7 +471,8 @@ class _Simulator:
             transfer_us=clocks.transfer_us,
             host_peak_bytes=self.host_peak,
             timeline=tuple(timeline),
-            saved=self.saved,
+            crossing=dataclasses.replace(self.crossing, needed=tuple(n for n in self.crossing.saved if n in self.needed)),
+            tangent_bytes=sum(self.tangents.values()),
         )
 
     # -- helpers ------------------------------------------------------------
@@ -512,6 +559,8 @@ class _Simulator:
         if op.random and op.name in self.last_recompute:
             self.rng[op.name] = self.rng_bytes
             self.current += self.rng_bytes
+            self._added.append((f"rng state of {op.name}", self.rng_bytes))
+            self._held.append((f"rng state of {op.name}", self.rng_bytes))
         self.clocks.compute_us += op.time_us
         return self._run_op(op, instr)
 
@@ -574,15 +623,21 @@ class _Simulator:
         """Check the arguments, allocate the outputs, discard duplicates; return (peak, extra live)."""
         for ref in op_refs(op):
             self._check_usable(ref.name, op, instr)
+            if self.section == ir.BACKWARD and ref.name in self.graph.tensors and ref.name not in self.made_in_backward:
+                self.needed.add(ref.name)
         out_bytes = [(name, self.graph.tensors[name].nbytes) for name in op.outputs]
         replay = self.rng_bytes if op.random and instr.verb == "recompute" else 0  # the current state, kept aside
         peak = self.current + sum(n for _, n in out_bytes) + op.temp_bytes + replay
         extra = [(f"{name} (new copy)", n) for name, n in out_bytes if name in self.resident]
         extra += [(f"temporaries of {op.name}", op.temp_bytes)] if op.temp_bytes else []
         extra += [(f"rng state set aside while {op.name} replays its own", replay)] if replay else []
+        self._held += out_bytes + [(label, n) for label, n in extra if not label.endswith("(new copy)")]
         for name, nbytes in out_bytes:
             if name not in self.resident:
                 self._allocate(name, nbytes)
+                self._added.append((name, nbytes))
+            if self.section == ir.BACKWARD:
+                self.made_in_backward.add(name)
         self.clocks.streams[ir.COMPUTE_STREAM] += op.time_us
         if self.last_recompute.get(op.name) == (self.section, self.index) and instr.verb == "recompute":
             self._freed = [(f"rng state of {op.name}", self.rng.pop(op.name, 0))]
@@ -725,7 +780,10 @@ class _Simulator:
                 f"remove this line, or delete {name} before it",
                 instr.span,
             )
-        self._allocate(name, self.graph.tensors[name].nbytes)
+        nbytes = self.graph.tensors[name].nbytes
+        self._allocate(name, nbytes)
+        self._added.append((name, nbytes))
+        self._held.append((name, nbytes))
         self._start_transfer("prefetch", name, instr)
         return 0, []
 

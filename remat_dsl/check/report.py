@@ -67,8 +67,9 @@ def check_budget(plan: ir.Plan, sim) -> None:
     raise PlanError(message, span=instr.span if instr else None, hint=hint, word=instr.target if instr else None)
 
 
-def check_report(path: str, plan: ir.Plan, sim) -> str:
-    """What `remat check` prints for a valid plan."""
+def check_report(path: str, verified) -> str:
+    """What `remat check` prints for a VerifiedPlan."""
+    plan, sim = verified.plan, verified.simulation
     table = Table(title=f"{path}: valid plan ({plan.header.solver}, {plan.header.status})", show_header=False)
     table.add_column("what")
     table.add_column("value", justify="right")

@@ -13,7 +13,9 @@ offending line, carets and a hint):
 4. the schedule: `simulate` replays it (remat_dsl.check.replay) and the plan's own
    constraints hold (remat_dsl.plan.constraints.check_plan).
 
-It returns the Simulation.  `load_checked(path)` reads, parses and verifies a file.
+It returns a `VerifiedPlan`: the plan with its simulation, the one thing code generation,
+`remat show`, `remat diff` and the report read.  `load_checked(path)` reads, parses and
+verifies a file.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import re
 
 from remat_dsl.plan import digest, ir
 from remat_dsl.plan.errors import PlanError
+from dataclasses import dataclass
+
 from remat_dsl.check.replay import DTYPE_ITEMSIZE, Simulation, simulate
 
 MAX_BYTES = 1 << 48  # 256 TiB: more than any device (or host) holds
@@ -32,8 +36,18 @@ RERUN = "the graph sections describe the model; edit only the schedule, or re-ru
 INLINE_TARGETS = ("operator.getitem", "torch.device")
 
 
-def load_checked(path: str, *, within_budget: bool = True) -> tuple[ir.Plan, Simulation]:
-    """Read, parse and verify the plan file at `path`: (plan, simulation).
+@dataclass(frozen=True)
+class VerifiedPlan:
+    """A plan that passed `verify`, with its simulation (remat_dsl.check.replay): what the
+    plan does, step by step (NOTE: [Step events]), so that no later stage replays the
+    instructions again.  Made only by `verify`."""
+
+    plan: ir.Plan
+    simulation: Simulation
+
+
+def load_checked(path: str, *, within_budget: bool = True) -> VerifiedPlan:
+    """Read, parse and verify the plan file at `path`.
 
     Raises RematError when the file cannot be read (missing, not UTF-8), PlanError when
     it does not parse or does not verify.
@@ -44,13 +58,13 @@ def load_checked(path: str, *, within_budget: bool = True) -> tuple[ir.Plan, Sim
     text = read_text(path, "plan")
     plan = parse(text, path)
     try:
-        return plan, verify(plan, within_budget=within_budget)
+        return verify(plan, within_budget=within_budget)
     except PlanError as error:
         raise error.with_source(path, text) from None
 
 
-def verify(plan: ir.Plan, *, within_budget: bool = True) -> Simulation:
-    """Verify `plan` (see the module docstring) and return its simulation.
+def verify(plan: ir.Plan, *, within_budget: bool = True) -> VerifiedPlan:
+    """Verify `plan` (see the module docstring).
 
     within_budget: also refuse a plan whose predicted peak is above its header's budget
     (`remat show` draws such plans; `check` and `codegen` refuse them).
@@ -67,7 +81,7 @@ def verify(plan: ir.Plan, *, within_budget: bool = True) -> Simulation:
         from remat_dsl.check.report import check_budget
 
         check_budget(plan, simulation)
-    return simulation
+    return VerifiedPlan(plan, simulation)
 
 
 # ---------------------------------------------------------------------------
@@ -78,6 +92,8 @@ def verify(plan: ir.Plan, *, within_budget: bool = True) -> Simulation:
 def check_digest(plan: ir.Plan) -> None:
     """Raise PlanError at the first graph line that no longer matches the plan's digest."""
     stored = plan.digest
+    if stored is None and not plan.section_spans:
+        return  # a plan made in code, not read from a file: its graph is the captured one
     if stored is None:
         end = plan.section_span("backward")
         raise PlanError(

@@ -15,10 +15,11 @@ def run(args) -> int:
     from remat_dsl.check.verify import load_checked
     from remat_dsl.cli.plan import solver_status
 
-    plan, sim = load_checked(args.plan)
+    verified = load_checked(args.plan)
+    plan = verified.plan
     if args.model is not None:
         _check_model(args.plan, plan, args.model or plan.header.model)
-    args.out.write(check_report(args.plan, plan, sim) + "\n")
+    args.out.write(check_report(args.plan, verified) + "\n")
     if plan.header.gap is not None or plan.header.solve_seconds is not None:
         args.out.write(solver_status(plan.header) + "\n")
     return 0

@@ -19,7 +19,6 @@ def run(args) -> int:
     from remat_dsl.codegen.generate import generate
 
     output = check_writable(args.output, "module")
-    plan, _ = load_checked(args.plan)
-    write_atomically(output, generate(plan, source=Path(args.plan).name))
+    write_atomically(output, generate(load_checked(args.plan), source=Path(args.plan).name))
     status(f"wrote {args.output}")
     return 0

@@ -19,10 +19,10 @@ def run(args) -> int:
 
     if args.png:
         check_writable(args.png, "picture")
-    plan, sim = load_checked(args.plan, within_budget=False)
+    verified = load_checked(args.plan, within_budget=False)
     if args.png:
-        draw_png(plan, sim, args.png)
+        draw_png(verified, args.png)
         status(f"wrote {args.png}")
     else:
-        args.out.write(terminal_view(plan, sim, buckets=max(1, args.buckets)) + "\n")
+        args.out.write(terminal_view(verified, buckets=max(1, args.buckets)) + "\n")
     return 0

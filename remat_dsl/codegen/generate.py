@@ -1,10 +1,17 @@
 """Render a verified plan as a standalone PyTorch module (Jinja2 template, black-formatted).
 
-The module imports torch only.  Each instruction becomes one statement: `compute` and
-`recompute` call the aten operator (views are inlined where they are used), `delete` is
-`del`, `offload`/`prefetch`/`wait` call three small helpers whose CUDA path uses side
-streams, events and pinned host buffers and whose CPU path copies synchronously.  Random
-operations that the plan recomputes save the RNG state at their first run and replay it.
+The module imports torch only, and only its public API (`torch.ops.aten.NAME.OVERLOAD`,
+bound once at the top).  Every instruction becomes one statement that names the plan line
+it comes from (`# g.plan:1094`, or `# forward:12` for a plan made in code): `compute` and
+`recompute` call the aten operator (views are inlined where they are used; recomputes
+say so), consecutive `delete`s are one `del`, `offload`/`prefetch`/`wait` call three
+small helpers (NOTE: [Streams] in the template).  Random operations that the plan
+recomputes save the RNG state at their first run and replay it.  An exception raised
+inside the module gets a note with the plan line it was running.
+
+Everything the module needs to know about residency (which outputs are new, which RNG
+states are kept or freed, what crosses from forward to backward) comes from the plan's
+simulation (NOTE: [Step events] in remat_dsl.check.replay): nothing is replayed here.
 """
 
 from __future__ import annotations
@@ -13,50 +20,59 @@ import keyword
 import math
 import re
 
-import black
-import jinja2
-import torch
-
 from remat_dsl.plan import ir
 from remat_dsl.plan.ir import refs_in
 from remat_dsl.plan.resources import data_path
-from remat_dsl.plan.units import format_bytes
+from remat_dsl.plan.units import format_bytes, format_duration
 
 TEMPLATES = data_path("templates")
+LINE_LENGTH = 120
 
 
-def generate(plan: ir.Plan, source: str = "a plan") -> str:
-    """Python source of the module that runs `plan` (assumed verified by `simulate`)."""
-    names = _Namespace(plan.graph)
-    ctx = _Renderer(plan, names).context()
+def generate(verified, source: str = "a plan") -> str:
+    """Python source of the module that runs a VerifiedPlan (remat_dsl.check.verify).
+
+    source: the plan file's name, for the comments that tie statements to plan lines.
+    """
+    import black
+    import jinja2
+
+    plan = verified.plan
+    renderer = _Renderer(verified, _Namespace(plan.graph), source)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), keep_trailing_newline=True, autoescape=False)
-    text = env.get_template("module.py.jinja").render(source=source, header=plan.header, **ctx)
-    return black.format_str(text, mode=black.Mode(line_length=100))
+    text = env.get_template("module.py.jinja").render(source=source, header=plan.header, **renderer.context())
+    return black.format_str(text, mode=black.Mode(line_length=LINE_LENGTH))
 
 
 class _Namespace:
-    """Unique, readable Python identifiers for every value the plan names."""
-
-    PREFIX = {"parameter": "param_", "buffer": "buf_", "input": "in_", "tangent": ""}
+    """Readable Python names for every value of the plan: inputs and intermediate tensors
+    are locals, parameters and buffers attributes of `p` and `b` (`p.fc1_weight`), so the
+    long lists of parameters are written once."""
 
     def __init__(self, graph: ir.Graph):
-        self.used: set[str] = {"ctx", "torch", "buffers", "outputs", "_r", "_state"}
+        self.used: set[str] = {"ctx", "torch", "buffers", "tensors", "outputs", "p", "b", "_", "aten"}
+        self.attrs: set[str] = set()
         self.var: dict[str, str] = {}
-        for group in (graph.inputs, graph.parameters, graph.buffers, graph.tangents):
+        for value in (*graph.inputs, *graph.tangents, *graph.tensors):
+            self.var[value.name] = self._fresh(value.name, self.used)
+        for prefix, group in (("p", graph.parameters), ("b", graph.buffers)):
             for value in group:
-                self.var[value.name] = self._fresh(self.PREFIX[value.kind] + value.name)
-        for tensor in graph.tensors:
-            self.var[tensor.name] = self._fresh(tensor.name)
+                self.var[value.name] = f"{prefix}.{self._fresh(value.name, self.attrs)}"
 
-    def _fresh(self, name: str) -> str:
+    @staticmethod
+    def _fresh(name: str, used: set[str]) -> str:
         base = re.sub(r"\W", "_", name)
-        if base[0].isdigit() or keyword.iskeyword(base) or base.startswith("aten_"):
+        if base[0].isdigit() or keyword.iskeyword(base) or base.startswith(("aten_", "rng_", "host_", "event_")):
             base = "v_" + base
         candidate, k = base, 1
-        while candidate in self.used:
+        while candidate in used:
             candidate, k = f"{base}_{k}", k + 1
-        self.used.add(candidate)
+        used.add(candidate)
         return candidate
+
+    def attr(self, name: str) -> str:
+        """The attribute of a parameter or buffer: `fc1_weight` for `p.fc1_weight`."""
+        return self.var[name].partition(".")[2]
 
     def host(self, tensor: str) -> str:
         return f"host_{self.var[tensor]}"
@@ -121,156 +137,160 @@ def aten_targets(plan: ir.Plan) -> list[str]:
     return sorted(t for t in found if t.startswith("aten."))
 
 
-def _returns_tuple(target: str) -> bool:
+def _returns(target: str) -> int | None:
+    """How many values `target` returns: 1, n for a tuple, None for a list (Tensor[])."""
+    import torch
+
     _, name, overload = target.split(".")
-    schema = getattr(getattr(torch.ops.aten, name), overload)._schema
-    return len(schema.returns) != 1 or str(schema.returns[0].type).endswith("[]")
+    returns = getattr(getattr(torch.ops.aten, name), overload)._schema.returns
+    if len(returns) == 1 and str(returns[0].type).endswith("[]"):
+        return None
+    return len(returns)
 
 
 class _Renderer:
-    """Walks the instructions once, tracking residency, and emits one statement each."""
+    """Emits one statement per instruction (consecutive deletes: one), each with its plan line."""
 
-    def __init__(self, plan: ir.Plan, names: _Namespace):
-        self.plan, self.names, self.var = plan, names, names.var
-        self.ops = {op.name: op for op in plan.graph.ops}
-        self.tensors = {t.name: t for t in plan.graph.tensors}
-        self.updates = {u.tensor: u.buffer for u in plan.graph.updates}
-        self.replayed = {i.target for i in (*plan.forward, *plan.backward) if i.verb == "recompute" and self.ops[i.target].random}
-        self.recomputes_left = {}
-        for i in (*plan.forward, *plan.backward):
-            if i.verb == "recompute":
-                self.recomputes_left[i.target] = self.recomputes_left.get(i.target, 0) + 1
-        self.resident: set[str] = set()
-        self.host: set[str] = set()
-        self.rng: set[str] = set()
+    def __init__(self, verified, names: _Namespace, source: str):
+        self.plan, self.sim = verified.plan, verified.simulation
+        self.names, self.var, self.source = names, names.var, source
+        self.ops = {op.name: op for op in self.plan.graph.ops}
+        self.tensors = {t.name: t for t in self.plan.graph.tensors}
+        self.updates = {u.tensor: u.buffer for u in self.plan.graph.updates}
 
     def context(self) -> dict:
-        graph = self.plan.graph
-        forward_body = [line for i in self.plan.forward for line in self.instruction(i)]
+        graph, header = self.plan.graph, self.plan.header
+        steps = iter(self.sim.timeline)
+        forward_body = self._body(self.plan.forward, steps)
+        backward_body = self._body(self.plan.backward, steps)
+        flat = _flatten(graph.outputs)
         saved, saved_pack = self._saved()
-        outputs = graph.outputs
-        flat = _flatten(outputs)
-        backward_body = [line for i in self.plan.backward for line in self.instruction(i)]
-        buffers = [self.var[b.name] for b in graph.buffers]
         gradients = {g.parameter for g in graph.gradients if g.value is not None}
+        inputs = [self.var[v.name] for v in graph.inputs]
         return dict(
-            device=self.plan.header.device,
+            device=header.device,
             operators=[(callable_name(t), t) for t in aten_targets(self.plan)],
-            budget=format_bytes(self.plan.header.budget),
-            peak=format_bytes(self.plan.header.peak_bytes),
-            time=f"{self.plan.header.time_us / 1000:.3f} ms",
+            budget=format_bytes(header.budget),
+            peak=format_bytes(header.peak_bytes),
+            time=format_duration(header.time_us),
+            plan_source=self.source,
             inputs=[(v.name, tuple(v.shape), v.dtype) for v in graph.inputs],
-            parameters=[(p.name, tuple(p.shape), p.dtype, p.name in gradients) for p in graph.parameters],
-            buffers=[(b.name, tuple(b.shape), b.dtype) for b in graph.buffers],
-            watched=self._watched(saved),
-            forward_args=[self.var[v.name] for v in (*graph.inputs, *graph.parameters)],
-            buffer_unpack=_unpack(buffers, "buffers"),
-            buffer_unpack_ctx=_unpack(buffers, "ctx.buffers"),
+            input_vars=inputs,
+            parameters=[(p.name, self.names.attr(p.name), tuple(p.shape), p.dtype, p.name in gradients) for p in graph.parameters],
+            buffers=[(b.name, self.names.attr(b.name), tuple(b.shape), b.dtype) for b in graph.buffers],
+            watched=self._watched(),
             forward_body=forward_body,
             saved=saved,
             saved_pack=saved_pack,
             non_differentiable=self._non_differentiable(flat),
-            forward_tail=self._forward_tail(flat),
+            forward_tail=[f"out_{i} = {render_arg(a, self.var)}" for i, a in enumerate(flat)],
             forward_return="(" + "".join(f"out_{i}, " for i in range(len(flat))) + ")",
             tangent_args=self._tangent_args(flat),
             backward_body=backward_body,
             backward_return=self._backward_return(),
-            rebuild=_rebuild(outputs, len(flat)),
+            rebuild=_rebuild(graph.outputs, len(flat)),
         )
 
     # --- instructions -----------------------------------------------------
 
-    def instruction(self, ins: ir.Instruction) -> list[str]:
-        return getattr(self, "_" + ins.verb)(ins.target)
+    def _where(self, ins: ir.Instruction, section: str, index: int) -> str:
+        return f"{self.source}:{ins.span.line}" if ins.span else f"{section}:{index}"
 
-    def _compute(self, name: str) -> list[str]:
+    def _body(self, instructions, steps) -> list[str]:
+        lines: list[str] = []
+        deletes: list[tuple[str, str]] = []  # (variable, plan line) of consecutive deletes
+        for index, ins in enumerate(instructions, 1):
+            step = next(steps)
+            where = self._where(ins, step.section, index)
+            if ins.verb == "delete":
+                deletes.append((self.var[ins.target], where))
+                continue
+            lines += self._deletes(deletes)
+            deletes = []
+            mark = " (recompute)" if ins.verb == "recompute" else ""
+            lines += [f"{code}  # {where}{mark}" for code in getattr(self, "_" + ins.verb)(ins.target, step)]
+        return lines + self._deletes(deletes)
+
+    @staticmethod
+    def _deletes(deletes: list[tuple[str, str]]) -> list[str]:
+        """One `del` for consecutive deletes, with the range of plan lines (`g.plan:40-42`)."""
+        if not deletes:
+            return []
+        first, last = deletes[0][1], deletes[-1][1]
+        (where, _, _), (last_where, _, last_line) = first.rpartition(":"), last.rpartition(":")
+        span = first if first == last else f"{first}-{last_line}" if where == last_where else f"{first}, {last}"
+        return [f"del {', '.join(var for var, _ in deletes)}  # {span}"]
+
+    def _compute(self, name: str, step) -> list[str]:
         op = self.ops[name]
-        lines = []
-        if name in self.replayed:
-            lines.append(f"{self.names.rng(name)} = _rng_state()")
-            self.rng.add(self.names.rng(name))
-        lines += self._call(op)
+        saves_rng = any(key == f"rng state of {name}" for key, _ in step.added)
+        lines = [f"{self.names.rng(name)} = _rng_state()"] if saves_rng else []
+        lines += [self._call(op, step)]
         lines += [f"{self.var[self.updates[t]]}.copy_({self.var[t]})" for t in op.outputs if t in self.updates and op.phase == ir.FORWARD]
         return lines
 
-    def _recompute(self, name: str) -> list[str]:
+    def _recompute(self, name: str, step) -> list[str]:
         op = self.ops[name]
+        call = self._call(op, step)
         if not op.random:
-            return self._call(op)
-        state = self.names.rng(name)
-        lines = ["_state = _rng_state()", f"_set_rng_state({state})", *self._call(op), "_set_rng_state(_state)", "del _state"]
-        self.recomputes_left[name] -= 1
-        if self.recomputes_left[name] == 0:
-            self.rng.discard(state)
-            lines.append(f"del {state}")
+            return [call]
+        lines = [f"with _replaying({self.names.rng(name)}):", f"    {call}"]
+        if any(key == f"rng state of {name}" for key, _ in step.removed):
+            lines.append(f"del {self.names.rng(name)}")
         return lines
 
-    def _call(self, op: ir.Op) -> list[str]:
+    def _call(self, op: ir.Op, step) -> str:
         args = [render_arg(a, self.var) for a in op.args] + [f"{k}={render_arg(v, self.var)}" for k, v in op.kwargs]
         call = f"{callable_name(op.target)}({', '.join(args)})"
-        fresh = [t for t in op.outputs if t not in self.resident]
-        self.resident.update(op.outputs)
-        if not _returns_tuple(op.target):
-            return [f"{self.var[op.outputs[0]]} = {call}" if fresh else call]
-        lines = [f"_r = {call}"]
-        lines += [f"{self.var[t]} = _r[{self.tensors[t].index}]" for t in fresh]
-        return lines + ["del _r"]
+        fresh = {key for key, _ in step.added}
+        returns = _returns(op.target)
+        if returns == 1:
+            return f"{self.var[op.outputs[0]]} = {call}" if op.outputs[0] in fresh else call
+        by_index = {self.tensors[t].index: self.var[t] for t in op.outputs if t in fresh}
+        if returns is None:
+            targets = ", ".join(f"{by_index[i]}" if i in by_index else "_" for i in range(max(by_index, default=-1) + 1))
+            return f"{targets}, *_ = {call}" if by_index else call
+        return ", ".join(by_index.get(i, "_") for i in range(returns)) + f" = {call}"
 
-    def _delete(self, tensor: str) -> list[str]:
-        self.resident.discard(tensor)
-        return [f"del {self.var[tensor]}"]
-
-    def _offload(self, tensor: str) -> list[str]:
-        self.host.add(tensor)
+    def _offload(self, tensor: str, step) -> list[str]:
         return [f"{self.names.host(tensor)}, {self.names.event(tensor)} = _offload({self.var[tensor]})"]
 
-    def _prefetch(self, tensor: str) -> list[str]:
-        self.resident.add(tensor)
+    def _prefetch(self, tensor: str, step) -> list[str]:
         return [f"{self.var[tensor]}, {self.names.event(tensor)} = _prefetch({self.names.host(tensor)})"]
 
-    def _wait(self, tensor: str) -> list[str]:
+    def _wait(self, tensor: str, step) -> list[str]:
         return [f"_wait({self.names.event(tensor)})"]
 
     # --- forward/backward boundary ---------------------------------------
 
     def _saved(self) -> tuple[list[str], list[str]]:
-        """(names, pack expressions) of what crosses from forward to backward.
-
-        Model outputs are saved as detached aliases, so ctx holds no reference cycle.
-        """
+        """(names, pack expressions) of what crosses from forward to backward (the
+        simulation's Crossing).  Model outputs are saved as detached aliases, so ctx holds
+        no reference cycle."""
+        crossing = self.sim.crossing
         outputs = set(refs_in(self.plan.graph.outputs))
-        names, packs = [], []
-        for t in self.plan.graph.tensors:
-            if t.name in self.resident:
-                names.append(self.var[t.name])
-                packs.append(self.var[t.name] + (".detach()" if t.name in outputs else ""))
-        for t in self.plan.graph.tensors:
-            if t.name in self.host:
-                names += [self.names.host(t.name), self.names.event(t.name)]
-        names += sorted(self.rng)
-        return names, packs + names[len(packs):]
+        names = [self.var[t] for t in crossing.resident]
+        packs = [self.var[t] + (".detach()" if t in outputs else "") for t in crossing.resident]
+        for t in crossing.host:
+            names += [self.names.host(t), self.names.event(t)]
+        names += [self.names.rng(op) for op in crossing.rng]
+        return names, packs + names[len(packs) :]
 
-    def _watched(self, saved: list[str]) -> list[tuple[str, str]]:
-        """(name, variable) of every tensor the backward section reads that exists when the
-        forward ends: checked against in-place changes between forward and backward."""
+    def _watched(self) -> list[tuple[str, str]]:
+        """(name, expression) of what the backward reads of the forward: the values it
+        reads and the saved tensors it needs (Crossing.needed), checked against in-place
+        changes between forward and backward."""
         read: set[str] = set()
         for ins in self.plan.backward:
             if ins.verb in ("compute", "recompute"):
                 read.update(ref.name for ref in ir.op_refs(self.ops[ins.target]))
         graph = self.plan.graph
-        values = [v.name for v in (*graph.inputs, *graph.parameters, *graph.buffers)]
-        tensors = [t.name for t in graph.tensors if self.var[t.name] in saved]
-        return [(name, self.var[name]) for name in (*values, *tensors) if name in read]
+        values = [v.name for v in (*graph.inputs, *graph.parameters, *graph.buffers) if v.name in read]
+        needed = [t for t in self.sim.crossing.needed if t in self.sim.crossing.resident]
+        return [(name, self.var[name]) for name in (*values, *needed)]
 
     def _non_differentiable(self, flat: list[ir.Arg]) -> list[str]:
-        lines = []
-        for i, arg in enumerate(flat):
-            if not _is_float(self._dtype(arg)):
-                lines.append(f"ctx.mark_non_differentiable(out_{i})")
-        return lines
-
-    def _forward_tail(self, flat: list[ir.Arg]) -> list[str]:
-        return [f"out_{i} = {render_arg(a, self.var)}" for i, a in enumerate(flat)]
+        return [f"ctx.mark_non_differentiable(out_{i})" for i, arg in enumerate(flat) if not _is_float(self._dtype(arg))]
 
     def _tangent_args(self, flat: list[ir.Arg]) -> list[str]:
         tangents = {v.name: self.var[v.name] for v in self.plan.graph.tangents}
@@ -304,12 +324,6 @@ def _rebuild(arg: ir.Arg, count: int) -> str:
         return f"outputs[{next(index)}]"
 
     return build(arg)
-
-
-def _unpack(names: list[str], source: str) -> str:
-    if not names:
-        return ""
-    return f"({', '.join(names)},) = {source}"
 
 
 def _is_float(dtype: str) -> bool:

@@ -27,52 +27,70 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
-import json
-import re
+import functools
 from dataclasses import replace
+
+from lark import Token
 
 from remat_dsl.plan import ir
 from remat_dsl.plan.errors import PlanError, RematError
-from remat_dsl.plan.parser import parse_size
-
-_LINE = re.compile(r"\s*(?P<kind>\S+)\s+(?P<value>\"(?:[^\"\\]|\\.)*\"|[^#]*?)\s*(?:#.*)?$")
-
 
 # --- reading -----------------------------------------------------------------
 
 
 def read_constraints(path: str) -> tuple[ir.Constraint, ...]:
-    """Parse a constraints file.  Raises PlanError (file:line:col, hint) or RematError."""
+    """Parse a constraints file (grammar/constraints.lark).  Raises PlanError
+    (file:line:col, hint) or RematError (the file cannot be read)."""
+    from lark.exceptions import UnexpectedInput
+
     from remat_dsl.plan.files import read_text
+    from remat_dsl.plan.parser import constraint_of
 
     text = read_text(path, "constraints file")
+    try:
+        tree = _lark().parse(text)
+    except UnexpectedInput as error:
+        raise _syntax_error(error, text, path) from None
     result = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip() or line.strip().startswith("#"):
+    for line in tree.children:
+        if line.data != "constraint":
             continue
-        result.append(_constraint(line, number, path, text))
+        kind, value = line.children[:2]
+        if not isinstance(value, Token):  # a size: NUMBER [UNIT]
+            value = (value.children[0], value.children[1] if len(value.children) > 1 else None)
+        try:
+            constraint = constraint_of(kind, value)
+        except PlanError as error:
+            raise error.with_source(path, text) from None
+        result.append(replace(constraint, source=f"{path}:{kind.line}"))
     return tuple(result)
 
 
-def _constraint(line: str, number: int, path: str, text: str) -> ir.Constraint:
-    match = _LINE.match(line)
-    kind = match.group("kind") if match else line.strip()
-    col = line.index(kind) + 1
-    where = dict(span=ir.Span(number, col), path=path, source=text)
-    if kind not in ir.CONSTRAINT_KINDS:
+@functools.cache
+def _lark():
+    from lark import Lark
+
+    from remat_dsl.plan.resources import data_path
+
+    return Lark.open(str(data_path("grammar", "constraints.lark")), parser="lalr", lexer="contextual", propagate_positions=True)
+
+
+def _syntax_error(error, text: str, path: str) -> PlanError:
+    """A line the grammar refuses: a kind without its value, or a value of the wrong kind."""
+    line = text.split("\n")[error.line - 1] if 0 < error.line <= text.count("\n") + 1 else ""
+    words = line.split("#")[0].split()
+    kind = words[0] if words else ""
+    col = line.index(kind) + 1 if kind else error.column
+    where = dict(path=path, source=text)
+    if kind and kind not in ir.CONSTRAINT_KINDS:
         close = difflib.get_close_matches(kind, ir.CONSTRAINT_KINDS, n=1)
         guess = f"did you mean `{close[0]}`? " if close else ""
-        raise PlanError(f"unknown constraint `{kind}`", hint=f"{guess}expected keep, recompute, offload, no-offload or budget", length=len(kind), **where)
-    value = match.group("value") if match else ""
-    source = f"{path}:{number}"
+        return PlanError(f"unknown constraint `{kind}`", span=ir.Span(error.line, col), length=len(kind), hint=f"{guess}expected keep, recompute, offload, no-offload or budget", **where)
     if kind == "budget":
-        try:
-            return ir.Constraint(kind, None, parse_size(value), span=ir.Span(number, col), source=source)
-        except PlanError as error:
-            raise PlanError(f"`budget` takes a size: {error.message}", hint="write for example `budget 2 GiB`", **where) from None
-    if not value.startswith('"'):
-        raise PlanError(f"`{kind}` takes a quoted glob pattern", hint=f'write for example `{kind} "transformer.h.*.attn.*"`', length=len(kind), **where)
-    return ir.Constraint(kind, json.loads(value), None, span=ir.Span(number, col), source=source)
+        return PlanError("`budget` takes a size", span=ir.Span(error.line, error.column), hint="write for example `budget 2 GiB`", **where)
+    if kind:
+        return PlanError(f"`{kind}` takes a quoted glob pattern", span=ir.Span(error.line, col), length=len(kind), hint=f'write for example `{kind} "transformer.h.*.attn.*"`', **where)
+    return PlanError("expected a constraint", span=ir.Span(error.line, error.column), hint='one a line: keep, recompute, offload or no-offload "GLOB", or budget SIZE', **where)
 
 
 def located(constraints: tuple[ir.Constraint, ...], path: str) -> tuple[ir.Constraint, ...]:

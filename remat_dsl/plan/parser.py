@@ -94,6 +94,7 @@ from remat_dsl.plan.printer import FORMAT_VERSION, OP_HEADING, PEAK_AT_RE, PHASE
 from remat_dsl.plan.units import (
     BANDWIDTH_UNITS,
     DURATION_UNITS,
+    EXACT_SIZE_UNITS,
     GAP_PERCENT_DECIMALS,
     SECONDS_DECIMALS,
     SIZE_UNITS,
@@ -125,8 +126,8 @@ VERB_ALIASES = {
 
 @functools.cache
 def _lark() -> Lark:
-    return Lark(
-        GRAMMAR_PATH.read_text(encoding="utf-8"),
+    return Lark.open(
+        str(GRAMMAR_PATH),
         parser="lalr",
         lexer="contextual",
         propagate_positions=True,
@@ -295,12 +296,13 @@ def _rounded(number: str, decimals: int) -> str:
 
 
 def parse_size(text: str) -> int:
-    """Bytes from a size such as `64 KiB`, `1.5 MiB`, `2 GB` or `4096 B` (remat_dsl.plan.units).
+    """Bytes from a size as the plan's tables write it: `64 KiB`, `1.5 MiB` or `4096 B`
+    (remat_dsl.plan.units, EXACT_SIZE_UNITS).
 
     Raises PlanError for a missing or unknown unit or a fractional number of bytes.
     """
     try:
-        return units.parse_size(text)
+        return units.parse_size(text, units=EXACT_SIZE_UNITS)
     except UnitError as error:
         raise PlanError(error.message, hint=error.hint) from None
 
@@ -348,7 +350,8 @@ def _with_outputs(ops: tuple[ir.Op, ...], tensors: tuple[ir.TensorDecl, ...]) ->
 
 
 def constraint_of(kind: Token, value, comments: tuple[str, ...] = ()) -> ir.Constraint:
-    """A Constraint from its kind word and its value (a STRING token or a size in bytes)."""
+    """A Constraint from its kind word and its value: a STRING token (a glob) or a size,
+    (NUMBER, UNIT or None).  Raises PlanError at the word that is wrong."""
     word = _choose(kind, ir.CONSTRAINT_KINDS, "constraint")
     is_pattern = isinstance(value, Token)
     if word == "budget" and is_pattern:
@@ -357,7 +360,8 @@ def constraint_of(kind: Token, value, comments: tuple[str, ...] = ()) -> ir.Cons
         raise _error(f"`{word}` takes a quoted glob pattern", kind, f'write for example `{word} "transformer.h.*.attn.*"`')
     if is_pattern:
         return ir.Constraint(word, json.loads(value.value), None, comments, _span(kind))
-    return ir.Constraint(word, None, value, comments, _span(kind))
+    number, unit = value  # a size: NUMBER and its UNIT (bytes when a constraints file gives none)
+    return ir.Constraint(word, None, _amount(number, unit or Token("UNIT", "B"), SIZE_UNITS, "size"), comments, _span(kind))
 
 
 class _Builder(Transformer):
@@ -411,7 +415,7 @@ class _Builder(Transformer):
         return {"device": self._string(c[0]) if c[0].type == "STRING" else c[0].value}
 
     def budget(self, c: list) -> dict:
-        return {"budget": c[0]}
+        return {"budget": _amount(*c[0], SIZE_UNITS, "size")}
 
     def counts(self, c: list) -> dict:
         return {"counts": self._string(c[0])}
@@ -454,7 +458,7 @@ class _Builder(Transformer):
             raise _error(
                 f"bad peak position `{where}`", where, "write `forward:K` or `backward:K` (K: instruction number)"
             )
-        return {"peak_bytes": _amount(number, unit, SIZE_UNITS, "size"), "peak_at": where.value}
+        return {"peak_bytes": _amount(number, unit, EXACT_SIZE_UNITS, "size"), "peak_at": where.value}
 
     def time(self, c: list) -> dict:
         return {"time_us": c[0]}
@@ -468,8 +472,10 @@ class _Builder(Transformer):
     def bandwidth(self, c: list) -> dict:
         return {"bandwidth": _amount(c[0], c[1], BANDWIDTH_UNITS, "bandwidth")}
 
-    def size(self, c: list) -> int:
-        return _amount(c[0], c[1], SIZE_UNITS, "size")
+    def size(self, c: list) -> tuple[Token, Token]:
+        """NUMBER UNIT, read by the rule that holds it: tables take EXACT_SIZE_UNITS
+        (a `KB` written for `KiB` is an error), budgets every unit (remat_dsl.plan.units)."""
+        return c[0], c[1]
 
     def duration(self, c: list) -> int:
         return _amount(c[0], c[1], DURATION_UNITS, "duration")
@@ -503,7 +509,8 @@ class _Builder(Transformer):
         return _Section("tensors", _drop_heading(_items(c), TENSOR_HEADING))
 
     def tensor_decl(self, c: list) -> ir.TensorDecl:
-        comments, (name, shape, dtype, nbytes, producer) = _split_comments(c)
+        comments, (name, shape, dtype, size, producer) = _split_comments(c)
+        nbytes = _amount(*size, EXACT_SIZE_UNITS, "size")
         op, colon, index = producer.value.rpartition(":")
         op, index = (op, int(index)) if colon else (index, 0)
         return ir.TensorDecl(name.value, shape, dtype.value, nbytes, op, index, comments, _span(name))
@@ -512,7 +519,8 @@ class _Builder(Transformer):
         return _Section("ops", _drop_heading(_items(c), OP_HEADING))
 
     def op(self, c: list) -> ir.Op:
-        comments, (name, call, time_us, temp, phase, *random) = _split_comments(c)
+        comments, (name, call, time_us, size, phase, *random) = _split_comments(c)
+        temp = _amount(*size, EXACT_SIZE_UNITS, "size")
         return ir.Op(
             name.value, _choose(phase, PHASES, "phase"), call.target, call.args, call.kwargs, (), time_us, temp,
             bool(random), comments, _span(name),

@@ -9,8 +9,10 @@ refused) with or without a space before the unit, in binary (KiB, MiB, GiB, TiB)
 (KB, MB, GB, TB) units; a bare number is bytes.  Two ways to write a size:
 
 * `format_size`, exact and compact, for tables that must read back exactly: the largest
-  binary unit in which the value is a whole number of thousandths (`4 KiB`, `1.5 MiB`,
-  `256.125 KiB`), else bytes (`12345 B`);
+  binary unit up to GiB in which the value is a whole number of thousandths (`4 KiB`,
+  `1.5 MiB`, `256.125 KiB`), else bytes (`12345 B`).  The plan's tables take only these
+  units (EXACT_SIZE_UNITS), so that a `KB` written for `KiB` is an error, not 2.3% less;
+  budgets, typed by people, take every unit;
 * `format_bytes`, for people, everywhere a single figure is shown (headers, messages,
   reports, generated code): `21.89 MiB (22955008 B)`, two decimals of the largest binary
   unit and the exact bytes; below 1 KiB just `512 B`.  `human_bytes` is its first half,
@@ -34,6 +36,7 @@ SIZE_UNITS = {
     "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
 }  # fmt: skip
 BINARY = ("TiB", "GiB", "MiB", "KiB")
+EXACT_SIZE_UNITS = {unit: SIZE_UNITS[unit] for unit in ("B", "KiB", "MiB", "GiB")}  # what format_size writes
 DURATION_UNITS = {"us": 1, "ms": 1000, "s": 1_000_000}
 BANDWIDTH_UNITS = {"B/s": 1, "KB/s": 10**3, "MB/s": 10**6, "GB/s": 10**9, "TB/s": 10**12}
 GAP_DECIMALS = 6  # of the fraction: 4 decimals of the percentage
@@ -87,12 +90,14 @@ def _quantity(text: str, units: dict[str, int], default: str | None, what: str, 
     return value
 
 
-def parse_size(text: str, what: str = "size", *, exact: bool = True) -> int:
+def parse_size(text: str, what: str = "size", *, exact: bool = True, units: dict[str, int] = SIZE_UNITS) -> int:
     """Bytes from `64 KiB`, `1.5MiB`, `2 GB`, `65536 B` or `65536`.
 
     exact: refuse fractions of a byte (plan files); False rounds down (the command line).
-    Raises UnitError."""
-    return _quantity(text, SIZE_UNITS, "B", what, "2GiB, 800 MB or 65536", exact)
+    units: the units accepted; with EXACT_SIZE_UNITS (the plan's tables) a unit is
+    required.  Raises UnitError."""
+    bare = None if units is EXACT_SIZE_UNITS else "B"
+    return _quantity(text, units, bare, what, "4 KiB, 1.5 MiB or 4096 B" if bare is None else "2GiB, 800 MB or 65536", exact)
 
 
 def parse_bandwidth(text: str, what: str = "bandwidth", *, exact: bool = True) -> int:
@@ -130,7 +135,7 @@ def size_parts(nbytes: int) -> tuple[str, str]:
     for a negative size."""
     if nbytes < 0:
         raise ValueError(f"size must not be negative, got {nbytes}")
-    for unit in BINARY:
+    for unit in ("GiB", "MiB", "KiB"):
         factor = SIZE_UNITS[unit]
         if nbytes >= factor and nbytes * 1000 % factor == 0:
             return _thousandths(nbytes * 1000 // factor), unit

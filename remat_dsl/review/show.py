@@ -2,20 +2,14 @@
 
 `remat show PLAN --png timeline.png` draws the memory timeline (`draw_png`); without
 `--png` it prints a compact terminal chart and the largest live tensors at the peak
-(`terminal_view`).  Both take a plan and its `Simulation` (`remat_dsl.check.verify.load_checked`).
+(`terminal_view`).  Both take a VerifiedPlan (`remat_dsl.check.verify`).
 
 NOTE: [Categories must agree with the simulator]
-`simulate()` reports only the total device memory of each instruction.  To split it by
-kind of tensor, `category_timeline` replays the plan once more with the rules of
-NOTE: [Memory model] in `remat_dsl.check.replay` (it checks nothing: the plan was already
-simulated, so it is valid): tangents arrive at the start of the backward section;
-`compute`/`recompute OP` peaks at resident + all of OP's outputs (a second copy of those
-already resident) + OP.temp_bytes; a random op recomputed somewhere saves its RNG state
-at its `compute` and frees it after its last `recompute`; `delete` peaks before it frees;
-`prefetch` allocates at once; `offload` and `wait` change nothing on the device.
-The two replays must agree byte for byte: `category_timeline` raises if its per-step
-total differs from the Simulation's `mem_before`/`mem_peak`/`mem_after`, and
-`tests/test_show.py` asserts it on every example.  Change both together.
+`simulate()` records, per instruction, what it holds at its peak, adds and removes
+(NOTE: [Step events] in remat_dsl.check.replay); `category_timeline` only sorts those
+events by kind of tensor.  Its per-category sums must equal the Simulation's
+`mem_before`/`mem_peak`/`mem_after` byte for byte: it raises otherwise, and
+`tests/test_show.py` asserts it on every example.
 """
 
 from __future__ import annotations
@@ -94,90 +88,48 @@ def tensor_categories(graph: ir.Graph) -> dict[str, str]:
     return categories
 
 
-def category_timeline(plan: ir.Plan, sim) -> CategoryTimeline:
-    """Replay `plan` (already simulated as `sim`) tracking bytes by category.
+def category_timeline(verified) -> CategoryTimeline:
+    """The simulation's memory timeline split by category (CATEGORIES).
 
-    Follows NOTE: [Categories must agree with the simulator]; raises AssertionError when a
-    step's total differs from `sim.timeline`.
+    Reads each step's events (NOTE: [Step events] in remat_dsl.check.replay): nothing is
+    replayed here.  Tensors and tangents count in their category (`tensor_categories`),
+    temporaries and RNG states in OP_TEMPS; the tangents arrive when the backward starts.
+    Raises AssertionError when the categories do not add up to the simulation's totals
+    (NOTE: [Categories must agree with the simulator]).
     """
-    from remat_dsl.check.replay import rng_state_bytes, value_nbytes
-
-    graph = plan.graph
-    ops = {op.name: op for op in graph.ops}
-    sizes = {t.name: t.nbytes for t in graph.tensors}
-    category = tensor_categories(graph)
+    plan, sim = verified.plan, verified.simulation
+    category = tensor_categories(plan.graph)
     slot = {name: i for i, name in enumerate(CATEGORIES)}
-    rng_bytes = rng_state_bytes(plan.header.device)
-    last_recompute = {}
-    for section, instructions in ((ir.FORWARD, plan.forward), (ir.BACKWARD, plan.backward)):
-        for index, instr in enumerate(instructions, 1):
-            op = ops.get(instr.target)
-            if instr.verb == "recompute" and op is not None and op.random:
-                last_recompute[op.name] = (section, index)
 
-    resident: dict[str, int] = {}  # tensors and tangents on the device
-    rng: dict[str, int] = {}
-    usage = [0] * len(CATEGORIES)
+    def kind(key: str) -> int:
+        return slot[category.get(key.removesuffix(" (new copy)"), OP_TEMPS)]
+
+    def plus(usage: tuple[int, ...], items, sign: int = 1) -> tuple[int, ...]:
+        result = list(usage)
+        for key, nbytes in items:
+            result[kind(key)] += sign * nbytes
+        return tuple(result)
+
+    usage = tuple([0] * len(CATEGORIES))
     steps: list[StepUsage] = []
-    peak_items: list[tuple[str, int, str]] = []
-    peak_section, _, peak_index = sim.peak_at.partition(":")
-
-    def items() -> list[tuple[str, int, str]]:
-        live = [(name, n, category[name]) for name, n in resident.items()]
-        return live + [(f"rng state of {op}", n, OP_TEMPS) for op, n in rng.items()]
-
-    for section, instructions in ((ir.FORWARD, plan.forward), (ir.BACKWARD, plan.backward)):
-        if section == ir.BACKWARD:
-            for tangent in graph.tangents:
-                resident[tangent.name] = value_nbytes(tangent)
-                usage[slot[GRADIENTS]] += resident[tangent.name]
-        for index, instr in enumerate(instructions, 1):
-            before = tuple(usage)
-            peak = before
-            here = section == peak_section and str(index) == peak_index
-            extra: list[tuple[str, int, str]] = []
-            freed: list[tuple[str, int, str]] = []
-            if instr.verb in ("compute", "recompute"):
-                op = ops[instr.target]
-                if instr.verb == "compute" and op.random and op.name in last_recompute:
-                    rng[op.name] = rng_bytes
-                    usage[slot[OP_TEMPS]] += rng_bytes
-                at_peak = list(usage)
-                for name in op.outputs:
-                    at_peak[slot[category[name]]] += sizes[name]
-                    if name in resident:
-                        extra.append((f"{name} (new copy)", sizes[name], category[name]))
-                at_peak[slot[OP_TEMPS]] += op.temp_bytes
-                if op.temp_bytes:
-                    extra.append((f"temporaries of {op.name}", op.temp_bytes, OP_TEMPS))
-                if instr.verb == "recompute" and op.random:  # the state set aside while it replays
-                    at_peak[slot[OP_TEMPS]] += rng_bytes
-                    extra.append((f"rng state set aside while {op.name} replays its own", rng_bytes, OP_TEMPS))
-                peak = tuple(at_peak)
-                for name in op.outputs:
-                    if name not in resident:
-                        resident[name] = sizes[name]
-                        usage[slot[category[name]]] += sizes[name]
-                if instr.verb == "recompute" and last_recompute.get(op.name) == (section, index):
-                    nbytes = rng.pop(op.name, 0)
-                    usage[slot[OP_TEMPS]] -= nbytes
-                    freed.append((f"rng state of {op.name}", nbytes, OP_TEMPS))
-            elif instr.verb == "delete":
-                nbytes = resident.pop(instr.target)
-                usage[slot[category[instr.target]]] -= nbytes
-                freed.append((instr.target, nbytes, category[instr.target]))
-            elif instr.verb == "prefetch":
-                resident[instr.target] = sizes[instr.target]
-                usage[slot[category[instr.target]]] += sizes[instr.target]
-                peak = tuple(usage)
-            # offload and wait: nothing changes on the device
-            if here:
-                live = items() + freed + extra
-                peak_items = sorted((i for i in live if i[1]), key=lambda i: (-i[1], i[0]))
-            steps.append(StepUsage(section, index, instr, before, peak, tuple(usage)))
-
+    peak_live: tuple = ()
+    for step in sim.timeline:
+        if step.section == ir.BACKWARD and step.index == 1:
+            usage = plus(usage, [(t.name, nbytes) for t, nbytes in _tangents(plan)])
+        before = usage
+        peak = plus(before, step.at_peak)
+        usage = plus(plus(before, step.added), step.removed, -1)
+        steps.append(StepUsage(step.section, step.index, step.instruction, before, peak, usage))
+        if step.live:
+            peak_live = tuple((name, nbytes, CATEGORIES[kind(name)]) for name, nbytes in step.live)
     _check_agreement(steps, sim)
-    return CategoryTimeline(tuple(steps), tuple(peak_items))
+    return CategoryTimeline(tuple(steps), peak_live)
+
+
+def _tangents(plan: ir.Plan) -> list[tuple[ir.ValueDecl, int]]:
+    from remat_dsl.check.replay import value_nbytes
+
+    return [(t, value_nbytes(t)) for t in plan.graph.tangents]
 
 
 def _check_agreement(steps: list[StepUsage], sim) -> None:
@@ -210,8 +162,8 @@ def _title(plan: ir.Plan, sim) -> str:
     )
 
 
-def draw_png(plan: ir.Plan, sim, path) -> None:
-    """Draw the memory timeline of `plan` (simulated as `sim`) to the PNG file `path`.
+def draw_png(verified, path) -> None:
+    """Draw the memory timeline of a VerifiedPlan to the PNG file `path`.
 
     Stacked areas: device memory at the peak of each instruction, by category; dashed
     line: the budget; dotted vertical line: forward/backward boundary; the strip below
@@ -223,7 +175,8 @@ def draw_png(plan: ir.Plan, sim, path) -> None:
 
     from remat_dsl.plan.units import format_bytes
 
-    timeline = category_timeline(plan, sim)
+    plan, sim = verified.plan, verified.simulation
+    timeline = category_timeline(verified)
     steps = timeline.steps
     n = len(steps)
     n_forward = len(plan.forward)
@@ -316,7 +269,7 @@ def _save_atomically(fig, path: Path) -> None:
 # ---------------------------------------------------------------------------
 
 
-def terminal_view(plan: ir.Plan, sim, *, buckets: int = 60, height: int = 8) -> str:
+def terminal_view(verified, *, buckets: int = 60, height: int = 8) -> str:
     """A compact chart of memory over the instructions and the largest live tensors at the peak.
 
     Each column is a bucket of consecutive instructions, as tall as the most memory in use
@@ -326,7 +279,8 @@ def terminal_view(plan: ir.Plan, sim, *, buckets: int = 60, height: int = 8) -> 
     from remat_dsl.check.report import instruction_line
     from remat_dsl.plan.units import format_bytes, human_bytes
 
-    timeline = category_timeline(plan, sim)
+    plan, sim = verified.plan, verified.simulation
+    timeline = category_timeline(verified)
     steps = sim.timeline
     n, n_forward = len(steps), len(plan.forward)
     budget = plan.header.budget

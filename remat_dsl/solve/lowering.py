@@ -149,34 +149,23 @@ def _recompute_before_backward(graph, order, tensors, producers) -> list[str]:
 
 
 def add_offloads(graph: ir.Graph, forward, backward, constraints):
-    """Forward and backward instructions with offload/prefetch of matching saved tensors."""
+    """Forward and backward instructions with offload/prefetch of matching saved tensors:
+    those the backward needs from the forward (the simulation's Crossing.needed)."""
+    from remat_dsl.check.replay import simulate
+
     wanted = matching(graph, constraints, "offload")
     if not wanted:
         return forward, backward
     ops = {op.name: op for op in graph.ops}
     names = {t.name for t in graph.tensors}
-    crossing = _crossing(forward, backward, ops, names) - pinned_tensors(graph)
+    header = ir.Header("", "cpu", 0, ir.BUDGET_COUNTS, "", "optimal", 0, "forward:1", 0, 0, 0, DEFAULT_BANDWIDTH)
+    crossing = simulate(ir.Plan(header, graph, tuple(forward), tuple(backward))).crossing
+    needed = set(crossing.needed) & set(crossing.resident) - pinned_tensors(graph)
     forward, backward = list(forward), list(backward)
-    for tensor in sorted(t for t in wanted if t in crossing):
+    for tensor in sorted(t for t in wanted if t in needed):
         forward = _offload_after_last_use(forward, tensor, ops, names)
         backward = _prefetch_before_first_use(backward, tensor, ops, names)
     return tuple(forward), tuple(backward)
-
-
-def _crossing(forward, backward, ops, names) -> set[str]:
-    """Tensors resident at the end of forward and read in backward before any re-creation."""
-    resident: set[str] = set()
-    for ins in forward:
-        if ins.verb in ("compute", "recompute"):
-            resident.update(ops[ins.target].outputs)
-        elif ins.verb == "delete":
-            resident.discard(ins.target)
-    used, made = set(), set()
-    for ins in backward:
-        if ins.verb in ("compute", "recompute"):
-            used.update(t for t in op_uses(ops[ins.target], names) if t not in made)
-            made.update(ops[ins.target].outputs)
-    return resident & used
 
 
 def _runs(instructions, tensor, ops, names, *, making: bool):
