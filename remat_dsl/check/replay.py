@@ -402,7 +402,7 @@ class _Simulator:
             if op.phase == ir.FORWARD and op.name not in self.computed:
                 self._fail(
                     f"forward op '{op.name}' is never computed in the forward section",
-                    f"add `compute {op.name} on compute` to the forward section{self._after_inputs(op)}",
+                    f"add `compute {op.name}` to the forward section{self._after_inputs(op)}",
                     span,
                 )
         for ref in self.graph.outputs:
@@ -432,7 +432,7 @@ class _Simulator:
             if op.phase == ir.BACKWARD and op.name not in self.computed:
                 self._fail(
                     f"backward op '{op.name}' is never computed: the backward section ends here without it",
-                    f"add `compute {op.name} on compute` to the backward section{self._after_inputs(op)}",
+                    f"add `compute {op.name}` to the backward section{self._after_inputs(op)}",
                     span,
                 )
         for ref in self.graph.gradients:
@@ -516,7 +516,7 @@ class _Simulator:
         if instr.stream != stream:
             self._fail(
                 f"{instr.verb} runs on the {stream} stream, not '{instr.stream}'",
-                f"write `{instr.verb} {instr.target} on {stream}`",
+                f"write `{instr.verb} {instr.target}`",
                 instr.span,
             )
 
@@ -572,13 +572,13 @@ class _Simulator:
             self._fail(
                 f"backward op '{op.name}' cannot be recomputed{done}",
                 "backward ops run exactly once: remove this line"
-                + ("" if where else f", or write `compute {op.name} on compute`"),
+                + ("" if where else f", or write `compute {op.name}`"),
                 instr.span,
             )
         if op.name not in self.computed:
             self._fail(
                 f"recompute of '{op.name}' before its first compute",
-                f"write `compute {op.name} on compute` here: the first execution is a compute",
+                f"write `compute {op.name}` here: the first execution is a compute",
                 instr.span,
             )
         self.clocks.recompute_us += op.time_us
@@ -590,7 +590,7 @@ class _Simulator:
             done = f" (its compute is at {where})" if where else ""
             self._fail(
                 f"forward op '{op.name}' is computed in the backward section{done}",
-                f"write `recompute {op.name} on compute` here; its first compute belongs in forward",
+                f"write `recompute {op.name}` here; its first compute belongs in forward",
                 instr.span,
             )
         if op.phase == ir.BACKWARD and self.section != ir.BACKWARD:
@@ -601,7 +601,7 @@ class _Simulator:
             )
         if where is not None:
             hint = (
-                f"write `recompute {op.name} on compute` to run it again"
+                f"write `recompute {op.name}` to run it again"
                 if op.phase == ir.FORWARD
                 else "backward ops run exactly once: remove this line"
             )
@@ -661,7 +661,7 @@ class _Simulator:
         if transfer is not None and transfer.kind == "prefetch":
             self._fail(
                 f"tensor '{name}' is used by '{op.name}' while its prefetch ({transfer.where}) is in flight",
-                f"add `wait {name} on compute` before this line",
+                f"add `wait {name}` before this line",
                 instr.span,
             )
         if name in self.resident:
@@ -671,14 +671,14 @@ class _Simulator:
             self._fail(
                 f"tensor '{name}' is used by '{op.name}' but was never computed; "
                 f"compute its producer '{producer}' first",
-                f"add `compute {producer} on compute` before this line",
+                f"add `compute {producer}` before this line",
                 instr.span,
             )
         fixes = [f"move the delete at {deleted} after this line"]
         if name in self.host_ready:
-            fixes.append(f"add `prefetch {name} on h2d` and `wait {name} on compute` before this line (it has a host copy)")
+            fixes.append(f"add `prefetch {name}` and `wait {name}` before this line (it has a host copy)")
         if self.graph.ops[producer].phase == ir.FORWARD:
-            fixes.append(f"add `recompute {producer} on compute` before this line")
+            fixes.append(f"add `recompute {producer}` before this line")
         hint = ("either " if len(fixes) > 1 else "") + "; or ".join(fixes)
         if self.section == ir.BACKWARD and self.graph.ops[producer].phase == ir.FORWARD:
             self._fail(
@@ -709,7 +709,7 @@ class _Simulator:
         if transfer is not None:
             self._fail(
                 f"cannot delete '{name}' while its {transfer.kind} ({transfer.where}) is in flight",
-                f"add `wait {name} on compute` before this line",
+                f"add `wait {name}` before this line",
                 instr.span,
             )
         self._freed = [(name, self._release(name))]
@@ -753,18 +753,18 @@ class _Simulator:
         if name not in self.host_ready:
             started = self.offloaded_at.get(name)
             if started:
-                hint = f"add `wait {name} on compute` before this line"
+                hint = f"add `wait {name}` before this line"
             elif name in self.resident:
                 hint = (
                     f"remove this line: {name} is still on the device (to keep it on the host meanwhile, "
-                    f"`offload {name} on d2h`, `wait {name} on compute` and `delete {name} on compute` earlier)"
+                    f"`offload {name}`, `wait {name}` and `delete {name}` earlier)"
                 )
             elif name in self.deleted_at:
                 producer = self.graph.ops[self.graph.tensors[name].producer]
                 hint = (
-                    f"add `offload {name} on d2h` and `wait {name} on compute` before its delete at "
+                    f"add `offload {name}` and `wait {name}` before its delete at "
                     f"{self.deleted_at[name]}"
-                    + (f", or `recompute {producer.name} on compute` here instead" if producer.phase == ir.FORWARD else "")
+                    + (f", or `recompute {producer.name}` here instead" if producer.phase == ir.FORWARD else "")
                 )
             else:
                 hint = f"{name} was never computed: compute it, offload it and wait for the offload first"

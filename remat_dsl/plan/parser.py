@@ -90,7 +90,7 @@ from lark.lexer import PatternStr
 from remat_dsl.plan import ir
 from remat_dsl.plan.errors import PlanError
 from remat_dsl.plan.resources import data_path
-from remat_dsl.plan.printer import FORMAT_VERSION, OP_HEADING, PEAK_AT_RE, PHASES, SOLVE_TIME_UNIT, STATUSES, SYM_PREFIX, TENSOR_HEADING
+from remat_dsl.plan.printer import FORMAT_VERSION, OP_HEADING, PEAK_AT_RE, PHASES, SOLVE_TIME_UNIT, STATUSES, SYM_PREFIX, TENSOR_HEADING, TENSOR_HEADING_V1
 from remat_dsl.plan.units import (
     BANDWIDTH_UNITS,
     DURATION_UNITS,
@@ -103,6 +103,7 @@ from remat_dsl.plan.units import (
 )
 from remat_dsl.plan import units
 
+READ_VERSIONS = ("1", str(FORMAT_VERSION))
 GAP_STEP = f"0.{'0' * (GAP_PERCENT_DECIMALS - 1)}1%"
 GRAMMAR_PATH = data_path("grammar", "plan.lark")
 SECTIONS = (
@@ -285,6 +286,22 @@ def _amount(number: Token, unit: Token, units: dict[str, int], what: str) -> int
     return value
 
 
+def _agreeing(approximate: tuple[Token, Token], exact: tuple[Token, int], what: str) -> int:
+    """The exact bytes of a header size written both ways (`21.89 MiB (22955008 B)`,
+    remat_dsl.plan.units.format_bytes), after checking that the two agree: the first,
+    rounded as written, must be the second.  Raises PlanError naming both."""
+    number, unit = approximate
+    factor = SIZE_UNITS[_choose(unit, list(SIZE_UNITS), "size unit")]
+    token, nbytes = exact
+    tolerance = Decimal(5).scaleb(-_decimals(number.value) - 1) * factor
+    if abs(Decimal(number.value) * factor - nbytes) > tolerance:
+        raise _error(
+            f"the {what} says `{number} {unit}` and `({token} B)`, which disagree", number,
+            f"edit one and remove the other: `{what} {number} {unit}`, or `{what} {token} B`",
+        )  # fmt: skip
+    return nbytes
+
+
 def _decimals(number: str) -> int:
     """How many decimals a NUMBER writes, trailing zeros aside: `1.230` -> 2."""
     return len(number.partition(".")[2].rstrip("0"))
@@ -370,10 +387,11 @@ class _Builder(Transformer):
     # --- file structure
     def start(self, c: list) -> ir.Plan:
         version = next(x for x in c if isinstance(x, Token))
-        if version.value != str(FORMAT_VERSION):
+        if version.value not in READ_VERSIONS:
             raise _error(
-                f"unsupported plan version {version}", version, f"this tool reads `remat-plan {FORMAT_VERSION}`"
-            )
+                f"unsupported plan version {version}", version,
+                f"this tool reads `remat-plan {FORMAT_VERSION}` (and version 1, which `remat fmt` upgrades)",
+            )  # fmt: skip
         sections = {x.name: x.items for x in c if isinstance(x, _Section)}
         header = next(x for x in c if isinstance(x, ir.Header))
         top = tuple(x.text for x in c if isinstance(x, _FileComment) and x.where == "top")
@@ -415,7 +433,12 @@ class _Builder(Transformer):
         return {"device": self._string(c[0]) if c[0].type == "STRING" else c[0].value}
 
     def budget(self, c: list) -> dict:
-        return {"budget": _amount(*c[0], SIZE_UNITS, "size")}
+        if len(c) == 1:
+            return {"budget": _amount(*c[0], SIZE_UNITS, "size")}
+        return {"budget": _agreeing(c[0], c[1], "budget")}
+
+    def exact(self, c: list) -> tuple[Token, int]:
+        return c[0], _amount(c[0], c[1], EXACT_SIZE_UNITS, "size")
 
     def counts(self, c: list) -> dict:
         return {"counts": self._string(c[0])}
@@ -453,12 +476,13 @@ class _Builder(Transformer):
         return {"solve_seconds": float(number.value)}
 
     def peak(self, c: list) -> dict:
-        number, unit, where = c
+        number, unit, *exact, where = c
         if not PEAK_AT_RE.fullmatch(where.value):
             raise _error(
                 f"bad peak position `{where}`", where, "write `forward:K` or `backward:K` (K: instruction number)"
             )
-        return {"peak_bytes": _amount(number, unit, EXACT_SIZE_UNITS, "size"), "peak_at": where.value}
+        nbytes = _agreeing((number, unit), exact[0], "peak") if exact else _amount(number, unit, EXACT_SIZE_UNITS, "size")
+        return {"peak_bytes": nbytes, "peak_at": where.value}
 
     def time(self, c: list) -> dict:
         return {"time_us": c[0]}
@@ -506,12 +530,12 @@ class _Builder(Transformer):
         return ir.ValueDecl("", name.value, shape, dtype.value, comments, _span(name))
 
     def tensors(self, c: list) -> _Section:
-        return _Section("tensors", _drop_heading(_items(c), TENSOR_HEADING))
+        return _Section("tensors", _drop_heading(_drop_heading(_items(c), TENSOR_HEADING_V1), TENSOR_HEADING))
 
     def tensor_decl(self, c: list) -> ir.TensorDecl:
-        comments, (name, shape, dtype, size, producer) = _split_comments(c)
+        comments, (name, shape, dtype, size, *producer) = _split_comments(c)
         nbytes = _amount(*size, EXACT_SIZE_UNITS, "size")
-        op, colon, index = producer.value.rpartition(":")
+        op, colon, index = (producer[0] if producer else name).value.rpartition(":")
         op, index = (op, int(index)) if colon else (index, 0)
         return ir.TensorDecl(name.value, shape, dtype.value, nbytes, op, index, comments, _span(name))
 
@@ -628,26 +652,19 @@ class _Builder(Transformer):
         return _Section("backward", _items(c))
 
     def instruction(self, c: list) -> ir.Instruction:
-        comments, (verb, target, stream, *trailing) = _split_comments(c)
+        comments, (verb, target, *rest) = _split_comments(c)
         verb_text = _choose(verb, ir.VERBS, "verb", VERB_ALIASES)
-        if stream.value not in ir.STREAMS:
-            right = ir.VERB_STREAM[verb_text]
+        right = ir.VERB_STREAM[verb_text]  # the verb says its stream; `on STREAM` may repeat it
+        stream = rest.pop(0) if rest and rest[0].type != "COMMENT" else None
+        if stream is not None and stream.value not in ir.STREAMS:
             raise _error(
-                f"unknown stream `{stream}`",
-                stream,
-                f"`{verb_text}` runs on `{right}`: write `{verb_text} {target} on {right}` "
-                f"(the streams are {_one_of(ir.STREAMS)})",
-            )
-        stream_text = stream.value
-        if ir.VERB_STREAM[verb_text] != stream_text:
-            right = ir.VERB_STREAM[verb_text]
-            raise _error(
-                f"`{verb_text}` runs on stream `{right}`, not `{stream_text}`",
-                stream,
-                f"write `{verb_text} {target} on {right}`",
-            )
-        text = _comment_text(trailing[0]) if trailing else None
-        return ir.Instruction(verb_text, target.value, stream_text, comments, text, _span(verb))
+                f"unknown stream `{stream}`", stream,
+                f"`{verb_text}` runs on `{right}`: write `{verb_text} {target}` (the streams are {_one_of(ir.STREAMS)})",
+            )  # fmt: skip
+        if stream is not None and stream.value != right:
+            raise _error(f"`{verb_text}` runs on stream `{right}`, not `{stream}`", stream, f"write `{verb_text} {target}`")
+        text = _comment_text(rest[0]) if rest else None
+        return ir.Instruction(verb_text, target.value, right, comments, text, _span(verb))
 
 
 # ---------------------------------------------------------------------------
@@ -675,7 +692,7 @@ ops
 _EXAMPLE_SCHEDULE = _EXAMPLE_HEAD + "outputs\n  None\ngradients\nforward\n"
 
 EXAMPLES = {
-    "missing-on": [_EXAMPLE_SCHEDULE + "  compute a\n", _EXAMPLE_SCHEDULE + "  # c\n  compute a\n"],
+    "missing-on": [_EXAMPLE_SCHEDULE + "  compute a b\n", _EXAMPLE_SCHEDULE + "  # c\n  compute a b\n"],
     "size-unit": [_EXAMPLE_HEAD.replace("budget 1 KiB", "budget 1024")],
     "duration-unit": [_EXAMPLE_HEAD.replace("time 0.000 ms", "time 0.1")],
     "bandwidth-unit": [_EXAMPLE_HEAD.replace("1 GB/s", "1000000000")],
@@ -724,11 +741,8 @@ def _missing_on(line: str) -> tuple[str, str]:
     words = line.split("#")[0].split()
     stream = ir.VERB_STREAM.get(words[0]) if words else None
     if stream and len(words) >= 2:
-        return "expected `on STREAM` after the instruction", f"write `{words[0]} {words[1]} on {stream}`"
-    return (
-        "expected `on STREAM` after the instruction",
-        f"write `VERB TARGET on STREAM`; streams are {_one_of(ir.STREAMS)}",
-    )
+        return "expected the end of the instruction or `on STREAM`", f"write `{words[0]} {words[1]}` (its stream, `{stream}`, is implied)"
+    return "expected the end of the instruction or `on STREAM`", "write `VERB TARGET`, e.g. `compute fc1`"
 
 
 def _after_size(line: str) -> tuple[str, str] | None:

@@ -5,43 +5,39 @@ and `print_plan(parse(text)) == text` for every text the printer produced.
 
 NOTE: [Canonical layout]
 - Comment lines of the header (the `comments` of `Header`) come first, then
-  `remat-plan 1`.  Sections follow in a fixed order, separated by one blank line:
-  header, inputs, parameters, buffers, tangents, tensors, ops, outputs, gradients,
-  updates, forward, backward, digest (remat_dsl.plan.digest: always the digest of the
-  plan's graph, whatever the file it was read from said).  Empty buffers, tangents and updates sections are left
-  out; the other sections are always printed (an empty one is just its name).  The
-  comments of `Plan.comments` close the file after a blank line.  The file ends with a
-  newline; no line has trailing whitespace.
+  `remat-plan 2`.  Sections follow in a fixed order, separated by one blank line:
+  header, constraints, forward, backward (the schedule, what people read and edit), then
+  the FB-graph: inputs, parameters, buffers, tangents, tensors, ops, outputs, gradients,
+  updates, and last the digest (remat_dsl.plan.digest: always the digest of the plan's
+  graph, whatever the file it was read from said).  Empty constraints, buffers, tangents
+  and updates sections are left out; the other sections are always printed (an empty
+  one is just its name).  The comments of `Plan.comments` close the file after a blank
+  line.  The file ends with a newline; no line has trailing whitespace.
 - Section names start at column 1, items are indented by two spaces.  Within one
   section every column is padded to its widest cell; columns are separated by two
-  spaces (one between a number and its unit).  Numbers are right-aligned.  The
-  `name = target(args)` column of `ops` is padded to at most OPS_CALL_WIDTH characters;
-  longer calls push the rest of their line to the right.
+  spaces (one between a number and its unit).  Numbers are right-aligned.  No line is
+  longer than LINE_WIDTH (120) characters, but for a single name longer than that: an
+  argument that does not fit goes on over continuation lines (`layout`).
 - Header keys are padded to HEADER_KEY_WIDTH.  `device` is a bare word when it looks
-  like one (`cpu`, `cuda:0`), a quoted string otherwise.
+  like one (`cpu`, `cuda:0`), a quoted string otherwise.  `budget` and `peak` are
+  written the one way sizes are shown to people, `21.89 MiB (22955008 B)`
+  (remat_dsl.plan.units.format_bytes); the parser checks that the two figures agree.
 - Value sections: `NAME  DTYPE[D0, D1]` (`float32[]` for scalars).
-- tensors: `NAME  [SHAPE]  DTYPE  SIZE  PRODUCER`, PRODUCER written `op:k` for output
-  k >= 1 (TensorDecl.index) and `op` for output 0.  ops:
-  `NAME = TARGET(ARGS)  TIME  TEMP  PHASE  [random]`.  Both tables open with a heading
-  comment (TENSOR_HEADING, OP_HEADING) that the parser recognises and drops.
-  An op's `outputs` are not written: they are the tensors whose producer it is, in
-  output order, so the printer refuses an op whose `outputs` disagree with the table.
+- tensors: `NAME  [SHAPE]  DTYPE  SIZE  [PRODUCER]`, PRODUCER (`op`, or `op:k` for
+  output k >= 1, TensorDecl.index) only when the name does not say it.  ops:
+  `NAME = TARGET(ARGS)  TIME  TEMP  PHASE  [random]`, the call wrapped within its
+  column and the costs after its last line.  Both tables open with a heading comment
+  (TENSOR_HEADING, OP_HEADING) that the parser recognises and drops.  An op's `outputs`
+  are not written: they are the tensors whose producer it is, in output order, so the
+  printer refuses an op whose `outputs` disagree with the table.
 - outputs: one argument.  gradients: `PARAM = ARG`; updates: `BUFFER = %TENSOR`, names
   padded to the widest.
-- forward/backward: `VERB  TARGET  on STREAM  # trailing`.
+- forward/backward: `VERB  TARGET  # trailing`; the verb says the stream (ir.VERB_STREAM).
 - A comment is written `# TEXT` (`#` alone for empty text); full-line comments go
   above their item, at the item's indentation.
 
-NOTE: [Units]
-Sizes (integer bytes) use the largest of GiB, MiB, KiB for which the value is at
-least one unit and a whole number of thousandths of it (`4 KiB`, `1.5 MiB`,
-`256.125 KiB`), else bytes (`12345 B`).  Durations (integer microseconds) are written
-in milliseconds with three decimals (`0.120 ms`).  Bandwidth (integer bytes/s) is
-written in decimal GB/s when it is a whole number of MB/s (`12 GB/s`, `12.5 GB/s`),
-else `N B/s`.  The header's optional `gap` (a fraction, stored to 6 decimals) is written
-in percent with 2 to 4 decimals (`1.23%`, `0.0125%`, `0.00%`), its optional
-`solve-time` (seconds, stored to 0.1 s) with one decimal (`2.4 s`); both lines come
-right after `status` and are left out when the field is None.
+Units: NOTE: [Units] in remat_dsl.plan.units.  The header's optional `gap` and
+`solve-time` lines come right after `status` and are left out when the field is None.
 
 Printing raises ValueError for a plan that could not be read back exactly (a name
 that is not a dotted identifier, a comment with a line break, ...).
@@ -56,11 +52,12 @@ from collections.abc import Iterable, Sequence
 
 from remat_dsl.plan import ir
 from remat_dsl.plan.digest import digest_of
-from remat_dsl.plan.units import format_bandwidth, format_duration, format_gap, format_seconds, format_size, size_parts
+from remat_dsl.plan.units import format_bandwidth, format_bytes, format_duration, format_gap, format_seconds, format_size, size_parts
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 HEADER_KEY_WIDTH = 12
-OPS_CALL_WIDTH = 100
+LINE_WIDTH = 120  # no canonical line is longer, but for a single name that is
+CONTINUATION = 4  # extra indentation of each level of a wrapped argument
 INDENT = "  "
 GAP = "  "
 
@@ -70,7 +67,8 @@ SOLVE_TIME_UNIT = "s"
 PHASES = (ir.FORWARD, ir.BACKWARD)
 RESERVED = ("None", "True", "False", "inf", "nan")
 
-TENSOR_HEADING = ("# name", "shape", "dtype", "size", "", "producer")
+TENSOR_HEADING = ("# name", "shape", "dtype", "size", "")
+TENSOR_HEADING_V1 = ("# name", "shape", "dtype", "size", "", "producer")
 OP_HEADING = ("# name = target(args)", "time", "", "temp", "", "phase", "")
 
 NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.]*(:[0-9]+)?")  # `0.weight`: nn.Sequential's children
@@ -251,13 +249,13 @@ def _header(h: ir.Header) -> list[str]:
     entries = [
         ("model", _string(h.model)),
         ("device", device),
-        ("budget", format_size(h.budget)),
+        ("budget", format_bytes(h.budget)),
         ("counts", _string(h.counts)),
         ("solver", _string(h.solver)),
         ("status", h.status),
         *([("gap", format_gap(h.gap))] if h.gap is not None else []),
         *([(SOLVE_TIME_KEY, format_seconds(h.solve_seconds))] if h.solve_seconds is not None else []),
-        ("peak", f"{format_size(h.peak_bytes)} at {h.peak_at}"),
+        ("peak", f"{format_bytes(h.peak_bytes)} at {h.peak_at}"),
         ("time", format_duration(h.time_us)),
         ("compute", format_duration(h.compute_us)),
         ("recompute", format_duration(h.recompute_us)),
@@ -272,42 +270,105 @@ def _values(title: str, decls: Sequence[ir.ValueDecl]) -> list[str]:
 
 
 def _producer(t: ir.TensorDecl) -> str:
+    """`op` or `op:k`, or "" when the tensor's name says it (`op`, `op:k`: version 2)."""
     producer = _plain_name(t.producer, "producer")
-    return producer if t.index == 0 else f"{producer}:{t.index}"
+    written = producer if t.index == 0 else f"{producer}:{t.index}"
+    return "" if written == t.name else written
 
 
 def _tensors(tensors: Sequence[ir.TensorDecl]) -> list[str]:
-    rows = [TENSOR_HEADING] + [
-        [_name(t.name), _shape(t.shape), _dtype(t.dtype), *size_parts(t.nbytes), _producer(t)] for t in tensors
-    ]
-    lines = _table(rows, right=frozenset({3}), tight=frozenset({4}))
+    rows = [[_name(t.name), _shape(t.shape), _dtype(t.dtype), *size_parts(t.nbytes), _producer(t)] for t in tensors]
+    heading = TENSOR_HEADING_V1 if any(row[-1] for row in rows) else TENSOR_HEADING + ("",)
+    lines = _table([heading] + rows, right=frozenset({3}), tight=frozenset({4}))
     return ["tensors"] + (lines[:1] + _with_comments(tensors, lines[1:]) if tensors else [])
 
 
-def _op_row(op: ir.Op) -> list[str]:
+def _op_costs(op: ir.Op) -> list[str]:
     if op.phase not in PHASES:
         raise ValueError(f"cannot print phase {op.phase!r} of op {op.name!r}")
-    call = f"{_plain_name(op.name, 'op name')} = {format_call(op.target, op.args, op.kwargs)}"
     time, ms = format_duration(op.time_us).split()
-    return [call, time, ms, *size_parts(op.temp_bytes), op.phase, "random" if op.random else ""]
+    return [time, ms, *size_parts(op.temp_bytes), op.phase, "random" if op.random else ""]
 
 
 def _ops(ops: Sequence[ir.Op]) -> list[str]:
-    rows = [OP_HEADING] + [_op_row(op) for op in ops]
-    lines = _table(rows, right=frozenset({1, 3}), tight=frozenset({2, 4}), cap={0: OPS_CALL_WIDTH})
-    return ["ops"] + (lines[:1] + _with_comments(ops, lines[1:]) if ops else [])
+    """`NAME = CALL  TIME  TEMP  PHASE  [random]`; a call too long for its column goes on
+    over continuation lines (`layout`), the costs after its last line."""
+    costs = _table([OP_HEADING[1:]] + [_op_costs(op) for op in ops], right=frozenset({0, 2}), tight=frozenset({1, 3}))
+    costs = [line.removeprefix(INDENT) for line in costs]
+    width = max(len(line) for line in costs)
+    heads = [f"{_plain_name(op.name, 'op name')} = " for op in ops]
+    calls = [ir.Call(op.target, op.args, op.kwargs) for op in ops]
+    column = min(max((len(h) + len(format_arg(c)) for h, c in zip(heads, calls)), default=0), LINE_WIDTH - len(INDENT) - len(GAP) - width)
+    column = max(column, len(OP_HEADING[0]))
+    out = [(INDENT + OP_HEADING[0].ljust(column) + GAP + costs[0]).rstrip()] if ops else []
+    for op, head, call, cost in zip(ops, heads, calls, costs[1:]):
+        lines = layout(call, INDENT + head, "", len(INDENT), len(INDENT) + column)
+        out += _comment_lines(op.comments)
+        out += lines[:-1] + [(lines[-1].ljust(len(INDENT) + column) + GAP + cost).rstrip()]
+    return ["ops"] + out
 
 
-def _assignments(title: str, pairs: Sequence[tuple[str, str]]) -> list[str]:
+def _assignments(title: str, pairs: Sequence[tuple[str, ir.Arg]]) -> list[str]:
     width = max((len(name) for name, _ in pairs), default=0)
-    return [title] + [f"{INDENT}{_name(name):<{width}} = {value}" for name, value in pairs]
+    lines = [title]
+    for name, value in pairs:
+        padded = f"{INDENT}{_name(name):<{width}} = "
+        if len(padded + format_arg(value)) > LINE_WIDTH and not isinstance(value, (ir.Call, ir.ListArg, ir.TupleArg)):
+            padded = f"{INDENT}{name} = "  # a long name: no room to align it
+        lines += layout(value, padded, "", len(INDENT), LINE_WIDTH)
+    return lines
+
+
+def layout(arg: ir.Arg, prefix: str, suffix: str, indent: int, width: int) -> list[str]:
+    """`prefix + format_arg(arg) + suffix` on lines of at most `width` characters.
+
+    A call, list or tuple too long for one line breaks after its opening bracket; its
+    items follow on continuation lines CONTINUATION spaces deeper than `indent`, as many
+    a line as fit, an item too long for a line of its own broken the same way; the
+    closing bracket ends the last item (the grammar reads a line break after `(`, `[` or
+    `,` as a space).  A single name longer than the width stays whole.
+    """
+    one = prefix + format_arg(arg) + suffix
+    if len(one) <= width:
+        return [one]
+    if isinstance(arg, ir.Call):
+        opener, closer = f"{_call_name(arg.target, 'call target')}(", ")"
+        items = [("", a) for a in arg.args] + [(f"{_call_name(k, 'keyword')}=", v) for k, v in arg.kwargs]
+    elif isinstance(arg, ir.ListArg):
+        opener, closer, items = "[", "]", [("", a) for a in arg.items]
+    elif isinstance(arg, ir.TupleArg):
+        opener, closer = "(", ",)" if len(arg.items) == 1 else ")"
+        items = [("", a) for a in arg.items]
+    else:
+        return [one]
+    if not items:
+        return [one]
+    margin = " " * (indent + CONTINUATION)
+    lines, current = [prefix + opener], margin
+    for number, (key, item) in enumerate(items, 1):
+        end = closer + suffix if number == len(items) else ","
+        text = key + format_arg(item) + end
+        joined = current + text if current == margin else f"{current} {text}"
+        if len(joined) <= width:
+            current = joined
+            continue
+        if current != margin:
+            lines.append(current)
+            current = margin
+        if len(margin + text) <= width:
+            current = margin + text
+        else:
+            *done, current = layout(item, margin + key, end, indent + CONTINUATION, width)
+            lines += done
+    return lines + [current]
 
 
 def _instruction_row(ins: ir.Instruction) -> list[str]:
+    """`VERB  TARGET  # trailing`: the verb says the stream (ir.VERB_STREAM)."""
     if ir.VERB_STREAM.get(ins.verb) != ins.stream:
         raise ValueError(f"cannot print `{ins.verb} {ins.target} on {ins.stream}`: see ir.VERB_STREAM")
     trailing = "" if ins.trailing is None else _comment(ins.trailing)
-    return [ins.verb, _name(ins.target), f"on {ins.stream}", trailing]
+    return [ins.verb, _name(ins.target), trailing]
 
 
 def _schedule(title: str, instructions: Sequence[ir.Instruction]) -> list[str]:
@@ -333,21 +394,19 @@ def _check_outputs(graph: ir.Graph) -> None:
 
 
 def _sections(plan: ir.Plan) -> list[list[str]]:
+    """Version 2: header, constraints, the schedule (forward, backward), then the FB-graph
+    and its digest (NOTE: [Canonical layout])."""
     g = plan.graph
-    optional = [
-        (g.buffers, lambda: _values("buffers", g.buffers)),
-        (g.tangents, lambda: _values("tangents", g.tangents)),
-    ]
     sections = [_header(plan.header)]
     if plan.constraints:
         sections.append(["constraints"] + _with_comments(plan.constraints, _table([_constraint_row(c) for c in plan.constraints])))
-    sections += [_values("inputs", g.inputs), _values("parameters", g.parameters)]
-    sections += [render() for items, render in optional if items]
-    sections += [_tensors(g.tensors), _ops(g.ops), ["outputs", INDENT + format_arg(g.outputs)]]
-    sections.append(_assignments("gradients", [(gr.parameter, format_arg(gr.value)) for gr in g.gradients]))
-    if g.updates:
-        sections.append(_assignments("updates", [(u.buffer, "%" + _name(u.tensor)) for u in g.updates]))
     sections += [_schedule(ir.FORWARD, plan.forward), _schedule(ir.BACKWARD, plan.backward)]
+    sections += [_values("inputs", g.inputs), _values("parameters", g.parameters)]
+    sections += [_values(title, values) for title, values in (("buffers", g.buffers), ("tangents", g.tangents)) if values]
+    sections += [_tensors(g.tensors), _ops(g.ops), ["outputs"] + layout(g.outputs, INDENT, "", len(INDENT), LINE_WIDTH)]
+    sections.append(_assignments("gradients", [(gr.parameter, gr.value) for gr in g.gradients]))
+    if g.updates:
+        sections.append(_assignments("updates", [(u.buffer, ir.Ref(u.tensor)) for u in g.updates]))
     sections.append(_digest(digest_of(g)))
     return sections
 

@@ -21,15 +21,20 @@ class FixedOrder:
     def __init__(self, problem: Problem):
         self.problem = problem
 
-    def order(self) -> tuple[str, ...]:
+    def steps(self) -> tuple[tuple[str, ...], tuple]:
+        """(order, decisions): what the subclass runs, whatever the budget."""
         raise NotImplementedError
 
     def describe(self) -> str:
         return ""
 
     @functools.cached_property
+    def _steps(self) -> tuple[tuple[str, ...], tuple]:
+        return self.steps()
+
+    @property
     def _order(self) -> tuple[str, ...]:
-        return self.order()
+        return self._steps[0]
 
     def floor(self) -> int:
         """The exact peak of this solver's plan (bytes)."""
@@ -47,7 +52,7 @@ class FixedOrder:
     def solve(self, target: int) -> SolverResult:
         if target < self.floor():
             raise BudgetError(target, self.floor(), self.name)
-        return SolverResult(self._order, self.info)
+        return SolverResult(self._order, self.info, self._steps[1])
 
 
 class Autograd(FixedOrder):
@@ -56,5 +61,5 @@ class Autograd(FixedOrder):
     name = "autograd"
     status = Status.BASELINE
 
-    def order(self) -> tuple[str, ...]:
-        return autograd_order(self.problem.graph)
+    def steps(self):
+        return autograd_order(self.problem.graph), ()

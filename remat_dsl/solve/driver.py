@@ -120,11 +120,13 @@ class Planner:
                 smallest.append(error.smallest)
         raise BudgetError(budget, min(smallest), solver.name)
 
-    def _lowered(self, order, solver, status: Status, budget: int) -> ir.Plan:
+    def _lowered(self, result, solver, status: Status, budget: int) -> ir.Plan:
+        """The plan of a SolverResult (or of a bare order, without decisions)."""
+        order, decisions = (result.order, result.decisions) if hasattr(result, "order") else (result, ())
         p = self.problem
         return lowered_plan(
             p.graph, order, constraints=p.constraints, model=self.model, device=p.device, budget=budget,
-            solver=header_name(solver), status=Status(status).value, bandwidth=self.bandwidth,
+            solver=header_name(solver), status=Status(status).value, bandwidth=self.bandwidth, decisions=decisions,
         )  # fmt: skip
 
     def _fit(self, solver, budget: int) -> ir.Plan:
@@ -146,7 +148,7 @@ class Planner:
                     result = solver.solve(target)
                 except BudgetError:
                     break
-            plan = self._lowered(result.order, solver, Status.FEASIBLE if corrected else result.info.status, budget)
+            plan = self._lowered(result, solver, Status.FEASIBLE if corrected else result.info.status, budget)
             tried[target] = plan.header.peak_bytes
             excess = plan.header.peak_bytes - budget
             if excess <= 0:
@@ -156,7 +158,7 @@ class Planner:
             target, corrected = target - max(excess, budget // 50), True
         fitting = [t for t, peak in tried.items() if peak <= budget]
         if fitting:
-            return self._lowered(solver.solve(max(fitting)).order, solver, Status.FEASIBLE, budget)
+            return self._lowered(solver.solve(max(fitting)), solver, Status.FEASIBLE, budget)
         plans = self._floor_plans(solver, budget)
         best = min(plans, key=lambda p: p.header.peak_bytes)
         if best.header.peak_bytes > budget:
@@ -172,7 +174,7 @@ class Planner:
                 result = solver.solve(target)
             except BudgetError:
                 continue
-            plan = self._lowered(result.order, solver, Status.FEASIBLE, budget)
+            plan = self._lowered(result, solver, Status.FEASIBLE, budget)
             tried[target] = plan.header.peak_bytes
             plans.append(plan)
         if not plans:

@@ -12,6 +12,7 @@ gradients are never deleted (the caller and autograd hold them).
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 
 from remat_dsl.plan import ir
 from remat_dsl.plan.constraints import matching
@@ -20,24 +21,47 @@ from remat_dsl.plan.ir import op_uses, pinned_tensors
 PREFETCH_LEAD = 3  # backward instructions between a prefetch and the use it serves
 
 
-def lower_order(graph: ir.Graph, order, constraints=()) -> tuple[tuple[ir.Instruction, ...], tuple[ir.Instruction, ...]]:
+def lower_order(graph: ir.Graph, order, constraints=(), decisions=()) -> tuple[tuple[ir.Instruction, ...], tuple[ir.Instruction, ...]]:
     """The forward and backward instructions of a solver's op `order`, with the user's
     constraints applied (NOTE: [Applying constraints] in remat_dsl.plan.constraints):
-    the order edited for keep/recompute, lowered, then transfers added for offload."""
+    the order edited for keep/recompute, lowered, then transfers added for offload.
+    decisions: the solver's words (remat_dsl.solve.api.Decision), each a comment above
+    the instruction that runs the op at its position of `order`."""
     edited = constrain_order(graph, list(order), constraints)
-    return add_offloads(graph, *lower(graph, edited), constraints)
+    forward, backward = add_offloads(graph, *lower(graph, edited), constraints)
+    return _annotated(forward, backward, list(order), decisions)
+
+
+def _annotated(forward, backward, order: list[str], decisions):
+    """NOTE: [Decisions as comments] A decision at position i of the solver's order goes
+    above the k-th run (compute or recompute) of the op order[i], k its runs before i; a
+    run that the constraints took away takes no comment."""
+    runs: dict[tuple[str, int], int] = {}  # (op, k) -> index into forward + backward
+    seen: dict[str, int] = {}
+    instructions = list(forward) + list(backward)
+    for index, ins in enumerate(instructions):
+        if ins.verb in ("compute", "recompute"):
+            runs[ins.target, seen.get(ins.target, 0)] = index
+            seen[ins.target] = seen.get(ins.target, 0) + 1
+    for decision in decisions:
+        op = order[decision.at]
+        index = runs.get((op, order[: decision.at].count(op)))
+        if index is not None:
+            ins = instructions[index]
+            instructions[index] = replace(ins, comments=ins.comments + (decision.text,))
+    return tuple(instructions[: len(forward)]), tuple(instructions[len(forward) :])
 
 
 DEFAULT_BANDWIDTH = 12 * 10**9  # bytes/s, PCIe 4 x16 in practice
 
 
 def lowered_plan(graph: ir.Graph, order, *, constraints=(), model: str = "", device: str = "cpu", budget: int = 0,
-                 solver: str = "", status: str = "optimal", bandwidth: int = DEFAULT_BANDWIDTH) -> ir.Plan:
+                 solver: str = "", status: str = "optimal", bandwidth: int = DEFAULT_BANDWIDTH, decisions=()) -> ir.Plan:
     """The plan of a solver's op `order`: lowered (`lower_order`), simulated exactly
     (remat_dsl.check.replay) and with the simulation's predictions in its header."""
     from remat_dsl.check.replay import simulate, with_predictions
 
-    forward, backward = lower_order(graph, order, constraints)
+    forward, backward = lower_order(graph, order, constraints, decisions)
     header = ir.Header(model, device, budget, ir.BUDGET_COUNTS, solver, status, 0, "forward:1", 0, 0, 0, bandwidth)
     plan = ir.Plan(header, graph, forward, backward, constraints=tuple(constraints))
     return with_predictions(plan, simulate(plan))

@@ -1,6 +1,7 @@
 """Regenerate the corpus of invalid plans from the two valid tiny-MLP plans.
 
-Every case is a base plan (tests/plans/tiny_mlp_autograd.plan or tiny_mlp_offload.plan)
+Every case is a base plan (tests/invalid_plans/bases/tiny_mlp_autograd_v1.plan or tiny_mlp_offload_v1.plan,
+in format version 1, which the tools still read)
 with a few named text edits; each edit must apply exactly once.  Running this script
 rewrites tests/invalid_plans/NAME.plan for every case (and removes plans of cases that
 no longer exist).  With `--update` it also rewrites the golden diagnostics NAME.diag:
@@ -21,9 +22,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-PLANS = ROOT / "tests" / "plans"
-AUTOGRAD = "tiny_mlp_autograd.plan"
-OFFLOAD = "tiny_mlp_offload.plan"
+PLANS = HERE / "bases"  # the two valid tiny-MLP plans in format version 1, which the edits anchor on
+AUTOGRAD = "tiny_mlp_autograd_v1.plan"
+OFFLOAD = "tiny_mlp_offload_v1.plan"
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,6 @@ CASES: tuple[Case, ...] = (
     # --- syntax errors (the parser) ------------------------------------------------
     _case("syntax_missing_on", AUTOGRAD, "the `on` before the stream is left out",
           (A_FWD_FC2, "  compute  fc2     compute\n")),
-    _case("syntax_missing_stream", AUTOGRAD, "the instruction ends after its target",
-          (A_FWD_FC2, "  compute  fc2\n")),
     _case("syntax_unknown_verb", AUTOGRAD, "`free` instead of `delete`",
           (A_FWD_DELETE_FC1, "  free     fc1     on compute\n")),
     _case("syntax_misspelled_verb", AUTOGRAD, "a typo in a verb",
@@ -114,7 +113,7 @@ CASES: tuple[Case, ...] = (
           ("  relu                              [16, 64]  float32     4 KiB  relu\n",
            "  relu                              [16, 64]  float32     4 KiB  relu  # saved\n")),
     _case("syntax_unsupported_version", AUTOGRAD, "a format version this tool does not read",
-          ("remat-plan 1\n", "remat-plan 2\n")),
+          ("remat-plan 1\n", "remat-plan 3\n")),
     # --- names -------------------------------------------------------------------------
     _case("unknown_op", AUTOGRAD, "compute of an op that is not in the graph",
           (A_FWD_FC2, "  compute  fc3     on compute\n")),

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 from remat_dsl.plan import ir
 from remat_dsl.plan.ir import op_uses
+from remat_dsl.plan.units import format_duration, human_bytes
+from remat_dsl.solve.api import Decision
 from remat_dsl.solve.chain.model import Block, Chain
 
 
@@ -241,18 +243,79 @@ def _transient(names: tuple[str, ...], ops, tensors) -> int:
     return peak
 
 
-def chain_order(part: ChainPartition, ops, options=None) -> tuple[str, ...]:
+def chain_steps(part: ChainPartition, ops, options=None, chain=None) -> tuple[tuple[str, ...], tuple[Decision, ...]]:
     """The op order of a chain sequence `ops` ((kind, l) or (kind, l, o) steps, rotor's
     vocabulary): the prelude, then each forward step's block ops and each backward step's
-    backward ops (`options[l-1][o]`, option o's op sequence, when RK-Rotor chose one)."""
-    order = list(part.prelude)
+    backward ops (`options[l-1][o]`, option o's op sequence, when RK-Rotor chose one);
+    and the decision of each step in words, at the position in the order where the step
+    starts (remat_dsl.solve.api.Decision), for the plan's readers.  chain: the chain whose
+    costs the words quote (`part.chain`, or RK-Rotor's with options)."""
+    order, decisions = list(part.prelude), []
     for kind, l, *rest in ops:
-        block = part.blocks[l - 1]
+        block, o = part.blocks[l - 1], rest[0] if rest else 0
+        decisions.append(Decision(len(order), _step_text(part, chain or part.chain, kind, l, o, options)))
         if kind != "B":
             order += block.forward
         else:
-            order += options[l - 1][rest[0] if rest else 0] if options is not None else block.backward
-    return tuple(order)
+            order += options[l - 1][o] if options is not None else block.backward
+    return tuple(order), tuple(decisions)
+
+
+TEXT_WIDTH = 100  # characters of a decision: a comment line of the plan stays within 120
+
+
+def _step_text(part: ChainPartition, chain: Chain, kind: str, l: int, o: int, options) -> str:
+    text = _words(part, chain, kind, l, o, options, block_name(part, l))
+    return text if len(text) <= TEXT_WIDTH else _words(part, chain, kind, l, o, options, f"block {l}")
+
+
+def _words(part: ChainPartition, chain: Chain, kind: str, l: int, o: int, options, name: str) -> str:
+    block = chain.blocks[l - 1]
+    if kind == "B":
+        return f"{name}: backward"
+    if kind == "F_n":
+        return f"{name}: forward, keeps nothing (recomputed later)"
+    if kind == "F_ck":
+        saves = block.xbar_bytes - block.x_bytes
+        return f"{name}: checkpoint, recomputed in the backward: saves {human_bytes(saves)} for {format_duration(block.fwd_us)}"
+    if options is None or len(options[l - 1]) == 1:
+        return f"{name}: forward, keeps its activations ({human_bytes(block.xbar_bytes)})"
+    n = len(options[l - 1]) - 1
+    if o == 0:
+        return f"{name}: option 0 of {n}, keeps its activations ({human_bytes(block.xbar_bytes)})"
+    option = block.options[o - 1]
+    forward = set(part.blocks[l - 1].forward)
+    recomputed = [op.removeprefix(name + ".") for op in dict.fromkeys(options[l - 1][o]) if op in forward]
+    tail = f": saves {human_bytes(block.xbar_bytes - option.xbar_bytes)} for {format_duration(option.bwd_us - block.bwd_us)}"
+    head = f"{name}: option {o} of {n}, recompute "
+    listed = recomputed[:1]
+    while len(listed) < len(recomputed) and len(head + ", ".join(recomputed[: len(listed) + 1]) + " and 99 more" + tail) <= TEXT_WIDTH:
+        listed = recomputed[: len(listed) + 1]
+    more = f" and {len(recomputed) - len(listed)} more" if len(listed) < len(recomputed) else ""
+    text = head + ", ".join(listed) + more + tail
+    return text if len(text) <= TEXT_WIDTH else f"{head}{len(recomputed)} ops{tail}"
+
+
+def block_name(part: ChainPartition, l: int) -> str:
+    """What block l holds, for people: the module path its forward ops share and the
+    modules under it (`transformer.h.3.{ln_2, mlp}`), or its one op's name."""
+    forward = part.blocks[l - 1].forward
+    if len(forward) == 1:
+        return forward[0]
+    paths = [op.split(".") for op in forward]
+    common: list[str] = []
+    for parts in zip(*paths):
+        if len(set(parts)) != 1:
+            break
+        common.append(parts[0])
+    children: dict[str, None] = {}
+    for parts in paths:
+        rest = parts[len(common) :]
+        if rest:
+            child = [rest[0]] + [p for p in rest[1:-1] if p.isdigit()][:1]  # `h.0`, not `h`
+            children[".".join(child)] = None
+    inner = ", ".join(list(children)[:3]) + (", ..." if len(children) > 3 else "")
+    return f"{'.'.join(common)}.{{{inner}}}" if common else f"{{{inner}}}"
 
 
 AUTO_CHAIN_SHARE = 0.3  # the largest block holds at most this share of the forward ops ...

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from remat_dsl.solve.api import BudgetError, Problem, SolverInfo, SolverResult, Status
-from remat_dsl.solve.chain.partition import chain_order, partition
+from remat_dsl.solve.chain.partition import chain_steps, partition
 
 from remat_dsl.solve.chain.model import (
     Chain,
@@ -325,7 +325,8 @@ class Rotor:
             schedule = solve_rotor(self.part.chain, target, DEFAULT_SLOTS)
         except InfeasibleBudget:
             raise BudgetError(target, self.floor(), self.name) from None
-        return SolverResult(chain_order(self.part, schedule.ops), self.info)
+        order, decisions = chain_steps(self.part, schedule.ops)
+        return SolverResult(order, self.info, decisions)
 
     @property
     def info(self) -> SolverInfo:

@@ -10,7 +10,7 @@ import math
 from remat_dsl.solve.api import Problem, Status
 from remat_dsl.solve.autograd import FixedOrder
 from remat_dsl.solve.chain.model import Chain, ChainOp, ChainSchedule, simulate_chain
-from remat_dsl.solve.chain.partition import chain_order, partition
+from remat_dsl.solve.chain.partition import chain_steps, partition
 
 
 def segment_bounds(length: int, segments: int) -> list[tuple[int, int]]:
@@ -67,5 +67,5 @@ class CheckpointSqrt(FixedOrder):
     def describe(self) -> str:
         return f"blocks={len(self.part.blocks)}"
 
-    def order(self) -> tuple[str, ...]:
-        return chain_order(self.part, solve_checkpoint_sqrt(self.part.chain).ops)
+    def steps(self):
+        return chain_steps(self.part, solve_checkpoint_sqrt(self.part.chain).ops)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from remat_dsl.plan import ir
 from remat_dsl.solve.api import BudgetError, Problem, SolverInfo, SolverResult, Status
 from remat_dsl.solve.chain.model import Block, BlockOption, Chain
-from remat_dsl.solve.chain.partition import ChainPartition, chain_order, is_small_chain, partition
+from remat_dsl.solve.chain.partition import ChainPartition, chain_steps, is_small_chain, partition
 from remat_dsl.solve.chain.rk_rotor import min_feasible_budget as rk_min_feasible_budget
 from remat_dsl.solve.chain.rk_rotor import try_rk_rotor
 from remat_dsl.solve.chain.rotor import DEFAULT_SLOTS as ROTOR_SLOTS
@@ -273,7 +273,8 @@ class OverBlocks:
         if schedule is None:
             raise BudgetError(target, self.floor(), self.name)
         options = [b.backward for b in self.rc.options]
-        return SolverResult(chain_order(self.part, schedule.ops, options), self.info)
+        order, decisions = chain_steps(self.part, schedule.ops, options, self.rc.chain)
+        return SolverResult(order, self.info, decisions)
 
 
 def per_ilp_limit(time_limit: float | None, blocks: int) -> float | None:
