@@ -68,7 +68,7 @@ FILES = {
     "conflict.constraints": lambda: 'keep "relu*"\nrecompute "relu"\n',
     "typo.constraints": lambda: 'keep "fc9*"\n',
     "keep_all.constraints": lambda: 'keep "*"\n',
-    "syntax.plan": lambda: _text_edit("compute  fc2     on compute", "compute  fc2     compute"),
+    "syntax.plan": lambda: _text_edit("  compute  fc2\n", "  compute  fc2  compute\n"),
     "other.profile": lambda: 'remat-profile 1\nmodel   "examples/resnet.py"\ndevice  cpu\ntorch   "2.13.0+cpu"\ninput   x  float32[8, 3, 32, 32]\n\nops\n  conv  0.100 ms  0 B\n',
     "valid.plan": lambda: VALID.read_text(),
     "empty.plan": lambda: "",

@@ -138,7 +138,7 @@ def test_check_rejects_a_plan_that_breaks_its_own_keep(gpt2, tmp_path):
     model_file, captured, autograd = gpt2
     plan = make_plan(captured.graph, model=model_file.spec, device="cpu", budget=autograd * 7 // 10, solver="rotor")
     victim = next(i.target for i in plan.backward if i.verb == "recompute")
-    text = print_plan(plan).replace("\ninputs\n", f'\nconstraints\n  keep  "{victim}"\n\ninputs\n', 1)
+    text = print_plan(plan).replace("\nforward\n", f'\nconstraints\n  keep  "{victim}"\n\nforward\n', 1)
     path = tmp_path / "edited.plan"
     path.write_text(text)
     result = remat("check", str(path))

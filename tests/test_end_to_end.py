@@ -10,6 +10,7 @@ budget and the plan's prediction.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -166,3 +167,51 @@ def test_names_do_not_shift_when_the_model_grows():
     added = large - small
     assert sum(".h.2." in n for n in added) >= len(added) - 2
     assert "transformer.h.0.mlp.c_fc" in small and "transformer.h.1.attn.bwd.bmm" in small
+
+
+# Statements of _Plan.forward/backward that move values in and out rather than run an
+# instruction: they name no plan line.
+PLUMBING = re.compile(
+    r"^\s*(.*= tensors\[: len\(INPUTS\)\]|.*= ctx\.saved|[pb] = _Tensors|tensors, p, b = |del ctx\.|ctx\.|_check_versions\(|return \(out_)"
+)
+
+
+def test_plans_and_modules_are_reviewable(example, tmp_path):
+    """No line of the canonical plan passes 120 characters; every statement of the generated
+    module that runs an instruction names its plan line (recomputes marked), and every
+    instruction of the plan is run by a statement that names it."""
+    import ast
+
+    from remat_dsl.plan.ir import VERBS
+
+    model_file, captured, autograd = example
+    plan = make_plan(captured.graph, model=model_file.spec, device=captured.device, budget=autograd // 2, solver="rotor")
+    text = print_plan(plan)
+    plan_lines = text.split("\n")
+    assert max(len(line) for line in plan_lines) <= 120, [line for line in plan_lines if len(line) > 120][:3]
+    assert any(line.lstrip().startswith("# ") for line in plan_lines[: plan_lines.index("inputs")])  # decisions
+    if "gpt2" in model_file.spec:  # a block that is a whole module is named by its path
+        assert re.search(r"^  # transformer\.h\.\d\.(attn|mlp): (forward|checkpoint|backward)", text, re.M)
+    module = codegen_in_fresh_process(text, tmp_path)
+    source = module.read_text()
+    lines = source.split("\n")
+    schedule = range(plan_lines.index("forward") + 1, plan_lines.index("inputs") + 1)  # 1-based line numbers
+    instructions = {n for n in schedule if plan_lines[n - 1].split()[:1] and plan_lines[n - 1].split()[0] in VERBS}
+    named: set[int] = set()
+    cls = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "_Plan")
+    for function in cls.body:
+        for statement in function.body:
+            code = "\n".join(lines[statement.lineno - 1 : statement.end_lineno])
+            found = re.search(r"# model\.plan:(\d+)(?:-(\d+))?(.*)$", code, re.M)
+            if found is None:
+                assert PLUMBING.match(code.replace("\n", " ")), code
+                continue
+            first, last = int(found[1]), int(found[2] or found[1])
+            if found[3].strip() in ("(outputs)", "(gradients)"):
+                continue
+            covered = {n for n in range(first, last + 1) if n in instructions}
+            assert covered and covered == {n for n in range(first, last + 1) if plan_lines[n - 1].strip() and not plan_lines[n - 1].lstrip().startswith("#")}, code
+            verbs = {plan_lines[n - 1].split()[0] for n in covered}
+            assert ("recompute" in verbs) == ("(recompute)" in found[3]), code
+            named |= covered
+    assert named == instructions

@@ -49,7 +49,10 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ["examples/gpt2.py", "examples/transformer.py", "examples/resnet.py"]
 EXAMPLES_PER_MODEL = 12  # Hypothesis examples per model: keeps the file well under 90 s on 2 cores
 
-INSTRUCTION = re.compile(r"^\s+(?P<verb>[a-z]+)\s+(?P<target>\S+)\s+on\s+(?P<stream>\S+)\s*(#.*)?$")
+# An instruction line; `on STREAM` is optional (format 2 prints it only where the verb does not imply it).
+INSTRUCTION = re.compile(
+    r"^\s+(?P<verb>" + "|".join(ir.VERBS) + r")\s+(?P<target>\S+)(\s+on\s+(?P<stream>\S+))?\s*(#.*)?$"
+)
 BIG = 10**6
 
 OUTCOMES: dict[str, Counter] = {}
@@ -72,7 +75,8 @@ class Base:
         self.text = print_plan(plan)
         self.lines = self.text.split("\n")
         start = self.lines.index(ir.FORWARD)  # the `forward` section heading
-        self.instructions = [i for i in range(start, len(self.lines)) if INSTRUCTION.match(self.lines[i])]
+        end = self.lines.index("inputs")  # the graph sections follow the schedule
+        self.instructions = [i for i in range(start, end) if INSTRUCTION.match(self.lines[i])]
         assert len(self.instructions) == len(plan.forward) + len(plan.backward)
         # Names an instruction may be renamed to: every operation and tensor of the plan.
         self.names = sorted({op.name for op in plan.graph.ops} | {t.name for t in plan.graph.tensors})
@@ -151,10 +155,14 @@ def apply_edit(base: Base, lines: list[str], where: list[int], edit: tuple) -> s
         lines[at] = _replace(lines[at], "target", new)
         return f"rename line {at + 1}: {m['target']} -> {new}"
     assert kind == "stream"
-    others = [s for s in ir.STREAMS if s != m["stream"]]
+    old = m["stream"] or ir.VERB_STREAM[m["verb"]]
+    others = [s for s in ir.STREAMS if s != old]
     new = others[edit[2] % len(others)]
-    lines[at] = _replace(lines[at], "stream", new)
-    return f"stream of line {at + 1}: {m['stream']} -> {new}"
+    if m["stream"]:
+        lines[at] = _replace(lines[at], "stream", new)
+    else:
+        lines[at] = lines[at][: m.end("target")] + f" on {new}" + lines[at][m.end("target") :]
+    return f"stream of line {at + 1}: {old} -> {new}"
 
 
 def _verb(line: str) -> str:

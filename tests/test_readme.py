@@ -6,7 +6,8 @@ PATH, so `remat` is the installed command and `> gpt2.plan` is a real shell redi
 Blocks run in README order and share the copy, as a reader's shell would.  A block that
 fails fails the test with its output.
 
-One line is not run: `make test` is this suite itself.
+One line is not run: `make test` is this suite itself.  The "Adding a solver" block adds a
+solver to the copy; its plan's module is then trained beside eager PyTorch.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from remat_dsl.capture.model_file import load_model_file
+from remat_dsl.codegen.compare import compare_training, load_generated
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -62,7 +66,14 @@ def test_readme_has_the_blocks_a_user_runs():
 
 
 def test_every_sh_block_runs_as_written(workdir):
-    env = {**os.environ, "PATH": f"{workdir / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}", "PYTHON": sys.executable}
+    # PYTHONPATH: `remat` imports the copy's remat_dsl (the .venv's editable install points
+    # at this checkout), as it would a user's checkout after the "Adding a solver" block.
+    env = {
+        **os.environ,
+        "PATH": f"{workdir / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        "PYTHON": sys.executable,
+        "PYTHONPATH": str(workdir),
+    }
     for line, body in sh_blocks(README.read_text()):
         script = "set -euo pipefail\n" + runnable(body)
         result = subprocess.run(["bash", "-c", script], cwd=workdir, env=env, capture_output=True, text=True, timeout=900)
@@ -71,3 +82,9 @@ def test_every_sh_block_runs_as_written(workdir):
     assert plan.startswith("remat-plan "), plan[:200]  # the redirected plan holds the plan and nothing else
     assert (workdir / "fast_gpt2.py").exists() and (workdir / "timeline.png").exists()
     assert (workdir / "gpt2.plan.new").read_text().startswith("remat-plan ")
+    # "Adding a solver": the new solver's plan says so, and its module trains exactly like eager
+    twice = (workdir / "twice.plan").read_text()
+    assert 'solver      "forward-twice"' in twice and "  recompute  " in twice
+    model_file = load_model_file(str(ROOT / "tests" / "models" / "tiny_mlp.py"))
+    comparison = compare_training(model_file, load_generated(workdir / "fast_twice.py"), steps=2)
+    assert comparison.identical, comparison.mismatched[:10]

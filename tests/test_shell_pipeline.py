@@ -55,7 +55,7 @@ def test_plan_check_codegen_through_the_shell(solver, pipelines):
         assert not (work / "f.py").exists()
         return
     assert result.returncode == 0, result.stderr
-    assert plan.startswith("remat-plan 1\n"), plan[:300]
+    assert plan.startswith("remat-plan 2\n"), plan[:300]
     assert "HiGHS" not in plan and "Running" not in plan
     assert "valid plan" in (work / "report.txt").read_text()
     assert "class FastModel" in (work / "f.py").read_text()

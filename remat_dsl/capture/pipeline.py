@@ -45,3 +45,58 @@ def capture_graph(model_file: ModelFile, repeats: int = 5, progress=None, measur
         progress.start(total)
     step = profile_step(captured, captured.example_primals, repeats, progress.advance if progress else None, measure_time)
     return Captured(build_graph(captured, step, inputs), device_of(inputs, model))
+
+
+def check_plan_matches(plan, model_file: ModelFile) -> None:
+    """Raise PlanError at the first line of `plan`'s graph sections that the model file
+    contradicts: its inputs and parameters first (another model, other shapes), then
+    every item of a fresh capture of its graph (op times and temporaries aside)."""
+    import torch
+
+    from remat_dsl.plan.errors import PlanError
+
+    inputs = [t for t in model_file.sample_inputs() if isinstance(t, torch.Tensor)]
+    hint = f"plan again for this model: remat plan {model_file.spec} --budget ..."
+    if len(inputs) != len(plan.graph.inputs):
+        first = plan.graph.inputs[0].span if plan.graph.inputs else None
+        raise PlanError(f"the plan takes {len(plan.graph.inputs)} inputs but {model_file.spec} gives {len(inputs)}", span=first, hint=hint)
+    for decl, tensor in zip(plan.graph.inputs, inputs):
+        _check_value(decl, tensor, "input", model_file.spec, hint)
+    params = dict(model_file.build_model().named_parameters())
+    for decl in plan.graph.parameters:
+        if decl.name not in params:
+            raise PlanError(f"the plan is for another model: {model_file.spec} has no parameter '{decl.name}'", span=decl.span, hint=hint, length=len(decl.name))
+        _check_value(decl, params[decl.name], "parameter", model_file.spec, hint)
+    _check_graph(plan, model_file, hint)
+
+
+def _check_graph(plan, model_file: ModelFile, hint: str) -> None:
+    from remat_dsl.plan import digest
+    from remat_dsl.plan.errors import PlanError
+    from remat_dsl.plan.ir import Span
+
+    captured = capture_graph(model_file, measure_time=False).graph
+    outputs = plan.section_span("outputs")
+    ours = digest.items(plan.graph, outputs and Span(outputs.line + 1, 3), costs=False)
+    theirs = digest.items(captured, costs=False)
+    for index, item in enumerate(ours):
+        if index >= len(theirs) or (theirs[index].section, theirs[index].text) != (item.section, item.text):
+            got = theirs[index].text if index < len(theirs) else "nothing"
+            raise PlanError(
+                f"the model captured now differs here: {model_file.spec} gives `{got}`",
+                span=item.span or plan.section_span(item.section), hint=hint,
+            )
+    if len(theirs) > len(ours):
+        raise PlanError(f"the model captured now has {len(theirs) - len(ours)} more graph line(s) than the plan", span=plan.section_span("forward"), hint=hint)
+
+
+def _check_value(decl, tensor, what: str, spec: str, hint: str) -> None:
+    from remat_dsl.plan.errors import PlanError
+
+    actual = f"{str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)}"
+    expected = f"{decl.dtype}{list(decl.shape)}"
+    if actual != expected:
+        raise PlanError(
+            f"the plan was made for {what} '{decl.name}' {expected}, but {spec} gives {actual}",
+            span=decl.span, hint=hint, length=len(decl.name),
+        )

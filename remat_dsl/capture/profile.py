@@ -30,8 +30,8 @@ from torch.profiler import record_function
 from remat_dsl.capture.fx import Captured
 from remat_dsl.plan.errors import RematError
 from remat_dsl.capture.measure import memory_events, memory_profiler
+from remat_dsl.plan.operators import is_view
 
-VIEW_EXTRA = {"aten._unsafe_view.default", "aten.alias.default", "aten.detach.default"}
 
 
 @dataclass
@@ -77,13 +77,7 @@ def is_random(node: fx.Node) -> bool:
 
 
 def _schema_is_view(node: fx.Node) -> bool:
-    target = node.target
-    if str(target) in VIEW_EXTRA:
-        return True
-    if not isinstance(target, torch._ops.OpOverload):
-        return False
-    returns = target._schema.returns
-    return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+    return isinstance(node.target, torch._ops.OpOverload) and is_view(node.target)
 
 
 def profile_step(

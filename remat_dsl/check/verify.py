@@ -25,6 +25,7 @@ import functools
 import re
 
 from remat_dsl.plan import digest, ir
+from remat_dsl.plan.operators import is_view
 from remat_dsl.plan.errors import PlanError
 from dataclasses import dataclass
 
@@ -195,7 +196,7 @@ def _check_inline(arg: ir.Arg, span: ir.Span | None) -> None:
     if isinstance(arg, ir.Call):
         if arg.target not in INLINE_TARGETS:
             overload = _overload(arg.target, span, arg.target)
-            if not _is_view(overload):
+            if not is_view(overload):
                 raise PlanError(
                     f"`{arg.target}` allocates memory, so it cannot be written inside another operation's arguments",
                     span=span, word=arg.target, hint=RERUN,
@@ -248,12 +249,3 @@ def _check_binding(overload, target: str, args: tuple, kwargs: tuple, span: ir.S
 def _returns_list(overload) -> bool:
     returns = overload._schema.returns
     return len(returns) == 1 and str(returns[0].type).endswith("[]")
-
-
-def _is_view(overload) -> bool:
-    from remat_dsl.capture.profile import VIEW_EXTRA
-
-    if str(overload) in VIEW_EXTRA:
-        return True
-    returns = overload._schema.returns
-    return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)

@@ -26,7 +26,8 @@ def run(args) -> int:
 
 
 def _check_model(path: str, plan, spec: str) -> None:
-    from remat_dsl.capture.model_file import check_plan_matches, load_model_file
+    from remat_dsl.capture.model_file import load_model_file
+    from remat_dsl.capture.pipeline import check_plan_matches
     from remat_dsl.plan.errors import PlanError
     from remat_dsl.plan.files import read_text
 

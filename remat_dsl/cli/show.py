@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from remat_dsl.cli.console import check_writable, status
+from remat_dsl.cli.console import check_writable, status, write_atomically
 
 
 def register(subparsers) -> None:
@@ -21,7 +21,7 @@ def run(args) -> int:
         check_writable(args.png, "picture")
     verified = load_checked(args.plan, within_budget=False)
     if args.png:
-        draw_png(verified, args.png)
+        write_atomically(args.png, draw_png(verified))
         status(f"wrote {args.png}")
     else:
         args.out.write(terminal_view(verified, buckets=max(1, args.buckets)) + "\n")

@@ -1,1 +1,1 @@
-"""codegen"""
+"""Stage codegen: a VerifiedPlan rendered into a standalone PyTorch module, and its comparison with eager."""

@@ -183,11 +183,12 @@ class _Renderer:
             saved=saved,
             saved_pack=saved_pack,
             non_differentiable=self._non_differentiable(flat),
-            forward_tail=[f"out_{i} = {render_arg(a, self.var)}" for i, a in enumerate(flat)],
+            forward_tail=[f"out_{i} = {render_arg(a, self.var)}  # {self._section_where('outputs', 1)}" for i, a in enumerate(flat)],
             forward_return="(" + "".join(f"out_{i}, " for i in range(len(flat))) + ")",
             tangent_args=self._tangent_args(flat),
             backward_body=backward_body,
             backward_return=self._backward_return(),
+            backward_return_where=self._gradients_where(),
             rebuild=_rebuild(graph.outputs, len(flat)),
         )
 
@@ -195,6 +196,19 @@ class _Renderer:
 
     def _where(self, ins: ir.Instruction, section: str, index: int) -> str:
         return f"{self.source}:{ins.span.line}" if ins.span else f"{section}:{index}"
+
+    def _section_where(self, section: str, offset: int = 0) -> str:
+        """`g.plan:LINE (SECTION)`: the line `offset` lines below the section's name."""
+        span = self.plan.section_span(section)
+        return f"{self.source}:{span.line + offset} ({section})" if span else f"the plan's {section}"
+
+    def _gradients_where(self) -> str:
+        """The plan lines of the `gradients` section (`g.plan:120-126 (gradients)`)."""
+        lines = [g.span.line for g in self.plan.graph.gradients if g.span]
+        if not lines:
+            return self._section_where("gradients", 1)
+        first, last = min(lines), max(lines)
+        return f"{self.source}:{first}{'' if first == last else f'-{last}'} (gradients)"
 
     def _body(self, instructions, steps) -> list[str]:
         lines: list[str] = []

@@ -106,8 +106,13 @@ from remat_dsl.plan import units
 READ_VERSIONS = ("1", str(FORMAT_VERSION))
 GAP_STEP = f"0.{'0' * (GAP_PERCENT_DECIMALS - 1)}1%"
 GRAMMAR_PATH = data_path("grammar", "plan.lark")
+# The sections in the order of format 2 (format 1 had the schedule after the graph).
 SECTIONS = (
-    "header", "inputs", "parameters", "buffers", "tangents", "tensors", "ops",
+    "header", "constraints", "forward", "backward", "inputs", "parameters", "buffers", "tangents",
+    "tensors", "ops", "outputs", "gradients", "updates", "digest",
+)  # fmt: skip
+SECTIONS_V1 = (
+    "header", "constraints", "inputs", "parameters", "buffers", "tangents", "tensors", "ops",
     "outputs", "gradients", "updates", "forward", "backward", "digest",
 )  # fmt: skip
 HEADER_KEYS = (
@@ -165,7 +170,7 @@ def parse_file(path: str | Path) -> ir.Plan:
 
 def _section_spans(text: str) -> tuple[tuple[str, ir.Span], ...]:
     """(name, span) of every section name line (section names stand alone at column 1)."""
-    names = set(SECTIONS) | {"constraints"}
+    names = set(SECTIONS)
     return tuple((line, ir.Span(number, 1)) for number, line in enumerate(text.split("\n"), 1) if line.rstrip("\r") in names)
 
 
@@ -891,7 +896,12 @@ def _found(token: Token, expected: set[str]) -> str:
     return f"`{token.value}`"
 
 
-def _token_hint(token: Token, expected: set[str]) -> str | None:
+def _section_order(text: str) -> tuple[str, ...]:
+    """The order of the sections in the format `text` declares (for hints)."""
+    return SECTIONS_V1 if re.search(r"^remat-plan 1[ \t]*\r?$", text, re.M) else SECTIONS
+
+
+def _token_hint(token: Token, expected: set[str], order: tuple[str, ...] = SECTIONS) -> str | None:
     """A concrete fix for the commonest ways to end up with `token` where `expected` was due."""
     keywords = _keywords(expected)
     if token.type in ("COMMENT", "LINE_COMMENT"):
@@ -909,12 +919,12 @@ def _token_hint(token: Token, expected: set[str]) -> str | None:
     if token.type != "REF" and "REF" in expected and "NAME" not in expected:
         return f"refer to the value with `%`: write `%{token.value}`"
     if token.type == "$END":
-        return "the file ends early; a plan has the sections " + ", ".join(SECTIONS)
+        return "the file ends early; a plan has the sections " + ", ".join(s for s in order if s != "constraints")
     is_section = set(keywords) & set(SECTIONS)
     if token.value in HEADER_KEYS and keywords and set(keywords) <= set(HEADER_KEYS):
         return "the header's lines come once each, in this order: " + ", ".join(HEADER_KEYS) + " (gap and solve-time may be left out)"
     if token.value in SECTIONS and is_section:
-        return "sections come in this order: " + ", ".join(SECTIONS)
+        return "sections come in this order: " + ", ".join(order)
     guess = _suggest(token.value, keywords) if token.value[:1].isalpha() else None
     if guess:
         return f"did you mean `{guess}`?"
@@ -932,10 +942,10 @@ def _token_message(token: Token, expected: set[str]) -> str:
     return f"expected {_expected_words(expected)}, found {_found(token, expected)}"
 
 
-def _describe(error: UnexpectedInput) -> tuple[str, str | None]:
+def _describe(error: UnexpectedInput, order: tuple[str, ...]) -> tuple[str, str | None]:
     if isinstance(error, UnexpectedToken):
         expected = set(error.expected)
-        return _token_message(error.token, expected), _token_hint(error.token, expected)
+        return _token_message(error.token, expected), _token_hint(error.token, expected, order)
     char = error.char if isinstance(error, UnexpectedCharacters) else "?"
     return f"unexpected character `{char}`, expected {_expected_words(set(error.allowed or ()))}", None
 
@@ -965,7 +975,9 @@ def _number_before(line: str, col: int) -> tuple[int, int] | None:
     return (match.start() + 1, len(match.group())) if match else None
 
 
-def _column_one_word(error: UnexpectedInput, source_line: str, col: int) -> tuple[str, str, int] | None:
+def _column_one_word(
+    error: UnexpectedInput, source_line: str, col: int, order: tuple[str, ...]
+) -> tuple[str, str, int] | None:
     """Message, hint and length for a wrong word at column 1 (a section name is due there).
 
     Covers a misspelled section name, also one that starts with a real one (`backwards`:
@@ -984,7 +996,7 @@ def _column_one_word(error: UnexpectedInput, source_line: str, col: int) -> tupl
             len(word),
         )
     guess = _suggest(word, SECTIONS)
-    hint = f"did you mean `{guess}`?" if guess else "sections come in this order: " + ", ".join(SECTIONS)
+    hint = f"did you mean `{guess}`?" if guess else "sections come in this order: " + ", ".join(order)
     return f"unknown section `{word}`", hint, len(word)
 
 
@@ -992,7 +1004,8 @@ def _syntax_error(error: UnexpectedInput, text: str, path: str | None) -> PlanEr
     line, col, length = _where(error, text)
     label = _match_example(error)
     source_line = text.split("\n")[line - 1] if 0 < line <= text.count("\n") + 1 else ""
-    column_one = _column_one_word(error, source_line, col)
+    order = _section_order(text)
+    column_one = _column_one_word(error, source_line, col, order)
     if column_one is not None and not label:
         message, hint, length = column_one
         return PlanError(message, span=ir.Span(line, 1), hint=hint, path=path, source=text, length=length)
@@ -1003,5 +1016,5 @@ def _syntax_error(error: UnexpectedInput, text: str, path: str | None) -> PlanEr
         col, length = value.end() + 1, len(_header_value(source_line))
     elif label and label.endswith("-unit"):
         col, length = _number_before(source_line, col) or (col, length)  # the number lacking a unit
-    message, hint = (EXAMPLE_MESSAGES[label](source_line) if label else None) or _describe(error)
+    message, hint = (EXAMPLE_MESSAGES[label](source_line) if label else None) or _describe(error, order)
     return PlanError(message, span=ir.Span(line, col), hint=hint, path=path, source=text, length=length)

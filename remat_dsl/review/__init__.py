@@ -1,1 +1,1 @@
-"""review"""
+"""Stage review: plans for people (canonical text, semantic diff, memory timeline)."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from pathlib import Path
 
 from remat_dsl.plan import ir
 
@@ -162,8 +161,8 @@ def _title(plan: ir.Plan, sim) -> str:
     )
 
 
-def draw_png(verified, path) -> None:
-    """Draw the memory timeline of a VerifiedPlan to the PNG file `path`.
+def draw_png(verified) -> bytes:
+    """The memory timeline of a VerifiedPlan as a PNG image (bytes).
 
     Stacked areas: device memory at the peak of each instruction, by category; dashed
     line: the budget; dotted vertical line: forward/backward boundary; the strip below
@@ -249,19 +248,13 @@ def draw_png(verified, path) -> None:
         rug.spines[side].set_visible(False)
         ax.spines[side].set_visible(False)
 
-    _save_atomically(fig, Path(path))
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
 
 
 def _shorten(text: str, width: int) -> str:
     return text if len(text) <= width else "…" + text[-(width - 1):]
-
-
-def _save_atomically(fig, path: Path) -> None:
-    from remat_dsl.cli.console import write_atomically
-
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    write_atomically(path, buffer.getvalue())
 
 
 # ---------------------------------------------------------------------------

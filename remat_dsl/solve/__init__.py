@@ -1,1 +1,1 @@
-"""solve"""
+"""Stage solve: a budget-fitting order of operations from one solver interface, and its lowering."""

@@ -6,16 +6,25 @@ order into instructions (remat_dsl.solve.lowering, the one lowering), simulates 
 (remat_dsl.check.replay) and fits it to the budget.  Every solver is a class with:
 
     name                    the registry name (`rotor`, `rockmate`, ...)
+    auto_rank: int | None   the order in which `auto` asks (None: never)
     __init__(problem)       build what every budget shares (partitions, block ILPs, ...)
     describe() -> str       its settings for the plan header (`slots=500 blocks=9`)
     solve(target) -> SolverResult
                             an order whose peak, in the solver's own memory model, is at
                             most `target` bytes; raises BudgetError when none is
     floor() -> int          the smallest `target` solve() accepts (bytes)
+    info -> SolverInfo      how its solves so far went (status, largest gap, seconds):
+                            what the plan header records
+
+and, optionally:
+
     fallbacks() -> tuple    solvers to try, in order, when this one cannot meet a budget
-                            (optional; Rockmate falls back to rotor's finer blocks)
-    fits(problem) -> bool   classmethod, optional: `auto` may pick it for this graph
-    auto_rank: int | None   the order in which `auto` asks (None: never)
+                            (Rockmate falls back to rotor's finer blocks)
+    fits(problem) -> bool   classmethod: `auto` may pick it for this graph
+    optimizes: bool         default False; True when the solver minimizes time: the
+                            driver then first tries the store-all order (no recompute, so
+                            no plan is faster) and, when it fits, records it with
+                            `info.status`
 
 A new solver is one module with such a class and one line in remat_dsl.solve.registry.
 Solvers are exchangeable and never return None: infeasibility is a BudgetError that
@@ -110,6 +119,9 @@ class Solver(Protocol):
     def solve(self, target: int) -> SolverResult: ...
 
     def floor(self) -> int: ...
+
+    @property
+    def info(self) -> SolverInfo: ...
 
 
 def fallbacks(solver):

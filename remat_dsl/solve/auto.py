@@ -1,7 +1,7 @@
 """`--solver auto`: the first solver of the registry that suits the graph.
 
 Each registered solver may declare `auto_rank` (the order in which auto asks, smallest
-first; None: never) and `fits(problem)`.  Today: checkmate for graphs of at most 60 ops
+first; None: never) and `fits(problem)` (without it: any graph).  Today: checkmate for graphs of at most 60 ops
 (one exact ILP), rockmate for a chain of small blocks (GPT-2, ResNet), hiremate for the
 rest (skip tensors: encoder-decoders, U-Nets).  The plan header says `auto: NAME ...`.
 """
@@ -21,6 +21,7 @@ def choose(problem: Problem) -> str:
         if rank is not None:
             ranked.append((rank, name, cls))
     for _, name, cls in sorted(ranked):
-        if cls.fits(problem):
+        fits = getattr(cls, "fits", None)
+        if fits is None or fits(problem):  # no `fits`: any graph
             return name
     raise LookupError("no registered solver fits this graph (one should declare fits() -> True)")

@@ -131,7 +131,7 @@ class Planner:
 
     def _fit(self, solver, budget: int) -> ir.Plan:
         """NOTE: [Budget correction] for one solver.  Raises BudgetError."""
-        if getattr(solver, "optimizes", True):
+        if getattr(solver, "optimizes", False):
             store_all = self._lowered(autograd_order(self.problem.graph), solver, solver.info.status, budget)
             if store_all.header.peak_bytes <= budget:
                 return store_all

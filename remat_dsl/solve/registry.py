@@ -1,9 +1,10 @@
 """Every solver `remat plan --solver NAME` knows: one line each.
 
 Adding a solver: write a module with a class that follows remat_dsl.solve.api (`name`,
-`__init__(problem)`, `describe`, `solve`, `floor`, optionally `fallbacks`, `fits` and
-`auto_rank`), and add one line here.  Entries are `module:Class` strings, imported when a
-solver is asked for, so listing the solvers imports none of them (no pulp, no numpy).
+`auto_rank`, `__init__(problem)`, `describe`, `solve`, `floor`, `info`; optionally
+`fallbacks`, `fits` and `optimizes`), and add one line here (README, "Adding a
+solver").  Entries are `module:Class` strings, imported when a solver is asked for, so
+listing the solvers imports none of them (no pulp, no numpy).
 """
 
 from __future__ import annotations

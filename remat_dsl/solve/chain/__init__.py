@@ -1,1 +1,1 @@
-"""solve/chain"""
+"""Chain solvers: the chain partition and model, Rotor, RK-Rotor and checkpoint-sqrt."""

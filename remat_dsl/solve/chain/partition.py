@@ -261,12 +261,17 @@ def chain_steps(part: ChainPartition, ops, options=None, chain=None) -> tuple[tu
     return tuple(order), tuple(decisions)
 
 
-TEXT_WIDTH = 100  # characters of a decision: a comment line of the plan stays within 120
+TEXT_WIDTH = 116  # characters of a decision: its comment line (`  # ` + text) stays within 120
 
 
 def _step_text(part: ChainPartition, chain: Chain, kind: str, l: int, o: int, options) -> str:
-    text = _words(part, chain, kind, l, o, options, block_name(part, l))
-    return text if len(text) <= TEXT_WIDTH else _words(part, chain, kind, l, o, options, f"block {l}")
+    """The decision for step (kind, l, o) in words, within TEXT_WIDTH: the block named by
+    its module path, with fewer of its children listed, or `block l`, when it is too long."""
+    for children in (3, 2, 1):
+        text = _words(part, chain, kind, l, o, options, block_name(part, l, children))
+        if len(text) <= TEXT_WIDTH:
+            return text
+    return _words(part, chain, kind, l, o, options, f"block {l}")
 
 
 def _words(part: ChainPartition, chain: Chain, kind: str, l: int, o: int, options, name: str) -> str:
@@ -285,7 +290,8 @@ def _words(part: ChainPartition, chain: Chain, kind: str, l: int, o: int, option
         return f"{name}: option 0 of {n}, keeps its activations ({human_bytes(block.xbar_bytes)})"
     option = block.options[o - 1]
     forward = set(part.blocks[l - 1].forward)
-    recomputed = [op.removeprefix(name + ".") for op in dict.fromkeys(options[l - 1][o]) if op in forward]
+    prefix = name.split("{")[0] if "{" in name else name + "."  # the module path they share
+    recomputed = [op.removeprefix(prefix) for op in dict.fromkeys(options[l - 1][o]) if op in forward]
     tail = f": saves {human_bytes(block.xbar_bytes - option.xbar_bytes)} for {format_duration(option.bwd_us - block.bwd_us)}"
     head = f"{name}: option {o} of {n}, recompute "
     listed = recomputed[:1]
@@ -296,9 +302,10 @@ def _words(part: ChainPartition, chain: Chain, kind: str, l: int, o: int, option
     return text if len(text) <= TEXT_WIDTH else f"{head}{len(recomputed)} ops{tail}"
 
 
-def block_name(part: ChainPartition, l: int) -> str:
-    """What block l holds, for people: the module path its forward ops share and the
-    modules under it (`transformer.h.3.{ln_2, mlp}`), or its one op's name."""
+def block_name(part: ChainPartition, l: int, children: int = 3) -> str:
+    """What block l holds, for people: its one op's name; the module path its forward ops
+    share when they are all of that module's (`transformer.h.3.mlp`); else that path and at
+    most `children` of the modules under it (`transformer.h.3.{ln_2, mlp, add_1}`)."""
     forward = part.blocks[l - 1].forward
     if len(forward) == 1:
         return forward[0]
@@ -308,13 +315,18 @@ def block_name(part: ChainPartition, l: int) -> str:
         if len(set(parts)) != 1:
             break
         common.append(parts[0])
-    children: dict[str, None] = {}
+    if common:
+        prefix = ".".join(common) + "."
+        elsewhere = [op for k, b in enumerate(part.blocks) if k != l - 1 for op in b.forward] + list(part.prelude)
+        if not any(op.startswith(prefix) for op in elsewhere):
+            return ".".join(common)
+    names: dict[str, None] = {}
     for parts in paths:
         rest = parts[len(common) :]
         if rest:
             child = [rest[0]] + [p for p in rest[1:-1] if p.isdigit()][:1]  # `h.0`, not `h`
-            children[".".join(child)] = None
-    inner = ", ".join(list(children)[:3]) + (", ..." if len(children) > 3 else "")
+            names[".".join(child)] = None
+    inner = ", ".join(list(names)[:children]) + (", ..." if len(names) > children else "")
     return f"{'.'.join(common)}.{{{inner}}}" if common else f"{{{inner}}}"
 
 

@@ -1,1 +1,1 @@
-"""solve/ilp"""
+"""MILP solvers: the backends, the H-ILP, Checkmate, Rockmate's blocks, HiRemate's hierarchy."""
