@@ -17,8 +17,8 @@ excess (at least 2% of the budget), at most MAX_ROUNDS times, jumping to the sol
 floor when the target falls below it.  A target that fitted an earlier budget is reused.
 When nothing fits, the plans at and a little above the floor (`api.floor_targets`) give
 the smallest feasible budget the error states: any budget at or above it gets a plan.
-Solvers that minimize time (`optimizes`) first get the store-all plan when it fits: no
-plan can be faster.  A solver's `fallbacks` (Rockmate on rotor's blocks) are tried in
+Solvers that minimize time (`optimizes`) first get the store-all plan when it fits (status
+optimal, no gap): no plan can be faster.  A solver's `fallbacks` (Rockmate on rotor's blocks) are tried in
 order when it cannot meet the budget.
 """
 
@@ -32,7 +32,7 @@ from remat_dsl.plan import ir
 from remat_dsl.plan.constraints import check_conflicts, constraint_lines
 from remat_dsl.plan.errors import RematError
 from remat_dsl.plan.units import format_bytes
-from remat_dsl.solve.api import BudgetError, Problem, Status, fallbacks, floor_targets, header_name
+from remat_dsl.solve.api import BudgetError, Problem, SolverInfo, Status, fallbacks, floor_targets, header_name
 from remat_dsl.solve.lowering import DEFAULT_BANDWIDTH, autograd_order, lowered_plan
 from remat_dsl.solve.registry import NAMES, solver_class
 
@@ -98,11 +98,11 @@ class Planner:
         start = time.perf_counter()
         name = self.chosen(solver)
         try:
-            plan, used = self._first_fitting(self.solver(name), budget)
+            plan, info = self._first_fitting(self.solver(name), budget)
         except BudgetError as error:
             raise self._constraints_error(error, budget, solver) from None
         label = f"auto: {plan.header.solver}" if solver == "auto" else plan.header.solver
-        header = replace(plan.header, solver=label, gap=used.info.gap, solve_seconds=time.perf_counter() - start)
+        header = replace(plan.header, solver=label, gap=info.gap, solve_seconds=time.perf_counter() - start)
         return replace(plan, header=header)
 
     def smallest_budget(self, solver: str = "rotor") -> int:
@@ -111,11 +111,12 @@ class Planner:
         chosen = self.solver(self.chosen(solver))
         return min(p.header.peak_bytes for candidate in self._candidates(chosen) for p in self._floor_plans(candidate))
 
-    def _first_fitting(self, solver, budget: int):
+    def _first_fitting(self, solver, budget: int) -> tuple[ir.Plan, SolverInfo]:
+        """The plan of the first candidate that fits, and how its solves went."""
         smallest = []
         for candidate in self._candidates(solver):
             try:
-                return self._fit(candidate, budget), candidate
+                return self._fit(candidate, budget)
             except BudgetError as error:
                 smallest.append(error.smallest)
         raise BudgetError(budget, min(smallest), solver.name)
@@ -129,12 +130,18 @@ class Planner:
             solver=header_name(solver), status=Status(status).value, bandwidth=self.bandwidth, decisions=decisions,
         )  # fmt: skip
 
-    def _fit(self, solver, budget: int) -> ir.Plan:
-        """NOTE: [Budget correction] for one solver.  Raises BudgetError."""
+    def _fit(self, solver, budget: int) -> tuple[ir.Plan, SolverInfo]:
+        """NOTE: [Budget correction] for one solver: its plan and how its solves went.
+        Raises BudgetError."""
         if getattr(solver, "optimizes", False):
-            store_all = self._lowered(autograd_order(self.problem.graph), solver, solver.info.status, budget)
-            if store_all.header.peak_bytes <= budget:
-                return store_all
+            store_all = self._lowered(autograd_order(self.problem.graph), solver, Status.OPTIMAL, budget)
+            if store_all.header.peak_bytes <= budget:  # no recompute: optimal, whatever the solver's MILPs said
+                return store_all, SolverInfo(Status.OPTIMAL, None, solver.info.seconds)
+        plan = self._fit_order(solver, budget)
+        return plan, solver.info
+
+    def _fit_order(self, solver, budget: int) -> ir.Plan:
+        """The solver's plan that fits `budget`, its target corrected.  Raises BudgetError."""
         tried = self._tried.setdefault(solver, {})
         target, corrected, at_floor = budget, False, False
         for _ in range(MAX_ROUNDS):
