@@ -15,6 +15,7 @@ LONGEST_FIRST = (
     "test_readme.py",
     "test_shell_pipeline.py",
     "test_bad_invocations.py",
+    "test_stock_models.py",
 )
 
 

@@ -64,7 +64,7 @@ def trained_peak(model_file, plan_text: str, tmp_path: Path, steps: int = 3) -> 
     generated = load_generated(codegen_in_fresh_process(plan_text, tmp_path))
     comparison = compare_training(model_file, generated, steps=steps)
     assert comparison.identical, comparison.mismatched[:10]
-    return step_peak(generated.FastModel(model_file.build_model()), tuple(model_file.sample_inputs()))
+    return step_peak(generated.FastModel(model_file.build_model()), model_file.sample_inputs())
 
 
 @pytest.mark.parametrize("label", BUDGETS)
@@ -124,7 +124,7 @@ def test_generated_module_rejects_wrong_input_shapes(example, tmp_path):
     plan = make_plan(captured.graph, model=model_file.spec, device=captured.device, budget=autograd, solver="autograd")
     generated = load_generated(codegen_in_fresh_process(print_plan(plan), tmp_path))
     fast = generated.FastModel(model_file.build_model())
-    inputs = list(model_file.sample_inputs())
+    inputs = list(model_file.sample_inputs().args)
     inputs[0] = inputs[0][:1]
     with pytest.raises(ValueError, match="plan again for these shapes"):
         fast(*inputs)

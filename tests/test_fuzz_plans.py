@@ -94,7 +94,7 @@ class Reference:
     def step(self, module: torch.nn.Module, model: torch.nn.Module | None = None):
         model = model or module
         torch.manual_seed(1000)
-        loss = self.model_file.loss_fn(module(*self.inputs))
+        loss = self.model_file.loss_fn(self.inputs.call(module))
         loss.backward()
         grads = {name: p.grad for name, p in model.named_parameters()}
         buffers = {name: b.clone() for name, b in model.named_buffers()}

@@ -45,7 +45,7 @@ def cnn(tmp_path_factory):
 
 def test_eval_mode_and_no_grad_run_the_models_own_forward(cnn):
     model_file, module = cnn
-    x = model_file.sample_inputs()
+    x = model_file.sample_inputs().args
     eager, twin = model_file.build_model(), model_file.build_model()
     fast = module.FastModel(twin)
     eager.eval(), fast.eval()
@@ -71,14 +71,14 @@ def test_an_in_place_change_between_forward_and_backward_raises(mlp):
     model_file, module = mlp
     model = model_file.build_model()
     fast = module.FastModel(model)
-    loss = model_file.loss_fn(fast(*model_file.sample_inputs()))
+    loss = model_file.loss_fn(fast(*model_file.sample_inputs().args))
     with torch.no_grad():
         model.fc2.weight.add_(1.0)  # an optimizer step between forward and backward
     with pytest.raises(RuntimeError, match="modified by an inplace operation: 'fc2.weight'"):
         loss.backward()
     # eager PyTorch raises too
     eager = model_file.build_model()
-    loss = model_file.loss_fn(eager(*model_file.sample_inputs()))
+    loss = model_file.loss_fn(eager(*model_file.sample_inputs().args))
     with torch.no_grad():
         eager.fc2.weight.add_(1.0)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
@@ -108,7 +108,7 @@ def plan_module(model_file, tmp_path: Path, percent: int = 100, solver: str = "r
 def test_frozen_parameters_and_inputs_that_require_grad_are_refused(mlp, tmp_path):
     model_file, module = mlp
     fast = module.FastModel(model_file.build_model())
-    (x,) = model_file.sample_inputs()
+    (x,) = model_file.sample_inputs().args
     with pytest.raises(ValueError, match="input 'x' requires grad"):
         fast(x.clone().requires_grad_())
 
@@ -128,7 +128,7 @@ def test_inputs_bind_by_the_forwards_names_not_the_graphs_order(tmp_path):
     """An encoder-decoder whose src and tgt have the same shape: swapped, they would train
     on the wrong inputs without any shape error."""
     model_file = load_model_file(str(ROOT / "examples/transformer.py"))
-    src, _ = model_file.sample_inputs()
+    src, _ = model_file.sample_inputs().args
     tgt = torch.randn(src.shape, generator=torch.Generator().manual_seed(9))
     same = replace(model_file, inputs=lambda: (src.clone(), tgt.clone()))
     module = plan_module(same, tmp_path, percent=70)
@@ -176,7 +176,7 @@ def test_an_argument_the_plan_was_made_without_is_refused(tmp_path):
     path.write_text(OPTIONAL_ARGUMENT_MODEL)
     model_file = load_model_file(str(path))
     module = plan_module(model_file, tmp_path)
-    (x,) = model_file.sample_inputs()
+    (x,) = model_file.sample_inputs().args
     fast = module.FastModel(model_file.build_model())
     assert torch.equal(fast(x), model_file.build_model()(x))
     with pytest.raises(TypeError, match="the plan was made without the argument 'scale': pass only x"):

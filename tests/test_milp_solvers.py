@@ -28,10 +28,6 @@ from remat_dsl.plan.printer import print_plan
 from remat_dsl.solve.api import BudgetError, Problem
 from remat_dsl.solve.auto import choose
 from remat_dsl.solve.driver import Planner, autograd_peak, make_plan, smallest_budget
-
-
-def choose_solver(graph) -> str:
-    return choose(Problem(graph, "cpu"))
 from remat_dsl.solve.chain import rk_rotor
 from remat_dsl.solve.ilp import milp
 from remat_dsl.solve.chain.model import Block, BlockOption, Chain, simulate_chain
@@ -41,6 +37,11 @@ from remat_dsl.solve.ilp.rockmate import replay
 from remat_dsl.solve.chain.rotor import solve_rotor
 from remat_dsl.codegen.compare import compare_training, load_generated
 from test_end_to_end import codegen_in_fresh_process, trained_peak
+
+
+def choose_solver(graph) -> str:
+    return choose(Problem(graph, "cpu"))
+
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ["examples/gpt2.py", "examples/transformer.py"]  # the CNNs: test_milp_solvers_cnn.py (two xdist files)

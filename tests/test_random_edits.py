@@ -81,7 +81,7 @@ class Base:
         # Names an instruction may be renamed to: every operation and tensor of the plan.
         self.names = sorted({op.name for op in plan.graph.ops} | {t.name for t in plan.graph.tensors})
         self.workdir = workdir
-        self.inputs = tuple(self.model_file.sample_inputs())
+        self.inputs = self.model_file.sample_inputs()
         self.generated: dict[str, object] = {}  # edited text -> its module (identical edits recur)
 
 
@@ -184,7 +184,7 @@ def check_edited(base: Base, edits: list[tuple]) -> str:
     path.write_text(text)
     try:
         verified = load_checked(str(path))
-        plan, sim = verified.plan, verified.simulation
+        sim = verified.simulation
     except PlanError as error:
         message = error.format()
         m = re.match(rf"^{re.escape(str(path))}:(\d+):(\d+): error: \S", message)

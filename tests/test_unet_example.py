@@ -38,7 +38,7 @@ def test_unet_contract_and_skip_connections(unet):
     drops = [m for m in model.modules() if isinstance(m, torch.nn.Dropout2d)]
     assert drops and all(d.training and d.p > 0 for d in drops)
     assert not any(getattr(m, "inplace", False) for m in model.modules())
-    out = model(*model_file.sample_inputs())
+    out = model(*model_file.sample_inputs().args)
     assert out.shape == (4, 4, 64, 64)
     # Skip connections: each decoder concatenation reads the encoder output of its level,
     # which the next max-pool read long before, so the forward graph is not a chain.

@@ -48,9 +48,10 @@ def build_graph(captured: Captured, step: StepProfile, inputs: tuple) -> ir.Grap
         tangents=_tangents(captured),
         tensors=tuple(builder.tensors),
         ops=tuple(builder.ops),
-        outputs=_structure(pytree.tree_unflatten(model_outputs, captured.out_spec)),
+        outputs=output_structure(captured.out_spec, _leaves(model_outputs, captured.none_leaves)),
         gradients=_gradients(captured, bw_out, bw_env),
         updates=_updates(captured, fw_out[:first], fw_env),
+        constants=tuple(ir.ConstantInput(name, value) for name, value in captured.constants),
     )
 
 
@@ -195,7 +196,7 @@ def constant(value) -> ir.Arg:
     if isinstance(value, (torch.layout, torch.memory_format)):
         return ir.Sym(str(value))
     if isinstance(value, torch.device):
-        return ir.Call("torch.device", (str(value),))
+        return ir.Call("torch.device", (value.type,))  # the kind: a plan runs on any device of it
     raise RematError(f"error: an operation argument of type {type(value).__name__} ({value!r}) is not supported")
 
 
@@ -240,12 +241,52 @@ def _tangents(captured: Captured) -> tuple[ir.ValueDecl, ...]:
     )
 
 
-def _structure(tree) -> ir.Arg:
-    if isinstance(tree, tuple):
-        return ir.TupleArg(tuple(_structure(t) for t in tree))
-    if isinstance(tree, list):
-        return ir.ListArg(tuple(_structure(t) for t in tree))
-    return tree
+def _leaves(tensors: list, none_leaves: list[bool]):
+    """The output leaves in pytree order: the graph's outputs, with None where the model returned None."""
+    tensors = iter(tensors)
+    for none in none_leaves:
+        yield None if none else next(tensors)
+
+
+def output_structure(spec: pytree.TreeSpec, leaves) -> ir.Arg:
+    """The plan's `outputs` value for an output pytree (NOTE: [Stock models] in fx.py):
+    tuples and lists as themselves, a dict as `dict(key=...)`, a named tuple, dataclass or
+    Hugging Face `ModelOutput` as `module.Class(field=...)`; `leaves` gives the values of
+    the tensor leaves in pytree order.  Raises RematError for structures the generated
+    module could not rebuild (keys that are not identifiers, classes defined in a function)."""
+    if spec.is_leaf():
+        return next(leaves)
+    children = [output_structure(child, leaves) for child in spec.children()]
+    kind = spec.type
+    if kind is tuple:
+        return ir.TupleArg(tuple(children))
+    if kind is list:
+        return ir.ListArg(tuple(children))
+    if kind is type(None):
+        return None
+    if kind is dict:
+        keys = list(spec.context)
+        target = "dict"
+    elif isinstance(spec.context, type) and hasattr(spec.context, "_fields"):  # namedtuple
+        keys, target = list(spec.context._fields), _class_path(spec.context)
+    elif isinstance(spec.context, (list, tuple)) and all(isinstance(k, str) for k in spec.context):  # ModelOutput, dataclasses
+        keys, target = list(spec.context), _class_path(kind)
+    else:
+        raise RematError(f"error: the model's forward returns a {kind.__name__}, which remat-dsl cannot rebuild", hint="return a tuple, list, dict or dataclass of tensors")
+    bad = next((k for k in keys if not (isinstance(k, str) and k.isidentifier())), None)
+    if bad is not None or len(keys) != len(children):
+        raise RematError(f"error: the model's output has the key {bad!r}; output keys must be identifiers", hint="return a dict with identifier keys, or a tuple")
+    return ir.Call(target, (), tuple(zip(keys, children)))
+
+
+def _class_path(kind: type) -> str:
+    path = f"{kind.__module__}.{kind.__qualname__}"
+    if "<" in path or kind.__module__ == "__main__":
+        raise RematError(
+            f"error: the model's output type {kind.__qualname__} is defined where the generated module cannot import it ({kind.__module__})",
+            hint="define the output class at the top level of an importable module, or return a tuple or dict",
+        )
+    return path
 
 
 def _gradients(captured: Captured, bw_out: list, bw_env) -> tuple[ir.Gradient, ...]:

@@ -9,20 +9,36 @@ FB-graph: it saves what eager PyTorch saves (../shared/notes/capture-probe.md).
 
 The model is deep-copied and the RNG state restored, so capture changes neither the
 model's buffers nor the random stream.
+
+NOTE: [Stock models]
+Models come as their libraries ship them (Hugging Face, torchvision), so capture takes
+the forward's arguments by position and by name (`Inputs`), and any output pytree whose
+leaves are tensors: tuples, lists, dicts, named tuples and registered classes such as
+Hugging Face's `ModelOutput` (the plan writes them as `dict(loss=%a, ...)` or
+`transformers.modeling_outputs.CausalLMOutput(loss=%a, logits=%b)`).  Arguments that are
+not tensors (`use_cache=False`) are constants of the captured graph: the plan lists them
+(`ConstantInput`) and the generated module refuses a call that passes another value.  A
+plan is a training step, so a forward with a `use_cache` parameter that the inputs leave
+out is captured with `use_cache=False` (a key/value cache is an inference output).  One
+tensor passed as two arguments (`input_ids=ids, labels=ids`) is captured as two inputs
+(the second a copy), so the plan does not assume they are the same tensor.  Logging calls
+inside the forward (transformers warns once from inside `forward`) are ignored.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from remat_dsl.capture.model_file import Inputs
 from remat_dsl.plan.errors import RematError
 
 
@@ -31,6 +47,7 @@ class Captured:
     """The FX graphs of one training step and what their placeholders stand for.
 
     primal_names: for each forward placeholder, ("parameter"|"buffer"|"input", name).
+    constants: the forward's non-tensor arguments as captured, (name, value) in call order.
     mutated: indices of forward placeholders whose buffer the forward updates, in the
     order the forward graph returns their new values.
     num_outputs: number of model outputs the forward graph returns after the updates.
@@ -47,31 +64,36 @@ class Captured:
     tangent_of: list[int]
     out_spec: pytree.TreeSpec
     example_primals: list[torch.Tensor]
+    constants: list[tuple[str, object]] = field(default_factory=list)
+    none_leaves: list[bool] = field(default_factory=list)  # per output leaf: is it None
 
 
-def capture(model: torch.nn.Module, inputs: tuple) -> Captured:
-    """Trace `model(*inputs)` and its backward into two FX graphs.
+def capture(model: torch.nn.Module, inputs: Inputs) -> Captured:
+    """Trace `model(*inputs.args, **inputs.kwargs)` and its backward into two FX graphs
+    (NOTE: [Stock models]).
 
     Raises RematError when the model cannot be captured as one graph (graph breaks,
-    unsupported outputs), with the reason PyTorch gave.
+    unsupported outputs or arguments), with the reason PyTorch gave.
     """
     model = copy.deepcopy(model)
+    inputs = _training_defaults(model, inputs)
+    named = named_inputs(model, inputs)
+    constants = [(name, value) for name, value in named if not isinstance(value, torch.Tensor)]
+    call = _distinct_tensors(model, inputs, named)
     record: dict = {}
-    with torch.random.fork_rng(devices=_cuda_devices(inputs)):
-        out = _compile_and_run(model, inputs, record)
+    with torch.random.fork_rng(devices=_cuda_devices(call.leaves())):
+        out = _compile_and_run(model, call, record)
+    _check_output_leaves(out)
     flat, spec = pytree.tree_flatten(out)
-    if not _tensors_in_tuples(out):
-        raise RematError(
-            f"error: the model's forward returns {_structure_name(out)}; remat-dsl plans a forward that "
-            "returns a tensor or a tuple/list of tensors",
-            hint="wrap the model so forward returns tensors (for Hugging Face models return `.logits`, or `.loss` with labels)",
-        )
     if "backward" not in record:
         raise RematError("error: the model has no parameter that requires a gradient", hint="nothing to plan")
-    names = _primal_names(model, record["example_inputs"], inputs)
+    tensors = {id(value): name for name, value in zip([n for n, _ in named], call.leaves()) if isinstance(value, torch.Tensor)}
+    names = _primal_names(model, record["example_inputs"], tensors)
     meta = record["meta"]
     mutated = [i for i, info in enumerate(meta.input_info) if info.mutates_data]
     _check_outputs(meta)
+    for gm in (record["forward"], record["backward"]):
+        _inline_scalar_constants(gm)
     tangent_of = [d.output.idx for d in meta.traced_tangents_descs]
     return Captured(
         forward=record["forward"],
@@ -82,25 +104,143 @@ def capture(model: torch.nn.Module, inputs: tuple) -> Captured:
         tangent_of=tangent_of,
         out_spec=spec,
         example_primals=list(record["example_inputs"]),
+        constants=constants,
+        none_leaves=[leaf is None for leaf in flat],
     )
 
 
-def _tensors_in_tuples(value) -> bool:
-    if isinstance(value, (tuple, list)) and type(value) in (tuple, list):
-        return all(_tensors_in_tuples(item) for item in value)
-    return isinstance(value, torch.Tensor)
+def named_inputs(model, inputs: Inputs) -> list[tuple[str, object]]:
+    """The arguments capture names, as it names them: (name, value) in call order."""
+    return _named_arguments(model, _training_defaults(model, inputs))
 
 
-def _structure_name(value) -> str:
-    """What a forward returned, for messages: `a dict`, `a CausalLMOutput`, `a tuple holding a None`."""
-    if isinstance(value, (tuple, list)) and type(value) in (tuple, list):
-        bad = next(item for item in value if not _tensors_in_tuples(item))
-        return f"a {type(value).__name__} holding {_structure_name(bad)}"
+def _inline_scalar_constants(gm: fx.GraphModule) -> None:
+    """A tensor constant in the forward (`torch.tensor(0)`, as T5's relative positions make)
+    is a graph attribute; a 0-dim one becomes `aten.scalar_tensor(value, dtype, device)` so
+    that every op of the plan is a call.  Larger constants are refused."""
+    for node in list(gm.graph.nodes):
+        if node.op != "get_attr":
+            continue
+        value = getattr(gm, node.target)
+        if not isinstance(value, torch.Tensor) or value.dim() != 0:
+            shape = list(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            raise RematError(
+                f"error: the model's forward creates a constant tensor {shape}; remat-dsl plans constant scalars only",
+                hint="register the constant as a buffer of the module (register_buffer) and use it from there",
+            )
+        with gm.graph.inserting_before(node):
+            scalar = gm.graph.call_function(
+                torch.ops.aten.scalar_tensor.default, (value.item(),), {"dtype": value.dtype, "device": value.device},
+            )  # fmt: skip
+        users = list(node.users)
+        scalar.meta.update({k: v for k, v in (users[0].meta if users else node.meta).items() if k in ("nn_module_stack", "fwd_nn_module_stack", "stack_trace")})
+        scalar.meta["val"] = node.meta.get("val")
+        node.replace_all_uses_with(scalar)
+        gm.graph.erase_node(node)
+    gm.graph.lint()
+    gm.recompile()
+
+
+def _training_defaults(model, inputs: Inputs) -> Inputs:
+    """`use_cache=False` when the forward takes `use_cache` and the inputs leave it out
+    (NOTE: [Stock models])."""
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return inputs
+    if "use_cache" not in parameters:
+        return inputs
+    bound = _bind(model, inputs)
+    if bound is not None and "use_cache" in bound.arguments:
+        return inputs
+    return Inputs(inputs.args, {**inputs.kwargs, "use_cache": False})
+
+
+def _bind(model, inputs: Inputs):
+    try:
+        return inspect.signature(model.forward).bind(*inputs.args, **inputs.kwargs)
+    except (TypeError, ValueError):
+        return None
+
+
+def _named_arguments(model, inputs: Inputs) -> list[tuple[str, object]]:
+    """Each argument with the name the generated module binds it by: the forward's parameter
+    name for positional ones (`input_N` when it has none), the key for keyword ones.
+    Raises RematError for arguments that are neither tensors nor plain constants."""
+    bound = _bind(model, inputs)
+    if bound is None:
+        raise RematError(
+            f"error: sample_inputs() does not match the model's forward{_signature_text(model)}",
+            hint="return the arguments forward takes, by position (a tuple) or by name (a dict)",
+        )
+    named: list[tuple[str, object]] = []
+    positional = [n for n, p in inspect.signature(model.forward).parameters.items() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    for index, value in enumerate(inputs.args):
+        named.append((positional[index] if index < len(positional) else f"input_{index}", value))
+    named += list(inputs.kwargs.items())
+    for name, value in named:
+        if isinstance(value, torch.Tensor) or value is None or type(value) in (bool, int, float, str):
+            continue
+        if any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(value)):
+            raise RematError(
+                f"error: argument '{name}' is {_kind(value)} holding tensors; remat-dsl takes tensors as separate arguments",
+                hint="pass each tensor as its own argument of forward",
+            )
+        raise RematError(
+            f"error: argument '{name}' is {_kind(value)}; arguments must be tensors or constants (None, bool, int, float, str)",
+            hint="leave the argument out of sample_inputs() or pass a plain constant",
+        )
+    return named
+
+
+def _signature_text(model) -> str:
+    try:
+        return f" {inspect.signature(model.forward)}"
+    except (TypeError, ValueError):
+        return ""
+
+
+def _distinct_tensors(model, inputs: Inputs, named: list[tuple[str, object]]) -> Inputs:
+    """The call with every tensor argument its own object: a tensor passed twice is copied,
+    and a parameter or buffer passed as an argument is refused."""
+    owned = {id(t) for t in (*model.parameters(), *model.buffers())}
+    seen: set[int] = set()
+    values = []
+    for name, value in named:
+        if isinstance(value, torch.Tensor):
+            if id(value) in owned:
+                raise RematError(f"error: argument '{name}' is one of the model's own parameters or buffers", hint="pass data, not the model's state")
+            if id(value) in seen:
+                value = value.clone()
+            seen.add(id(value))
+        values.append(value)
+    count = len(inputs.args)
+    return Inputs(tuple(values[:count]), dict(zip(inputs.kwargs, values[count:])))
+
+
+def _check_output_leaves(out) -> None:
+    """Every leaf of the output pytree is a tensor or None, and one at least is a tensor."""
+    leaves, _ = pytree.tree_flatten_with_path(out)
+    if not any(isinstance(leaf, torch.Tensor) for _, leaf in leaves):
+        raise RematError(
+            f"error: the model's forward returns {_kind(out)}, with no tensor in it",
+            hint="return the output tensors (a tensor, or a tuple, dict or dataclass of them)",
+        )
+    for path, leaf in leaves:
+        if not isinstance(leaf, torch.Tensor) and leaf is not None:
+            where = "output" + pytree.keystr(path)
+            hint = "remat-dsl plans a training step: return tensors (a tuple, dict or dataclass of them)"
+            if "cache" in type(leaf).__name__.lower() or "past_key_values" in where:
+                hint = "pass use_cache=False in sample_inputs(): a key/value cache is an inference output"
+            raise RematError(f"error: the model's forward returns {_kind(leaf)} at {where}, not a tensor", hint=hint)
+
+
+def _kind(value) -> str:
     return "None" if value is None else f"a {type(value).__name__}"
 
 
-def _cuda_devices(inputs: tuple) -> list[int]:
-    return sorted({t.device.index or 0 for t in inputs if isinstance(t, torch.Tensor) and t.is_cuda})
+def _cuda_devices(values) -> list[int]:
+    return sorted({t.device.index or 0 for t in values if isinstance(t, torch.Tensor) and t.is_cuda})
 
 
 def _compile_and_run(model, inputs, record):
@@ -128,7 +268,8 @@ def _compile_and_run(model, inputs, record):
     try:
         with _torch_logs_silenced():
             compiled = torch.compile(model, backend=backend, fullgraph=True, dynamic=False)
-            return compiled(*inputs)
+            with torch._dynamo.config.patch(ignore_logging_functions=_logging_functions()):
+                return inputs.call(compiled)
     except RematError:
         raise
     except SystemExit as exc:
@@ -137,6 +278,14 @@ def _compile_and_run(model, inputs, record):
         raise _capture_error(exc) from None
     finally:
         torch._dynamo.reset()
+
+
+def _logging_functions() -> set:
+    """The logging.Logger methods (and the `warning_once`-style helpers libraries attach to
+    it) that dynamo may drop while tracing a forward (NOTE: [Stock models])."""
+    names = {"debug", "info", "warning", "warn", "error", "exception", "critical", "fatal", "log"}
+    found = {getattr(logging.Logger, n) for n in dir(logging.Logger) if n in names or n.endswith("_once") or n.startswith("warning_")}
+    return set(torch._dynamo.config.ignore_logging_functions) | {f for f in found if callable(f)}
 
 
 @contextlib.contextmanager
@@ -171,15 +320,16 @@ def _capture_error(exc: Exception) -> RematError:
     )
 
 
-def _primal_names(model, example_inputs, inputs) -> list[tuple[str, str]]:
-    """Name each graph input by identity: a parameter, a buffer or a user input."""
+def _primal_names(model, example_inputs, inputs: dict[int, str]) -> list[tuple[str, str]]:
+    """Name each graph input by identity: a parameter, a buffer or a user input
+    (`inputs`: id of each tensor argument -> its name)."""
     by_id: dict[int, tuple[str, str]] = {}
     for name, p in model.named_parameters():
         by_id.setdefault(id(p), ("parameter", name))
     for name, b in model.named_buffers():
         by_id.setdefault(id(b), ("buffer", name))
-    for i, t in enumerate(inputs):
-        by_id.setdefault(id(t), ("input", _input_name(model, i)))
+    for key, name in inputs.items():
+        by_id.setdefault(key, ("input", name))
     names = []
     for t in example_inputs:
         if id(t) not in by_id:
@@ -188,24 +338,25 @@ def _primal_names(model, example_inputs, inputs) -> list[tuple[str, str]]:
     return names
 
 
-def _input_name(model, index: int) -> str:
-    import inspect
-
-    try:
-        params = [p for p in inspect.signature(model.forward).parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        return params[index].name
-    except (ValueError, IndexError):
-        return f"input_{index}"
-
-
 def _check_outputs(meta) -> None:
+    """Outputs that are views of intermediates are fine: the forward graph returns the view
+    itself (AOTAutograd regenerates it only to fix autograd metadata, which the generated
+    module's autograd.Function sets).  Views of inputs, several views of one base and a view
+    of another output are refused: returned from one autograd.Function, autograd would
+    route the view's gradient through its base as well (measured: wrong gradients)."""
     from torch._functorch._aot_autograd.schemas import OutputType
 
+    accepted = {
+        OutputType.non_alias, OutputType.unsafe_view_alias, OutputType.custom_function_view,
+        OutputType.alias_of_intermediate_save_as_output, OutputType.alias_of_intermediate,
+    }  # fmt: skip
     if meta.num_intermediate_bases:
         raise RematError("error: the model returns several views of one intermediate tensor", hint="return .clone() of the views")
     for info in meta.output_info:
-        if info.output_type not in (OutputType.non_alias, OutputType.alias_of_intermediate_save_as_output):
+        if info.output_type.name == "alias_of_intermediate_base_is_user_output":
+            raise RematError("error: a model output is a view of another output", hint="return .clone() of the view")
+        if info.output_type not in accepted:
             raise RematError(
-                f"error: a model output is a view of an input or an intermediate ({info.output_type.name})",
+                f"error: a model output is a view of a model input or parameter ({info.output_type.name})",
                 hint="return a fresh tensor (for example `.clone()`) from forward",
             )

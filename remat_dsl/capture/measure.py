@@ -21,6 +21,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch.profiler import ProfilerActivity, profile
 
+from remat_dsl.capture.model_file import Inputs, call_with
+
 
 @contextmanager
 def _native_stderr_silenced() -> Iterator[None]:
@@ -54,11 +56,11 @@ def memory_events(prof: profile) -> list[tuple[int, int]]:
     return sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
 
 
-def training_step(module: torch.nn.Module, inputs: tuple) -> Callable[[], None]:
+def training_step(module: torch.nn.Module, inputs: Inputs | tuple) -> Callable[[], None]:
     """One forward and backward of `module`, with unit output gradients made in the step."""
 
     def step() -> None:
-        outputs = module(*inputs)
+        outputs = call_with(module, inputs)
         flat = [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor) and t.requires_grad]
         grads = [torch.ones_like(t) for t in flat]
         torch.autograd.backward(flat, grads)
@@ -84,7 +86,7 @@ def peak_bytes(step: Callable[[], None], device: str = "cpu") -> int:
     return peak
 
 
-def step_peak(module: torch.nn.Module, inputs: tuple, device: str = "cpu") -> int:
+def step_peak(module: torch.nn.Module, inputs: Inputs | tuple, device: str = "cpu") -> int:
     """Measured peak of one training step of `module`; its gradients are reset first."""
     module.zero_grad(set_to_none=True)
     with torch.random.fork_rng():
@@ -93,7 +95,7 @@ def step_peak(module: torch.nn.Module, inputs: tuple, device: str = "cpu") -> in
     return peak
 
 
-def step_seconds(module: torch.nn.Module, inputs: tuple, repeats: int = 5) -> float:
+def step_seconds(module: torch.nn.Module, inputs: Inputs | tuple, repeats: int = 5) -> float:
     """Median wall time (seconds) of a training step of `module`, after one warm-up."""
     step = training_step(module, inputs)
     samples = []

@@ -1,8 +1,11 @@
 """Model files: a Python file that defines the model to plan.
 
-Contract: `build_model() -> nn.Module`, `sample_inputs() -> tuple` (positional arguments of
-the model's forward) and optionally `loss_fn(output) -> Tensor` (a scalar).  A spec
-`path.py:factory` selects another factory than `build_model`.
+Contract: `build_model() -> nn.Module`, `sample_inputs()` and optionally `loss_fn(output) ->
+Tensor` (a scalar).  `sample_inputs()` returns the arguments of the model's forward: a tuple
+(positional), a dict (keyword: `{"input_ids": ids, "labels": ids}`), a pair `(args, kwargs)`,
+or one tensor.  Without `loss_fn` the loss is the output's `loss` (Hugging Face models given
+`labels=`), else the sum of its floating tensors.  A spec `path.py:factory` selects another
+factory than `build_model`.
 
 NOTE: [User code]
 A model file is the user's code: importing it and calling its functions can raise
@@ -17,7 +20,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -53,15 +56,25 @@ class ModelFile:
             )
         return model
 
-    def sample_inputs(self) -> tuple:
-        """The positional inputs of the model's forward, a tuple.  Raises RematError."""
+    def sample_inputs(self) -> "Inputs":
+        """The arguments of the model's forward, as `Inputs`.  Raises RematError."""
+        import torch
+
         inputs = _call(self.path, "sample_inputs()", self.inputs)
-        if not isinstance(inputs, (tuple, list)):
-            raise RematError(
-                f"{self.path}: error: sample_inputs() returned {_kind(inputs)}, not a tuple",
-                hint="return the positional arguments of forward as a tuple, e.g. `return (x,)`",
-            )
-        return tuple(inputs)
+        if isinstance(inputs, torch.Tensor):
+            return Inputs((inputs,), {})
+        if isinstance(inputs, dict) and all(isinstance(k, str) for k in inputs):
+            return Inputs((), dict(inputs))
+        pair = isinstance(inputs, tuple) and len(inputs) == 2 and isinstance(inputs[0], (tuple, list)) and isinstance(inputs[1], dict)
+        if pair and all(isinstance(k, str) for k in inputs[1]):
+            return Inputs(tuple(inputs[0]), dict(inputs[1]))
+        if isinstance(inputs, (tuple, list)):
+            return Inputs(tuple(inputs), {})
+        raise RematError(
+            f"{self.path}: error: sample_inputs() returned {_kind(inputs)}, not the arguments of forward",
+            hint="return a tuple of positional arguments (`return (x,)`), a dict of keyword arguments "
+            "(`return {\"input_ids\": ids}`) or both as `(args, kwargs)`",
+        )
 
     def loss_fn(self, output) -> Any:
         """A scalar loss from the model's output (the sum of its floating outputs by default)."""
@@ -70,15 +83,41 @@ class ModelFile:
         return _call(self.path, "loss_fn(output)", lambda: self.loss(output))
 
 
+@dataclass(frozen=True)
+class Inputs:
+    """The arguments of one call of the model's forward: `model(*args, **kwargs)`."""
+
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+
+    def call(self, function: Callable[..., Any]) -> Any:
+        """`function(*args, **kwargs)`."""
+        return function(*self.args, **self.kwargs)
+
+    def leaves(self) -> list:
+        """Every argument value, positional first, then keyword in order."""
+        return [*self.args, *self.kwargs.values()]
+
+
+def call_with(function: Callable[..., Any], inputs: "Inputs | tuple") -> Any:
+    """`function` applied to `inputs`: an Inputs, or a tuple of positional arguments."""
+    return inputs.call(function) if isinstance(inputs, Inputs) else function(*inputs)
+
+
 def _kind(value: Any) -> str:
     return "None" if value is None else f"a {type(value).__name__}"
 
 
 def default_loss(output: Any) -> Any:
-    """Sum of every floating output, as float32: the loss when a model file has no loss_fn."""
+    """The loss when a model file has no loss_fn: the output's scalar `loss` (a Hugging Face
+    output given `labels=`, or a dict with a "loss" key), else the sum of every floating
+    output, as float32."""
     import torch
     import torch.utils._pytree as pytree
 
+    loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.dim() == 0 and torch.is_floating_point(loss):
+        return loss
     return sum(t.float().sum() for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and torch.is_floating_point(t))
 
 
@@ -112,7 +151,7 @@ def load_model_file(spec: str) -> ModelFile:
     if not callable(inputs):
         raise RematError(
             f"{path_text}:1:1: error: the model file defines no function 'sample_inputs'",
-            hint="add `def sample_inputs() -> tuple` returning the positional inputs of forward",
+            hint="add `def sample_inputs()` returning the arguments of forward: a tuple, a dict of keyword arguments, or both",
         )
     loss = getattr(module, "loss_fn", None)
     if loss is not None and not callable(loss):

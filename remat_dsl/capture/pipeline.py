@@ -10,7 +10,7 @@ import torch.utils._pytree as pytree
 from remat_dsl.plan import ir
 from remat_dsl.capture.fx import capture
 from remat_dsl.capture.fbgraph import build_graph
-from remat_dsl.capture.model_file import ModelFile
+from remat_dsl.capture.model_file import Inputs, ModelFile
 from remat_dsl.capture.profile import is_call, profile_step
 
 
@@ -22,11 +22,13 @@ class Captured:
     device: str
 
 
-def device_of(inputs: tuple, model: torch.nn.Module) -> str:
-    """The device of the model's first parameter (or first input): `cpu`, `cuda:0` ..."""
-    for tensor in (*model.parameters(), *pytree.tree_leaves(inputs)):
+def device_of(inputs, model: torch.nn.Module) -> str:
+    """The device kind of the model's first parameter (or first input): `cpu`, `cuda`.
+    A plan names the kind, not an index: it runs on any device of that kind."""
+    leaves = inputs.leaves() if isinstance(inputs, Inputs) else inputs
+    for tensor in (*model.parameters(), *pytree.tree_leaves(leaves)):
         if isinstance(tensor, torch.Tensor):
-            return str(tensor.device)
+            return tensor.device.type
     return "cpu"
 
 
@@ -38,7 +40,7 @@ def capture_graph(model_file: ModelFile, repeats: int = 5, progress=None, measur
     and temporary memory are still measured), for plans made from a profile file.
     """
     model = model_file.build_model()
-    inputs = tuple(model_file.sample_inputs())
+    inputs = model_file.sample_inputs()
     captured = capture(model, inputs)
     total = sum(1 for g in (captured.forward, captured.backward) for n in g.graph.nodes if is_call(n))
     if progress:
@@ -55,13 +57,16 @@ def check_plan_matches(plan, model_file: ModelFile) -> None:
 
     from remat_dsl.plan.errors import PlanError
 
-    inputs = [t for t in model_file.sample_inputs() if isinstance(t, torch.Tensor)]
+    from remat_dsl.capture.fx import named_inputs
+
+    inputs = {name: t for name, t in named_inputs(model_file.build_model(), model_file.sample_inputs()) if isinstance(t, torch.Tensor)}
     hint = f"plan again for this model: remat plan {model_file.spec} --budget ..."
-    if len(inputs) != len(plan.graph.inputs):
+    if sorted(inputs) != sorted(d.name for d in plan.graph.inputs):
         first = plan.graph.inputs[0].span if plan.graph.inputs else None
-        raise PlanError(f"the plan takes {len(plan.graph.inputs)} inputs but {model_file.spec} gives {len(inputs)}", span=first, hint=hint)
-    for decl, tensor in zip(plan.graph.inputs, inputs):
-        _check_value(decl, tensor, "input", model_file.spec, hint)
+        theirs = ", ".join(inputs) or "none"
+        raise PlanError(f"the plan takes the inputs {', '.join(d.name for d in plan.graph.inputs)} but {model_file.spec} gives {theirs}", span=first, hint=hint)
+    for decl in plan.graph.inputs:
+        _check_value(decl, inputs[decl.name], "input", model_file.spec, hint)
     params = dict(model_file.build_model().named_parameters())
     for decl in plan.graph.parameters:
         if decl.name not in params:

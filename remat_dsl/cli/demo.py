@@ -38,7 +38,7 @@ def main() -> int:
     model_file = load_model_file(MODEL)
     generated = load_generated(module_path)
     comparison = compare_training(model_file, generated, steps=3)
-    model, inputs = model_file.build_model(), tuple(model_file.sample_inputs())
+    model, inputs = model_file.build_model(), model_file.sample_inputs()
     fast = generated.FastModel(model)
     measured, eager_peak = step_peak(fast, inputs), step_peak(model, inputs)
     fast_s, eager_s = step_seconds(fast, inputs), step_seconds(model, inputs)

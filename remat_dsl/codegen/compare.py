@@ -45,7 +45,7 @@ def compare_training(model_file: ModelFile, generated, steps: int = 3, lr: float
     initial state and seeds; compare losses, every parameter gradient, parameters and buffers."""
     eager, twin = model_file.build_model(), model_file.build_model()
     fast = generated.FastModel(twin)
-    inputs = tuple(model_file.sample_inputs())
+    inputs = model_file.sample_inputs()
     optimizers = [torch.optim.SGD(m.parameters(), lr=lr) for m in (eager, twin)]
     mismatched: list[str] = []
     losses_equal, losses = True, []
@@ -54,7 +54,7 @@ def compare_training(model_file: ModelFile, generated, steps: int = 3, lr: float
         for module, optimizer in zip((eager, fast), optimizers):
             optimizer.zero_grad(set_to_none=True)
             torch.manual_seed(1000 + step)
-            loss = model_file.loss_fn(module(*inputs))
+            loss = model_file.loss_fn(inputs.call(module))
             loss.backward()
             results.append(loss.detach())
         losses_equal &= torch.equal(results[0], results[1])

@@ -50,7 +50,7 @@ class _Namespace:
     long lists of parameters are written once."""
 
     def __init__(self, graph: ir.Graph):
-        self.used: set[str] = {"ctx", "torch", "buffers", "tensors", "outputs", "p", "b", "_", "aten"}
+        self.used: set[str] = {"ctx", "torch", "buffers", "tensors", "outputs", "p", "b", "_", "aten", "device"}
         self.attrs: set[str] = set()
         self.var: dict[str, str] = {}
         for value in (*graph.inputs, *graph.tangents, *graph.tensors):
@@ -106,6 +106,8 @@ def _render_call(call: ir.Call, var) -> str:
     args = [render_arg(a, var) for a in call.args] + [f"{k}={render_arg(v, var)}" for k, v in call.kwargs]
     if call.target == "operator.getitem":
         return f"{args[0]}[{args[1]}]"
+    if call.target == "torch.device":  # the device the step runs on, when of this kind
+        return f"_on(device, {args[0]})"
     return f"{callable_name(call.target)}({', '.join(args)})"
 
 
@@ -168,7 +170,7 @@ class _Renderer:
         gradients = {g.parameter for g in graph.gradients if g.value is not None}
         inputs = [self.var[v.name] for v in graph.inputs]
         return dict(
-            device=header.device,
+            device_kind=header.device.split(":")[0],
             operators=[(callable_name(t), t) for t in aten_targets(self.plan)],
             budget=format_bytes(header.budget),
             peak=format_bytes(header.peak_bytes),
@@ -190,6 +192,8 @@ class _Renderer:
             backward_return=self._backward_return(),
             backward_return_where=self._gradients_where(),
             rebuild=_rebuild(graph.outputs, len(flat)),
+            output_types=output_types(graph.outputs),
+            constants=[(c.name, render_arg(c.value, self.var)) for c in graph.constants],
         )
 
     # --- instructions -----------------------------------------------------
@@ -238,7 +242,7 @@ class _Renderer:
     def _compute(self, name: str, step) -> list[str]:
         op = self.ops[name]
         saves_rng = any(key == f"rng state of {name}" for key, _ in step.added)
-        lines = [f"{self.names.rng(name)} = _rng_state()"] if saves_rng else []
+        lines = [f"{self.names.rng(name)} = _rng_state(device)"] if saves_rng else []
         lines += [self._call(op, step)]
         lines += [f"{self.var[self.updates[t]]}.copy_({self.var[t]})" for t in op.outputs if t in self.updates and op.phase == ir.FORWARD]
         return lines
@@ -248,7 +252,7 @@ class _Renderer:
         call = self._call(op, step)
         if not op.random:
             return [call]
-        lines = [f"with _replaying({self.names.rng(name)}):", f"    {call}"]
+        lines = [f"with _replaying({self.names.rng(name)}, device):", f"    {call}"]
         if any(key == f"rng state of {name}" for key, _ in step.removed):
             lines.append(f"del {self.names.rng(name)}")
         return lines
@@ -270,10 +274,10 @@ class _Renderer:
         return [f"{self.names.host(tensor)}, {self.names.event(tensor)} = _offload({self.var[tensor]})"]
 
     def _prefetch(self, tensor: str, step) -> list[str]:
-        return [f"{self.var[tensor]}, {self.names.event(tensor)} = _prefetch({self.names.host(tensor)})"]
+        return [f"{self.var[tensor]}, {self.names.event(tensor)} = _prefetch({self.names.host(tensor)}, device)"]
 
     def _wait(self, tensor: str, step) -> list[str]:
-        return [f"_wait({self.names.event(tensor)})"]
+        return [f"_wait({self.names.event(tensor)}, device)"]
 
     # --- forward/backward boundary ---------------------------------------
 
@@ -321,13 +325,36 @@ class _Renderer:
 
 
 def _flatten(arg: ir.Arg) -> list[ir.Arg]:
+    """The output's tensor leaves in pytree order (None is not a leaf of the graph)."""
     if isinstance(arg, (ir.TupleArg, ir.ListArg)):
         return [x for a in arg.items for x in _flatten(a)]
-    return [arg]
+    if ir.is_structure(arg):
+        return [x for _, a in arg.kwargs for x in _flatten(a)]
+    return [] if arg is None else [arg]
+
+
+def output_types(arg: ir.Arg) -> list[str]:
+    """The classes (dotted paths) the model's output is built of, in order of first use."""
+    found: list[str] = []
+
+    def walk(a):
+        if isinstance(a, (ir.TupleArg, ir.ListArg)):
+            for x in a.items:
+                walk(x)
+        elif ir.is_structure(a):
+            if a.target != "dict" and a.target not in found:
+                found.append(a.target)
+            for _, x in a.kwargs:
+                walk(x)
+
+    walk(arg)
+    return found
 
 
 def _rebuild(arg: ir.Arg, count: int) -> str:
+    """Python that rebuilds the model's output from `outputs` (the flat tensor leaves)."""
     index = iter(range(count))
+    types = output_types(arg)
 
     def build(a):
         if isinstance(a, ir.TupleArg):
@@ -335,6 +362,11 @@ def _rebuild(arg: ir.Arg, count: int) -> str:
             return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
         if isinstance(a, ir.ListArg):
             return "[" + ", ".join(build(x) for x in a.items) + "]"
+        if ir.is_structure(a):
+            maker = "dict" if a.target == "dict" else f"self._output_types[{types.index(a.target)}]"
+            return f"{maker}(" + ", ".join(f"{key}={build(x)}" for key, x in a.kwargs) + ")"
+        if a is None:
+            return "None"
         return f"outputs[{next(index)}]"
 
     return build(arg)

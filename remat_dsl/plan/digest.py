@@ -78,6 +78,8 @@ def items(graph: ir.Graph, outputs_span: ir.Span | None = None, *, costs: bool =
     result = []
     for section, values in (("inputs", graph.inputs), ("parameters", graph.parameters), ("buffers", graph.buffers), ("tangents", graph.tangents)):
         result += [Item(section, f"{v.kind} {v.name} {v.dtype}{list(v.shape)}", v.span) for v in values]
+        if section == "inputs":
+            result += [Item(section, f"constant {c.name} = {canonical_arg(c.value)}", c.span) for c in graph.constants]
     result += [Item("tensors", f"{t.name} {list(t.shape)} {t.dtype} {t.nbytes} {t.producer}:{t.index}", t.span) for t in graph.tensors]
     for op in graph.ops:
         call = canonical_arg(ir.Call(op.target, op.args, op.kwargs))

@@ -125,6 +125,13 @@ class TupleArg:
     items: tuple["Arg", ...] = ()
 
 
+def is_structure(arg: "Arg") -> bool:
+    """A Call in `outputs` that builds the model's output object from keyword fields:
+    `dict(loss=%a, logits=%b)` or `transformers.modeling_outputs.CausalLMOutput(...)`
+    (a view call has positional arguments and an operator target)."""
+    return isinstance(arg, Call) and not arg.args and not arg.target.startswith(("aten.", "torch.", "prims.", "operator."))
+
+
 # int, float (inf, -inf, nan allowed), bool, None and str are plain Python constants.
 Arg = Union[Ref, Sym, Call, ListArg, TupleArg, int, float, bool, None, str]
 
@@ -231,6 +238,20 @@ class BufferUpdate:
 
 
 @dataclass(frozen=True)
+class ConstantInput:
+    """A forward argument that is not a tensor, as captured (`use_cache = False`): a constant
+    of the graph.  The generated module refuses a call that passes another value.
+
+    value: None, bool, int, float or str.
+    """
+
+    name: str
+    value: "Arg"
+    comments: tuple[str, ...] = ()
+    span: Span | None = _span()
+
+
+@dataclass(frozen=True)
 class Graph:
     """The captured FB-graph: everything code generation needs besides the schedule.
 
@@ -247,6 +268,7 @@ class Graph:
     outputs: Arg
     gradients: tuple[Gradient, ...]
     updates: tuple[BufferUpdate, ...] = ()
+    constants: tuple[ConstantInput, ...] = ()
 
 
 # ---------------------------------------------------------------------------

@@ -401,8 +401,9 @@ class _Builder(Transformer):
         header = next(x for x in c if isinstance(x, ir.Header))
         top = tuple(x.text for x in c if isinstance(x, _FileComment) and x.where == "top")
         end = tuple(x.text for x in c if isinstance(x, _FileComment) and x.where == "end")
+        inputs = sections["inputs"]
         graph = ir.Graph(
-            inputs=sections["inputs"],
+            inputs=tuple(x for x in inputs if isinstance(x, ir.ValueDecl)),
             parameters=sections["parameters"],
             buffers=sections.get("buffers", ()),
             tangents=sections.get("tangents", ()),
@@ -411,6 +412,7 @@ class _Builder(Transformer):
             outputs=sections["outputs"],
             gradients=sections["gradients"],
             updates=sections.get("updates", ()),
+            constants=tuple(x for x in inputs if isinstance(x, ir.ConstantInput)),
         )
         digest = next((x for x in c if isinstance(x, ir.Digest)), None)
         return ir.Plan(
@@ -519,7 +521,24 @@ class _Builder(Transformer):
 
     # --- the FB-graph
     def inputs(self, c: list) -> _Section:
-        return _Section("inputs", tuple(replace(d, kind="input") for d in _items(c)))
+        items = _items(c)
+        constants = [x for x in items if isinstance(x, ir.ConstantInput)]
+        if constants and not isinstance(items[-1], ir.ConstantInput):
+            late = next(x for x in items[items.index(constants[0]) :] if isinstance(x, ir.ValueDecl))
+            raise PlanError(
+                f"input '{late.name}' comes after the constant '{constants[0].name}'", span=late.span,
+                hint="list the tensor inputs first, then the constants (`NAME = VALUE`)", length=len(late.name),
+            )  # fmt: skip
+        return _Section("inputs", tuple(replace(d, kind="input") if isinstance(d, ir.ValueDecl) else d for d in items))
+
+    def constant_input(self, c: list) -> ir.ConstantInput:
+        comments, (name, value) = _split_comments(c)
+        if not (value is None or type(value) in (bool, int, float, str)):
+            raise PlanError(
+                f"constant input '{name.value}' must be None, True, False, a number or a string", span=_span(name),
+                hint="constant inputs are the forward's non-tensor arguments as captured", length=len(name.value),
+            )  # fmt: skip
+        return ir.ConstantInput(name.value, value, comments, _span(name))
 
     def parameters(self, c: list) -> _Section:
         return _Section("parameters", tuple(replace(d, kind="parameter") for d in _items(c)))

@@ -269,6 +269,11 @@ def _values(title: str, decls: Sequence[ir.ValueDecl]) -> list[str]:
     return [title] + _with_comments(decls, _table(rows))
 
 
+def _constants(constants: Sequence[ir.ConstantInput]) -> list[str]:
+    """`  use_cache = False`: the forward's non-tensor arguments, after the tensor inputs."""
+    return _with_comments(constants, [f"{INDENT}{_name(c.name)} = {format_arg(c.value)}" for c in constants])
+
+
 def _producer(t: ir.TensorDecl) -> str:
     """`op` or `op:k`, or "" when the tensor's name says it (`op`, `op:k`: version 2)."""
     producer = _plain_name(t.producer, "producer")
@@ -401,7 +406,7 @@ def _sections(plan: ir.Plan) -> list[list[str]]:
     if plan.constraints:
         sections.append(["constraints"] + _with_comments(plan.constraints, _table([_constraint_row(c) for c in plan.constraints])))
     sections += [_schedule(ir.FORWARD, plan.forward), _schedule(ir.BACKWARD, plan.backward)]
-    sections += [_values("inputs", g.inputs), _values("parameters", g.parameters)]
+    sections += [_values("inputs", g.inputs) + _constants(g.constants), _values("parameters", g.parameters)]
     sections += [_values(title, values) for title, values in (("buffers", g.buffers), ("tangents", g.tangents)) if values]
     sections += [_tensors(g.tensors), _ops(g.ops), ["outputs"] + layout(g.outputs, INDENT, "", len(INDENT), LINE_WIDTH)]
     sections.append(_assignments("gradients", [(gr.parameter, gr.value) for gr in g.gradients]))

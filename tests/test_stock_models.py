@@ -1,0 +1,123 @@
+"""Stock models as their libraries ship them (issue 10, part 1), and plans that run on any
+device of their kind (part 4).
+
+Hugging Face models built from configs, no wrapper: keyword inputs, `labels=` so the
+model computes its own loss, `use_cache` at its default, attention masks, tied embeddings,
+`ModelOutput` results.  Each goes through the shell as a user types it (`remat plan ... >
+m.plan && remat check m.plan && remat codegen m.plan -o fast.py`), at 100% of the autograd
+peak and at 110% of the smallest feasible budget `remat plan` reports, then trains two SGD
+steps bit for bit against eager and returns the model's own output type.  GPT-2 (both
+budgets) and BERT (100%) run in `make test`; the rest with `-m slow`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from remat_dsl.capture.model_file import load_model_file
+from remat_dsl.codegen.compare import compare_training, load_generated
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ROOT / "tests" / "models"
+BIN = ROOT / ".venv" / "bin"
+
+
+def shell(script: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(["bash", "-c", "set -eo pipefail\n" + script], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+
+
+def smallest_budget(model: Path, cwd: Path) -> int:
+    """The smallest feasible budget (bytes) that `remat plan` names when refusing 1%."""
+    result = shell(f"remat plan {model} --budget 1% --repeats 1 > refused.plan", cwd)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert (cwd / "refused.plan").read_text() == ""
+    found = re.search(r"smallest feasible budget is [^(]*\((\d+) B\)", result.stderr)
+    assert found, result.stderr[-2000:]
+    return int(found.group(1))
+
+
+def plan_and_train(model: Path, budget: str, cwd: Path):
+    """The user's pipeline through the shell; then two SGD steps against eager."""
+    result = shell(
+        f"remat plan {model} --budget {budget} --repeats 1 > m.plan\nremat check m.plan > report.txt\nremat codegen m.plan -o fast.py",
+        cwd,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    text = (cwd / "m.plan").read_text()
+    assert text.startswith("remat-plan 2\n")
+    model_file = load_model_file(str(model))
+    generated = load_generated(cwd / "fast.py")
+    comparison = compare_training(model_file, generated, steps=2)
+    assert comparison.identical, comparison.mismatched[:10]
+    eager_out = model_file.sample_inputs().call(model_file.build_model())
+    fast_out = model_file.sample_inputs().call(generated.FastModel(model_file.build_model()))
+    assert type(fast_out) is type(eager_out)
+    if isinstance(eager_out, dict):
+        assert list(fast_out.keys()) == [k for k, v in eager_out.items() if k != "past_key_values"]
+    return text, (cwd / "fast.py").read_text()
+
+
+def run_stock(name: str, tmp_path: Path, budgets=("100%", "min")) -> None:
+    model = MODELS / f"{name}.py"
+    for budget in budgets:
+        if budget == "min":
+            budget = str(smallest_budget(model, tmp_path) * 11 // 10)
+        text, _ = plan_and_train(model, budget, tmp_path)
+        if "use_cache" in text:
+            assert re.search(r"^  use_cache = False$", text, re.M)
+
+
+@pytest.mark.parametrize("name, budgets", [("hf_gpt2", ("100%", "min")), ("hf_bert", ("100%",))])
+def test_stock_hugging_face_models(name, budgets, tmp_path):
+    run_stock(name, tmp_path, budgets)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, budgets", [("hf_bert", ("min",)), ("hf_t5", ("100%", "min")), ("hf_vit", ("100%", "min"))])
+def test_stock_hugging_face_models_slow(name, budgets, tmp_path):
+    run_stock(name, tmp_path, budgets)
+
+
+@pytest.fixture(scope="module")
+def dict_model(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("dict")
+    text, source = plan_and_train(MODELS / "dict_outputs.py", "90%", cwd)
+    return text, source, load_generated(cwd / "fast.py")
+
+
+def test_pytree_outputs_keyword_inputs_and_constants(dict_model):
+    text, source, generated = dict_model
+    assert re.search(r"^  scale = 0\.5$", text, re.M)  # the non-tensor argument, as captured
+    assert re.search(r"^  target +float32\[4, 10, 16\]$", text, re.M)  # passed as x too: its own input
+    outputs = text.split("\noutputs\n", 1)[1].split("\n\n", 1)[0]
+    assert outputs.lstrip().startswith("dict(loss=%") and "nothing=None" in outputs and "pair=(" in outputs
+    model_file = load_model_file(str(MODELS / "dict_outputs.py"))
+    x = model_file.sample_inputs().args[0]
+    fast = generated.FastModel(model_file.build_model())
+    out = fast(x, target=x.clone(), scale=0.5)
+    assert set(out) == {"loss", "y", "nothing", "pair"} and out["nothing"] is None
+    assert out["y"].shape == (4, 10, 16) and out["pair"][1].shape == (4, 16, 10)
+    with pytest.raises(ValueError, match=r"the plan was made with scale=0\.5, not 2\.0"):
+        fast(x, x, scale=2.0)
+    with pytest.raises(TypeError, match="the plan was made without the argument 'mask'"):
+        fast(x, x, mask=x)
+    fast(x, x)  # the constant left out: the plan's value
+
+
+def test_the_module_runs_on_the_models_device_of_the_plans_kind(dict_model):
+    text, source, generated = dict_model
+    assert re.search(r"^  device +cpu$", text, re.M)
+    assert 'DEVICE_KIND = "cpu"' in source
+    assert not re.search(r"cuda:\d|torch\.device\(\"cpu\"\)", source)  # no device index, no fixed device
+    model_file = load_model_file(str(MODELS / "dict_outputs.py"))
+    model = model_file.build_model().to("meta")
+    x = torch.empty(4, 10, 16, device="meta")
+    with pytest.raises(ValueError, match="the model is on meta but the plan was made for cpu"):
+        generated.FastModel(model)(x, x)
