@@ -787,28 +787,26 @@ def _header_value(line: str) -> str:
     return match.group(1).strip() if match else ""
 
 
-def _gap_value(line: str) -> tuple[str, str]:
+def _amount_value(line: str, what: str, key: str, unit: str, hint: str) -> tuple[str, str]:
+    """The message for a bad `gap` or `solve-time` value: missing, negative, unitless or other."""
     value = _header_value(line)
-    hint = "write the relative MIP gap in percent, e.g. `gap         1.23%` (leave the line out when there is none)"
     if not value:
-        return "expected the gap (in percent) after `gap`", hint
+        return f"expected the {what} after `{key}`", hint
     if value.startswith("-"):
-        return f"a gap cannot be negative (`{value}`)", hint
+        return f"a {what.split(' (')[0]} cannot be negative (`{value}`)", hint
     if re.fullmatch(r"[0-9]+(\.[0-9]+)?", value):
-        return "a gap needs a `%`", hint
-    return f"bad gap `{value}`", hint
+        return f"a {what.split(' (')[0]} needs {unit}", hint
+    return f"bad {what.split(' (')[0]} `{value}`", hint
+
+
+def _gap_value(line: str) -> tuple[str, str]:
+    hint = "write the relative MIP gap in percent, e.g. `gap         1.23%` (leave the line out when there is none)"
+    return _amount_value(line, "gap (in percent)", "gap", "a `%`", hint)
 
 
 def _solve_time_value(line: str) -> tuple[str, str]:
-    value = _header_value(line)
     hint = "write the seconds spent solving, e.g. `solve-time  2.4 s` (leave the line out when unknown)"
-    if not value:
-        return "expected the solve time (in seconds) after `solve-time`", hint
-    if value.startswith("-"):
-        return f"a solve time cannot be negative (`{value}`)", hint
-    if re.fullmatch(r"[0-9]+(\.[0-9]+)?", value):
-        return "a solve time needs a unit", hint
-    return f"bad solve time `{value}`", hint
+    return _amount_value(line, "solve time (in seconds)", "solve-time", "a unit", hint)
 
 
 HEADER_VALUE_LABELS = ("gap-", "solve-time-")  # errors located on the whole value of the line
