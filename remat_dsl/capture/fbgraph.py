@@ -262,8 +262,6 @@ def output_structure(spec: pytree.TreeSpec, leaves) -> ir.Arg:
         return ir.TupleArg(tuple(children))
     if kind is list:
         return ir.ListArg(tuple(children))
-    if kind is type(None):
-        return None
     if kind is dict:
         keys = list(spec.context)
         target = "dict"
@@ -274,9 +272,9 @@ def output_structure(spec: pytree.TreeSpec, leaves) -> ir.Arg:
     else:
         raise RematError(f"error: the model's forward returns a {kind.__name__}, which remat-dsl cannot rebuild", hint="return a tuple, list, dict or dataclass of tensors")
     bad = next((k for k in keys if not (isinstance(k, str) and k.isidentifier())), None)
-    if bad is not None or len(keys) != len(children):
+    if bad is not None:
         raise RematError(f"error: the model's output has the key {bad!r}; output keys must be identifiers", hint="return a dict with identifier keys, or a tuple")
-    return ir.Call(target, (), tuple(zip(keys, children)))
+    return ir.Call(target, (), tuple(zip(keys, children, strict=True)))
 
 
 def _class_path(kind: type) -> str:

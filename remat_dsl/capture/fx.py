@@ -77,9 +77,10 @@ def capture(model: torch.nn.Module, inputs: Inputs) -> Captured:
     """
     model = copy.deepcopy(model)
     inputs = _training_defaults(model, inputs)
-    named = named_inputs(model, inputs)
+    named = _distinct_tensors(model, _named_arguments(model, inputs))
     constants = [(name, value) for name, value in named if not isinstance(value, torch.Tensor)]
-    call = _distinct_tensors(model, inputs, named)
+    count = len(inputs.args)
+    call = Inputs(tuple(value for _, value in named[:count]), dict(named[count:]))
     record: dict = {}
     with torch.random.fork_rng(devices=_cuda_devices(call.leaves())):
         out = _compile_and_run(model, call, record)
@@ -87,7 +88,7 @@ def capture(model: torch.nn.Module, inputs: Inputs) -> Captured:
     flat, spec = pytree.tree_flatten(out)
     if "backward" not in record:
         raise RematError("error: the model has no parameter that requires a gradient", hint="nothing to plan")
-    tensors = {id(value): name for name, value in zip([n for n, _ in named], call.leaves()) if isinstance(value, torch.Tensor)}
+    tensors = {id(value): name for name, value in named if isinstance(value, torch.Tensor)}
     names = _primal_names(model, record["example_inputs"], tensors)
     meta = record["meta"]
     mutated = [i for i, info in enumerate(meta.input_info) if info.mutates_data]
@@ -200,12 +201,12 @@ def _signature_text(model) -> str:
         return ""
 
 
-def _distinct_tensors(model, inputs: Inputs, named: list[tuple[str, object]]) -> Inputs:
-    """The call with every tensor argument its own object: a tensor passed twice is copied,
+def _distinct_tensors(model, named: list[tuple[str, object]]) -> list[tuple[str, object]]:
+    """The named arguments with every tensor its own object: a tensor passed twice is copied,
     and a parameter or buffer passed as an argument is refused."""
     owned = {id(t) for t in (*model.parameters(), *model.buffers())}
     seen: set[int] = set()
-    values = []
+    distinct = []
     for name, value in named:
         if isinstance(value, torch.Tensor):
             if id(value) in owned:
@@ -213,9 +214,8 @@ def _distinct_tensors(model, inputs: Inputs, named: list[tuple[str, object]]) ->
             if id(value) in seen:
                 value = value.clone()
             seen.add(id(value))
-        values.append(value)
-    count = len(inputs.args)
-    return Inputs(tuple(values[:count]), dict(zip(inputs.kwargs, values[count:])))
+        distinct.append((name, value))
+    return distinct
 
 
 def _check_output_leaves(out) -> None:

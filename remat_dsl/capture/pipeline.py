@@ -55,11 +55,11 @@ def check_plan_matches(plan, model_file: ModelFile) -> None:
     every item of a fresh capture of its graph (op times and temporaries aside)."""
     import torch
 
+    from remat_dsl.capture.fx import named_inputs
     from remat_dsl.plan.errors import PlanError
 
-    from remat_dsl.capture.fx import named_inputs
-
-    inputs = {name: t for name, t in named_inputs(model_file.build_model(), model_file.sample_inputs()) if isinstance(t, torch.Tensor)}
+    model = model_file.build_model()
+    inputs = {name: t for name, t in named_inputs(model, model_file.sample_inputs()) if isinstance(t, torch.Tensor)}
     hint = f"plan again for this model: remat plan {model_file.spec} --budget ..."
     if sorted(inputs) != sorted(d.name for d in plan.graph.inputs):
         first = plan.graph.inputs[0].span if plan.graph.inputs else None
@@ -67,7 +67,7 @@ def check_plan_matches(plan, model_file: ModelFile) -> None:
         raise PlanError(f"the plan takes the inputs {', '.join(d.name for d in plan.graph.inputs)} but {model_file.spec} gives {theirs}", span=first, hint=hint)
     for decl in plan.graph.inputs:
         _check_value(decl, inputs[decl.name], "input", model_file.spec, hint)
-    params = dict(model_file.build_model().named_parameters())
+    params = dict(model.named_parameters())
     for decl in plan.graph.parameters:
         if decl.name not in params:
             raise PlanError(f"the plan is for another model: {model_file.spec} has no parameter '{decl.name}'", span=decl.span, hint=hint, length=len(decl.name))

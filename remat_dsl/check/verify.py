@@ -186,22 +186,22 @@ def check_operators(graph: ir.Graph) -> None:
                 raise PlanError(f"'{op.name}' declares output '{extra[0]}', but {op.target} returns {returns} value(s)", span=op.span, hint=RERUN)
         for arg in (*op.args, *(v for _, v in op.kwargs)):
             _check_inline(arg, op.span)
-    _check_outputs(graph.outputs, graph)
+    _check_outputs(graph.outputs)
     for grad in graph.gradients:
         _check_inline(grad.value, grad.span)
 
 
-def _check_outputs(arg: ir.Arg, graph: ir.Graph) -> None:
+def _check_outputs(arg: ir.Arg) -> None:
     """The model's output: tensors, their views, None, and tuples, lists, dicts and classes
     (`module.Class(field=...)`) of them (ir.is_structure)."""
     if isinstance(arg, (ir.ListArg, ir.TupleArg)):
         for item in arg.items:
-            _check_outputs(item, graph)
+            _check_outputs(item)
     elif ir.is_structure(arg):
         if arg.target != "dict" and not all(part.isidentifier() for part in arg.target.split(".")):
             raise PlanError(f"the output class `{arg.target}` is not a dotted path (module.Class)", hint=RERUN)
         for _, item in arg.kwargs:
-            _check_outputs(item, graph)
+            _check_outputs(item)
     elif arg is not None and not isinstance(arg, (ir.Ref, ir.Call)):
         raise PlanError(f"the model's output holds the constant {arg!r}; outputs are tensors", hint=RERUN)
     else:

@@ -95,14 +95,15 @@ class SolverResult:
 
 class BudgetError(RematError):
     """No plan of this solver fits the budget; `smallest` is the smallest budget that does
-    (bytes), `solver` the solver's name."""
+    (bytes), `solver` the solver's name, `reason` (optional) why no plan of any solver can."""
 
-    def __init__(self, budget: int, smallest: int, solver: str):
+    def __init__(self, budget: int, smallest: int, solver: str, reason: str | None = None):
         self.budget, self.smallest, self.solver = budget, smallest, solver
+        why = f" ({reason})" if reason else ""
         super().__init__(
-            f"error: budget {format_bytes(budget)} is infeasible for solver {solver}: "
+            f"error: budget {format_bytes(budget)} is infeasible for solver {solver}{why}: "
             f"the smallest feasible budget is {format_bytes(smallest)}",
-            hint=f"plan with --budget {smallest} or more, or choose another solver",
+            hint=f"plan with --budget {smallest} or more" + ("" if reason else ", or choose another solver"),
         )
 
 

@@ -28,6 +28,7 @@ import functools
 import time
 from dataclasses import replace
 
+from remat_dsl.check.replay import value_nbytes
 from remat_dsl.plan import ir
 from remat_dsl.plan.constraints import check_conflicts, constraint_lines
 from remat_dsl.plan.errors import RematError
@@ -90,6 +91,14 @@ class Planner:
         graph, device = self.problem.graph, self.problem.device
         return lowered_plan(graph, autograd_order(graph), device=device).header.peak_bytes
 
+    @functools.cached_property
+    def gradient_bytes(self) -> int:
+        """Bytes of the parameter gradients the step returns: all of them are live at its end,
+        so no budget below this has a plan."""
+        graph = self.problem.graph
+        with_gradient = {g.parameter for g in graph.gradients if g.value is not None}
+        return sum(value_nbytes(p) for p in graph.parameters if p.name in with_gradient)
+
     def plan(self, budget: int, solver: str = "auto") -> ir.Plan:
         """A plan whose simulated peak is at most `budget` bytes, by `solver` (a registry
         name or `auto`).  Its header records the solver and its settings, the status, the
@@ -100,6 +109,10 @@ class Planner:
         try:
             plan, info = self._first_fitting(self.solver(name), budget)
         except BudgetError as error:
+            gradients = self.gradient_bytes
+            if budget < gradients:  # no schedule of any solver: the step ends holding them all
+                reason = f"the parameter gradients alone take {format_bytes(gradients)}, and the budget counts them"
+                error = BudgetError(error.budget, error.smallest, error.solver, reason)
             raise self._constraints_error(error, budget, solver) from None
         label = f"auto: {plan.header.solver}" if solver == "auto" else plan.header.solver
         header = replace(plan.header, solver=label, gap=info.gap, solve_seconds=time.perf_counter() - start)
