@@ -70,6 +70,8 @@ FILES = {
     "keep_all.constraints": lambda: 'keep "*"\n',
     "syntax.plan": lambda: _text_edit("  compute  fc2\n", "  compute  fc2  compute\n"),
     "other.profile": lambda: 'remat-profile 1\nmodel   "examples/resnet.py"\ndevice  cpu\ntorch   "2.13.0+cpu"\ninput   x  float32[8, 3, 32, 32]\n\nops\n  conv  0.100 ms  0 B\n',
+    "syntax.toml": lambda: 'kind = "cuda"\nmemory = \n',
+    "missing_key.toml": lambda: 'kind = "cuda"\nmemory = 80e9\n',
     "valid.plan": lambda: VALID.read_text(),
     "empty.plan": lambda: "",
     "nested.plan": _nested,

@@ -378,7 +378,7 @@ def test_gap_and_solve_time_in_the_wrong_order_or_twice():
     for lines in ("  solve-time  2.4 s\n  gap  1%\n", "  gap  1%\n  gap  2%\n"):
         error = error_of(edit("  status      optimal\n", "  status      feasible\n" + lines))
         assert error.message.startswith("expected ") and error.message.endswith("found `gap`")
-        assert "model, device, budget, counts, solver, status, gap, solve-time, peak" in error.hint
+        assert "model, device, costs, budget, counts, solver, status, gap, solve-time, peak" in error.hint
     assert error_of(edit("  status      optimal\n", "  status      optimal\n  gpa  1%\n")).hint == "did you mean `gap`?"
 
 
@@ -905,3 +905,15 @@ def test_random_plans_round_trip(plan):
     back = parse(text)
     assert same(back, plan)
     assert print_plan(back) == text
+
+
+def test_the_costs_line_is_read_and_printed_where_it_belongs():
+    """`costs` (predicted, not measured: remat plan --device) round-trips after `device`;
+    left out, the costs were measured."""
+    text = edit("  device      cuda:0\n", '  device      cuda\n  costs       "roofline h100-sxm, fake tensors"\n')
+    plan = parse(text)
+    assert plan.header.costs == "roofline h100-sxm, fake tensors" and plan.header.device == "cuda"
+    assert print_plan(plan) == text
+    assert parse(SMALL_TEXT).header.costs is None
+    late = edit("  status      optimal\n", '  status      optimal\n  costs       "roofline a100"\n')
+    assert "model, device, costs, budget" in error_of(late).hint

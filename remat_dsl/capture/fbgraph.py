@@ -29,11 +29,16 @@ from remat_dsl.plan.errors import RematError
 from remat_dsl.capture.profile import NodeProfile, StepProfile, dtype_name, is_call
 
 
-def build_graph(captured: Captured, step: StepProfile, inputs: tuple) -> ir.Graph:
-    """The FB-graph of one training step, with measured times and exact sizes."""
+def build_graph(captured: Captured, step: StepProfile, inputs: tuple, device_kinds: dict[str, str] | None = None) -> ir.Graph:
+    """The FB-graph of one training step, with the profile's times and exact sizes.
+
+    device_kinds: device kinds to rename in `torch.device(...)` arguments: the kind the
+    model was captured on -> the kind the plan is for (`{"meta": "cuda"}` for a fake
+    capture planned for a GPU).
+    """
     _drop_dead_backward_nodes(captured.backward)
     names = _op_names(captured, step)
-    builder = _Builder(names)
+    builder = _Builder(names, device_kinds or {})
     fw_env = builder.walk(captured.forward, step.forward, ir.FORWARD, _primal_refs(captured))
     bw_refs = _backward_refs(captured, fw_env)
     bw_env = builder.walk(captured.backward, step.backward, ir.BACKWARD, bw_refs)
@@ -128,7 +133,8 @@ def _deduplicate(names: dict[fx.Node, str]) -> dict[fx.Node, str]:
 class _Builder:
     """Turns FX nodes into ops, tensors and argument expressions."""
 
-    def __init__(self, names: dict[fx.Node, str]):
+    def __init__(self, names: dict[fx.Node, str], device_kinds: dict[str, str]):
+        self.device_kinds = device_kinds
         self.names = names
         self.ops: list[ir.Op] = []
         self.tensors: list[ir.TensorDecl] = []
@@ -184,6 +190,8 @@ class _Builder:
             return env[value.name]
         if isinstance(value, (list, tuple)):
             return ir.ListArg(tuple(self.arg(v, env) for v in value))
+        if isinstance(value, torch.device) and value.type in self.device_kinds:
+            return constant(torch.device(self.device_kinds[value.type]))
         return constant(value)
 
 

@@ -68,9 +68,14 @@ class Captured:
     none_leaves: list[bool] = field(default_factory=list)  # per output leaf: is it None
 
 
-def capture(model: torch.nn.Module, inputs: Inputs) -> Captured:
+def capture(model: torch.nn.Module, inputs: Inputs, portable: bool = False) -> Captured:
     """Trace `model(*inputs.args, **inputs.kwargs)` and its backward into two FX graphs
     (NOTE: [Stock models]).
+
+    portable: the plan is for another device kind than the one capturing (a CUDA plan
+    made on this CPU): scaled-dot-product attention is captured as its math decomposition
+    (matmuls and a softmax, which every device runs), not as this device's fused kernel
+    (`_scaled_dot_product_flash_attention_for_cpu` has no CUDA kernel).
 
     Raises RematError when the model cannot be captured as one graph (graph breaks,
     unsupported outputs or arguments), with the reason PyTorch gave.
@@ -83,7 +88,8 @@ def capture(model: torch.nn.Module, inputs: Inputs) -> Captured:
     call = Inputs(tuple(value for _, value in named[:count]), dict(named[count:]))
     record: dict = {}
     with torch.random.fork_rng(devices=_cuda_devices(call.leaves())):
-        out = _compile_and_run(model, call, record)
+        with _math_attention() if portable else contextlib.nullcontext():
+            out = _compile_and_run(model, call, record)
     _check_output_leaves(out)
     flat, spec = pytree.tree_flatten(out)
     if "backward" not in record:
@@ -239,7 +245,17 @@ def _kind(value) -> str:
     return "None" if value is None else f"a {type(value).__name__}"
 
 
+def _math_attention():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.MATH])
+
+
 def _cuda_devices(values) -> list[int]:
+    """The CUDA devices whose RNG state to save; none where CUDA is absent (fake CUDA
+    tensors of a fake capture)."""
+    if not torch.cuda.is_available():
+        return []
     return sorted({t.device.index or 0 for t in values if isinstance(t, torch.Tensor) and t.is_cuda})
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.utils._pytree as pytree
@@ -16,10 +19,15 @@ from remat_dsl.capture.profile import is_call, profile_step
 
 @dataclass(frozen=True)
 class Captured:
-    """The profiled FB-graph of a model file and the device it was measured on."""
+    """The profiled FB-graph of a model file and the device kind it is planned for.
+
+    costs: None when every op was measured here; else what predicted the costs, as the
+    plan's header says it (`roofline h100-sxm`, `roofline cpu, fake tensors`).
+    """
 
     graph: ir.Graph
     device: str
+    costs: str | None = None
 
 
 def device_of(inputs, model: torch.nn.Module) -> str:
@@ -32,21 +40,153 @@ def device_of(inputs, model: torch.nn.Module) -> str:
     return "cpu"
 
 
-def capture_graph(model_file: ModelFile, repeats: int = 5, progress=None, measure_time: bool = True) -> Captured:
-    """Build the model, capture its training step and measure every op.
+# NOTE: [Fake capture]
+# A model too large for this machine (a Llama-2-7B in bf16 is 13.5 GB of weights, and the
+# real capture also holds its gradients and activations) is captured without data: the
+# model is built under a FakeTensorMode, the sample inputs are converted to fake tensors,
+# and torch.compile/AOTAutograd trace it as usual.  Fake tensors keep the device they
+# would have (cpu), their shapes, dtypes, strides and storages, but hold no bytes; unlike
+# the meta device they dispatch as the real device does (on meta, nll_loss has no autograd
+# kernel and the loss's backward is lost).  Sizes and aliasing come from their storages,
+# so the graph and its tensor table are the ones a real capture gives
+# (tests/test_fake_capture.py); the costs come from a device model (capture/cost.py),
+# since nothing can be timed.  `remat plan --fake` asks for it; without it the model is
+# first built on the meta device, which costs no memory, and a model whose parameters and
+# buffers would take more than FAKE_FRACTION of the host's available memory is captured
+# fake (the tool says so).
+
+FAKE_FRACTION = 0.4
+FAKE_COSTS = ", fake tensors"  # the end of a plan's `costs` header after a fake capture
+
+
+def host_available_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes, None where there is none."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def state_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's parameters and buffers (each storage once: tied weights once)."""
+    seen, total = set(), 0
+    for t in (*model.parameters(), *model.buffers()):
+        key = t.untyped_storage()._cdata
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+    return total
+
+
+def too_large_for_host(model_file: ModelFile) -> tuple[int, int] | None:
+    """(state bytes, available bytes) when the model, built on meta, would take more than
+    FAKE_FRACTION of the host's available memory; None when it fits, or when building it
+    on meta fails (the real build then reports the user's error)."""
+    available = host_available_bytes()
+    if available is None:
+        return None
+    try:
+        with torch.device("meta"):
+            model = model_file.build_model()
+    except Exception:  # the model file may not build on meta: capture it for real
+        return None
+    size = state_bytes(model)
+    return (size, available) if size > FAKE_FRACTION * available else None
+
+
+def _fake_mode():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+@contextlib.contextmanager
+def _fake_warnings_silenced():
+    """PyTorch warns when fake tensors' data pointers are touched (deepcopy, storage
+    checks); we never read them."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*data pointer of FakeTensor")
+        yield
+
+
+def _fake_state(model: torch.nn.Module, mode) -> None:
+    """Replace every parameter and buffer of `model` by an empty fake tensor of `mode` on
+    the cpu (same shape, strides, dtype, requires_grad); a tensor shared by several
+    modules (tied weights) stays shared."""
+    made: dict[int, torch.Tensor] = {}
+
+    def fake(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in made:
+            with mode, _fake_warnings_silenced():
+                empty = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+            made[id(t)] = torch.nn.Parameter(empty, t.requires_grad) if isinstance(t, torch.nn.Parameter) else empty
+        return made[id(t)]
+
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for name, t in table.items():
+                if t is not None:
+                    table[name] = fake(t)
+
+
+def build_fake(model_file: ModelFile, mode):
+    """(model, inputs) as fake tensors of `mode` (NOTE: [Fake capture]): the model is built
+    on the meta device (libraries skip weight initialisation there, which would read
+    values), then its parameters and buffers become fake cpu tensors; the inputs are made for real (they are small), then
+    converted.  Raises RematError."""
+    with torch.device("meta"):
+        model = model_file.build_model()
+    _fake_state(model, mode)
+    inputs = model_file.sample_inputs()
+    convert = lambda v: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v  # noqa: E731
+    return model, Inputs(tuple(map(convert, inputs.args)), {k: convert(v) for k, v in inputs.kwargs.items()})
+
+
+def capture_graph(
+    model_file: ModelFile,
+    repeats: int = 5,
+    progress=None,
+    measure_time: bool = True,
+    device_model=None,
+    fake: bool = False,
+    kind: str | None = None,
+) -> Captured:
+    """Build the model, capture its training step and measure (or predict) every op.
 
     progress: optional object with `start(total)` and `advance(n)` (a rich progress bar).
     measure_time: False skips the timing loop: every op's time_us is 0 (sizes, aliasing
     and temporary memory are still measured), for plans made from a profile file.
+    device_model: a `cost.DeviceModel`: op times and temporaries are predicted for it, and
+    the plan names its kind.  fake: capture with fake tensors (NOTE: [Fake capture]);
+    needs a device model (the caller passes the `cpu` one for this machine).  kind: the
+    device kind the plan is for (default: the device model's, else the model's).
+    Raises RematError (the model file's errors, capture failures).
     """
-    model = model_file.build_model()
-    inputs = model_file.sample_inputs()
-    captured = capture(model, inputs)
+    if fake and device_model is None:
+        raise ValueError("a fake capture needs a device model: nothing can be timed on fake tensors")
+    mode = _fake_mode() if fake else contextlib.nullcontext()
+    model, inputs = build_fake(model_file, mode) if fake else (model_file.build_model(), model_file.sample_inputs())
+    # dynamo finds the fake mode in the inputs; outside it, constants the forward makes
+    # (T5's `torch.tensor(0)`) stay real values
+    captured_on = device_of(inputs, model)
+    kind = kind or (device_model.kind if device_model is not None else captured_on)
+    with _fake_warnings_silenced():
+        captured = capture(model, inputs, portable=kind != captured_on)
     total = sum(1 for g in (captured.forward, captured.backward) for n in g.graph.nodes if is_call(n))
     if progress:
         progress.start(total)
-    step = profile_step(captured, captured.example_primals, repeats, progress.advance if progress else None, measure_time)
-    return Captured(build_graph(captured, step, inputs), device_of(inputs, model))
+    with mode, _fake_warnings_silenced():
+        step = profile_step(
+            captured, captured.example_primals, repeats, progress.advance if progress else None, measure_time, device_model,
+        )  # fmt: skip
+    costs = None
+    if device_model is not None:
+        costs = f"roofline {device_model.name}" + (FAKE_COSTS if fake else "")
+    graph = build_graph(captured, step, inputs, device_kinds={captured_on: kind})
+    return Captured(graph, kind, costs)
 
 
 def check_plan_matches(plan, model_file: ModelFile) -> None:
@@ -58,8 +198,9 @@ def check_plan_matches(plan, model_file: ModelFile) -> None:
     from remat_dsl.capture.fx import named_inputs
     from remat_dsl.plan.errors import PlanError
 
-    model = model_file.build_model()
-    inputs = {name: t for name, t in named_inputs(model, model_file.sample_inputs()) if isinstance(t, torch.Tensor)}
+    fake = (plan.header.costs or "").endswith(FAKE_COSTS) or too_large_for_host(model_file) is not None
+    model, sample = build_fake(model_file, _fake_mode()) if fake else (model_file.build_model(), model_file.sample_inputs())
+    inputs = {name: t for name, t in named_inputs(model, sample) if isinstance(t, torch.Tensor)}
     hint = f"plan again for this model: remat plan {model_file.spec} --budget ..."
     if sorted(inputs) != sorted(d.name for d in plan.graph.inputs):
         first = plan.graph.inputs[0].span if plan.graph.inputs else None
@@ -72,15 +213,17 @@ def check_plan_matches(plan, model_file: ModelFile) -> None:
         if decl.name not in params:
             raise PlanError(f"the plan is for another model: {model_file.spec} has no parameter '{decl.name}'", span=decl.span, hint=hint, length=len(decl.name))
         _check_value(decl, params[decl.name], "parameter", model_file.spec, hint)
-    _check_graph(plan, model_file, hint)
+    _check_graph(plan, model_file, hint, fake)
 
 
-def _check_graph(plan, model_file: ModelFile, hint: str) -> None:
+def _check_graph(plan, model_file: ModelFile, hint: str, fake: bool) -> None:
+    from remat_dsl.capture.cost import load_device
     from remat_dsl.plan import digest
     from remat_dsl.plan.errors import PlanError
     from remat_dsl.plan.ir import Span
 
-    captured = capture_graph(model_file, measure_time=False).graph
+    device_model = load_device("cpu") if fake else None  # costs are not compared, only the graph
+    captured = capture_graph(model_file, measure_time=False, device_model=device_model, fake=fake, kind=plan.header.device).graph
     outputs = plan.section_span("outputs")
     ours = digest.items(plan.graph, outputs and Span(outputs.line + 1, 3), costs=False)
     theirs = digest.items(captured, costs=False)

@@ -12,6 +12,12 @@ exact storage sizes, or views of existing storage), its temporary memory and its
   `measure_time=False` no op is timed and every duration is 0 (sizes, aliasing and
   temporary memory still come from the one real run).
 
+With a device model (`remat_dsl.capture.cost.DeviceModel`, `remat plan --device`) nothing
+is timed or profiled: each op's duration and temporary memory are predicted from its
+shapes (roofline), so the graph may run on real tensors or on the `meta` device (fake
+capture, NOTE: [Fake capture] in pipeline.py).  Sizes and aliasing come from shapes and
+storage identity, which meta tensors have too.
+
 The RNG state is restored afterwards, so profiling draws nothing from the user's stream.
 """
 
@@ -31,7 +37,6 @@ from remat_dsl.capture.fx import Captured
 from remat_dsl.plan.errors import RematError
 from remat_dsl.capture.measure import memory_events, memory_profiler
 from remat_dsl.plan.operators import is_view
-
 
 
 @dataclass
@@ -81,20 +86,29 @@ def _schema_is_view(node: fx.Node) -> bool:
 
 
 def profile_step(
-    captured: Captured, inputs_by_primal: list[torch.Tensor], repeats: int = 5, progress=None, measure_time: bool = True
+    captured: Captured,
+    inputs_by_primal: list[torch.Tensor],
+    repeats: int = 5,
+    progress=None,
+    measure_time: bool = True,
+    device_model=None,
 ) -> StepProfile:
     """Run the forward then the backward graph node by node and measure each node.
 
-    inputs_by_primal: the real tensors for the forward placeholders, in order.
+    inputs_by_primal: the tensors for the forward placeholders, in order (real, or on the
+    meta device with a device model).
     progress: optional callable(advance: int) for a progress bar.
     measure_time: False skips the timing loop (every time_us stays 0).
+    device_model: a `cost.DeviceModel`: every op's time (microseconds) and temporary bytes
+    are predicted for that device instead of measured here.
     """
     result = StepProfile()
     devices = sorted({t.device.index or 0 for t in inputs_by_primal if t.is_cuda})
+    run = _Run(repeats, progress, measure_time, device_model)
     with torch.random.fork_rng(devices=devices), torch.no_grad():
-        env = _run_graph(captured.forward, inputs_by_primal, result.forward, repeats, progress, measure_time)
+        env = run.graph(captured.forward, inputs_by_primal, result.forward)
         bw_inputs = _backward_inputs(captured, env)
-        _run_graph(captured.backward, bw_inputs, result.backward, repeats, progress, measure_time)
+        run.graph(captured.backward, bw_inputs, result.backward)
     return result
 
 
@@ -115,34 +129,66 @@ def _backward_inputs(captured: Captured, fw_env: dict[str, object]) -> list[torc
     return values
 
 
-def _run_graph(gm: fx.GraphModule, args: list, profiles: dict, repeats: int, progress, measure_time: bool = True) -> dict[str, object]:
-    """Interpret `gm` on real tensors, filling `profiles`; returns name -> value."""
-    env: dict[str, object] = {}
-    placeholders = iter(args)
-    calls = []
-    with memory_profiler() as prof:
-        for node in gm.graph.nodes:
-            if node.op == "placeholder":
-                env[node.name] = next(placeholders)
-            elif node.op == "call_function":
+@dataclass
+class _Run:
+    repeats: int
+    progress: object
+    measure_time: bool
+    device_model: object
+
+    def graph(self, gm: fx.GraphModule, args: list, profiles: dict) -> dict[str, object]:
+        """Interpret `gm` on `args`, filling `profiles`; returns name -> value."""
+        if self.device_model is not None:
+            return self._predicted(gm, args, profiles)
+        env: dict[str, object] = {}
+        calls = []
+        with memory_profiler() as prof:
+            for node, value in _interpret(gm, args, env):
+                calls.append(node)
+                profiles[node] = _describe(node, value, *_materialize(node, env))
+        _attribute_temp(prof, calls, profiles)
+        for node in calls:
+            info = profiles[node]
+            if self.measure_time and not all(o is None or o.alias for o in info.outputs):
                 fn_args, fn_kwargs = _materialize(node, env)
-                if is_call(node):
-                    with record_function(f"remat::{len(calls)}"):
-                        value = node.target(*fn_args, **fn_kwargs)
-                    calls.append(node)
-                    profiles[node] = _describe(node, value, fn_args, fn_kwargs)
-                else:
-                    value = node.target(*fn_args, **fn_kwargs)
-                env[node.name] = value
-    _attribute_temp(prof, calls, profiles)
-    for node in calls:
-        info = profiles[node]
-        if measure_time and not all(o is None or o.alias for o in info.outputs):
+                info.time_us = _time(node, fn_args, fn_kwargs, self.repeats)
+            if self.progress:
+                self.progress(1)
+        return env
+
+    def _predicted(self, gm: fx.GraphModule, args: list, profiles: dict) -> dict[str, object]:
+        from remat_dsl.capture.cost import op_temp_bytes, op_time_us
+
+        env: dict[str, object] = {}
+        for node, value in _interpret(gm, args, env):
             fn_args, fn_kwargs = _materialize(node, env)
-            info.time_us = _time(node, fn_args, fn_kwargs, repeats)
-        if progress:
-            progress(1)
-    return env
+            info = profiles[node] = _describe(node, value, fn_args, fn_kwargs)
+            if not all(o is None or o.alias for o in info.outputs):
+                info.time_us = op_time_us(self.device_model, node.target, fn_args, fn_kwargs, value)
+                info.temp_bytes = op_temp_bytes(self.device_model, node.target, fn_args, fn_kwargs, value)
+            if self.progress:
+                self.progress(1)
+        return env
+
+
+def _interpret(gm: fx.GraphModule, args: list, env: dict[str, object]):
+    """Run `gm` node by node on `args`, filling `env`; yields (node, value) per call node,
+    each inside its `record_function` range `remat::K` (K counts the calls)."""
+    placeholders = iter(args)
+    count = 0
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            env[node.name] = next(placeholders)
+        elif node.op == "call_function":
+            fn_args, fn_kwargs = _materialize(node, env)
+            if is_call(node):
+                with record_function(f"remat::{count}"):
+                    value = node.target(*fn_args, **fn_kwargs)
+                count += 1
+                env[node.name] = value
+                yield node, value
+            else:
+                env[node.name] = node.target(*fn_args, **fn_kwargs)
 
 
 def _materialize(node: fx.Node, env: dict[str, object]):
@@ -152,9 +198,15 @@ def _materialize(node: fx.Node, env: dict[str, object]):
     return pytree.tree_map(load, node.args), pytree.tree_map(load, node.kwargs)
 
 
+def _storage_id(t: torch.Tensor) -> int:
+    """The identity of a tensor's storage (its StorageImpl): shared by views, and defined on
+    the meta device too, where every data pointer is 0."""
+    return t.untyped_storage()._cdata
+
+
 def _storages(args, kwargs) -> set[int]:
     leaves = pytree.tree_leaves((args, kwargs))
-    return {t.untyped_storage().data_ptr() for t in leaves if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() > 0}
+    return {_storage_id(t) for t in leaves if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() > 0}
 
 
 def _describe(node: fx.Node, value, args, kwargs) -> NodeProfile:
@@ -167,9 +219,11 @@ def _describe(node: fx.Node, value, args, kwargs) -> NodeProfile:
             outputs.append(None)
             continue
         if not isinstance(item, torch.Tensor):
-            raise RematError(f"error: operation {node.target} returns a {type(item).__name__}, which remat-dsl cannot schedule")
+            raise RematError(
+                f"error: operation {node.target} returns a {type(item).__name__}, which remat-dsl cannot schedule"
+            )
         storage = item.untyped_storage()
-        alias = view or (storage.nbytes() > 0 and storage.data_ptr() in inputs)
+        alias = view or (storage.nbytes() > 0 and _storage_id(item) in inputs)
         outputs.append(OutputInfo(tuple(item.shape), dtype_name(item.dtype), 0 if alias else storage.nbytes(), alias))
     return NodeProfile(outputs=outputs, multi=multi, random=is_random(node))
 
@@ -198,7 +252,11 @@ def _attribute_temp(prof, calls: list[fx.Node], profiles: dict) -> None:
 
 
 def _time(node: fx.Node, args, kwargs, repeats: int) -> int:
-    sync = torch.cuda.synchronize if any(isinstance(t, torch.Tensor) and t.is_cuda for t in pytree.tree_leaves(args)) else (lambda: None)
+    sync = (
+        torch.cuda.synchronize
+        if any(isinstance(t, torch.Tensor) and t.is_cuda for t in pytree.tree_leaves(args))
+        else (lambda: None)
+    )
     node.target(*args, **kwargs)
     samples = []
     for _ in range(repeats):

@@ -44,7 +44,14 @@ def register(subparsers) -> None:
         help="auto (default: picks checkmate, rockmate or hiremate by graph structure and size), "
         "rockmate, hiremate, checkmate, rotor, checkpoint-sqrt or autograd",
     )
-    plan.add_argument("--bandwidth", default="12GB", help="host<->device bandwidth per second (default 12GB)")
+    plan.add_argument(
+        "--device",
+        metavar="NAME|FILE",
+        help="plan for this device with costs predicted from op shapes (roofline): a100, h100 (= h100-sxm), h100-pcie, l4, "
+        "cpu (this machine kind), or a device-description .toml file (docs/devices.md); default: measure every op here",
+    )
+    plan.add_argument("--fake", action="store_true", help="capture with fake tensors (meta device): no weights or activations are allocated, costs come from --device (default cpu); automatic when the model would not fit in host memory")
+    plan.add_argument("--bandwidth", help="host<->device bandwidth per second (default: the --device's host link, else 12GB)")
     plan.add_argument("--repeats", type=positive_int, default=5, help="timed runs per operation (median)")
     plan.add_argument("--time-limit", type=seconds, metavar="SECONDS", help="stop the solver after this many seconds (MILP solvers: the best plan found so far, status `feasible` with its gap); default: no limit")
     plan.add_argument("--record-solve-time", action="store_true", help="write the solver's run time into the header (`solve-time`); off by default so that plans are byte-identical from run to run")
@@ -59,6 +66,7 @@ class PlanRequest:
 
     budget: bytes, a percentage (`50%` -> 50.0) of the autograd peak, or None (autograd).
     bandwidth: bytes per second.  constraints: from --from, then --constraints.
+    device_model: the `cost.DeviceModel` of --device, None to measure.
     """
 
     budget: int | float | None
@@ -67,6 +75,7 @@ class PlanRequest:
     constraints: tuple
     profile: object | None
     output: Path | None
+    device_model: object | None = None
 
 
 def _quantity(parse, text: str, what: str):
@@ -83,9 +92,18 @@ def read_request(args) -> PlanRequest:
     from remat_dsl.plan.constraints import budget_of, located, read_constraints
     from remat_dsl.plan.parser import parse_file
     from remat_dsl.plan.units import parse_bandwidth, parse_percent, parse_size
+    from remat_dsl.solve.lowering import DEFAULT_BANDWIDTH
 
     output = check_writable(args.output, "plan") if args.output else None
-    bandwidth = _quantity(parse_bandwidth, args.bandwidth, "bandwidth")
+    device_model = None
+    if args.device is not None:
+        from remat_dsl.capture.cost import load_device
+
+        device_model = load_device(args.device)
+    if args.bandwidth is None:
+        bandwidth = int(device_model.host_to_device) if device_model is not None else DEFAULT_BANDWIDTH
+    else:
+        bandwidth = _quantity(parse_bandwidth, args.bandwidth, "bandwidth")
     if bandwidth <= 0:
         raise RematError(f"error: the bandwidth must be more than 0 bytes per second, got '{args.bandwidth}'", hint="pass e.g. --bandwidth 12GB")
     constraints, from_budget = (), None
@@ -95,6 +113,8 @@ def read_request(args) -> PlanRequest:
     if args.constraints:
         constraints += read_constraints(args.constraints)
     profile = None
+    if args.profile and device_model is not None:
+        raise RematError("error: --profile and --device both give the op costs", hint="pass --profile to use measured costs, or --device to predict them")
     if args.profile:
         from remat_dsl.capture.profile_file import load_profile
 
@@ -103,13 +123,13 @@ def read_request(args) -> PlanRequest:
     text = args.budget or (None if fallback is None else str(fallback))
     if text is None:
         if args.solver == "autograd":
-            return PlanRequest(None, False, bandwidth, constraints, profile, output)
+            return PlanRequest(None, False, bandwidth, constraints, profile, output, device_model)
         raise RematError("error: no budget given", hint="pass --budget (2GiB, 50%), or a `budget SIZE` constraint, or --from PLAN")
     percent = parse_percent(text)
     budget = percent if percent is not None else _quantity(parse_size, text, "budget")
     if budget <= 0:
         raise RematError(f"error: the budget must be more than 0, got '{text}'", hint="pass e.g. --budget 50% or --budget 2GiB")
-    return PlanRequest(budget, percent is not None, bandwidth, constraints, profile, output)
+    return PlanRequest(budget, percent is not None, bandwidth, constraints, profile, output, device_model)
 
 
 def run(args) -> int:
@@ -121,14 +141,14 @@ def run(args) -> int:
 
     request = read_request(args)
     model_file = load_model_file(args.model)
-    graph, device = _captured(model_file, args, request)
+    graph, device, costs = _captured(model_file, args, request)
     for warning in unmatched(graph, request.constraints):
         if args.strict:
             raise RematError(warning.replace("warning:", "error:", 1), hint="fix the pattern or remove the line (without --strict this is a warning)")
         status(warning)
     planner = Planner(
         graph, model=model_file.spec, device=device, bandwidth=request.bandwidth,
-        constraints=request.constraints, time_limit=args.time_limit,
+        constraints=request.constraints, time_limit=args.time_limit, report=status,
     )  # fmt: skip
     if request.budget is None or request.budget_is_percent:
         peak = planner.autograd_peak
@@ -138,6 +158,7 @@ def run(args) -> int:
     limit = f", time limit {args.time_limit:g} s" if args.time_limit is not None else ""
     status(f"solving with {args.solver} for a budget of {format_bytes(budget)}{limit}")
     plan = planner.plan(budget, args.solver)
+    plan = replace(plan, header=replace(plan.header, costs=costs))
     seconds = plan.header.solve_seconds
     if not args.record_solve_time:
         plan = replace(plan, header=replace(plan.header, solve_seconds=None))
@@ -152,19 +173,36 @@ def run(args) -> int:
 
 
 def _captured(model_file, args, request: PlanRequest):
-    """(graph, device) of the model: measured, or with costs from --profile."""
-    from remat_dsl.capture.pipeline import capture_graph
+    """(graph, device kind, costs) of the model: measured, predicted for --device (NOTE:
+    [Fake capture] in capture/pipeline.py), or with costs from --profile."""
+    from remat_dsl.capture.pipeline import capture_graph, too_large_for_host
+    from remat_dsl.plan.units import format_bytes
 
+    fake, device_model = args.fake, request.device_model
+    if not fake:
+        sizes = too_large_for_host(model_file)
+        if sizes is not None:
+            status(
+                f"the model's parameters and buffers take {format_bytes(sizes[0])}, too much of the {format_bytes(sizes[1])} "
+                "of host memory available: capturing it with fake tensors"
+            )
+            fake = True
+    if fake and device_model is None:
+        from remat_dsl.capture.cost import load_device
+
+        device_model = load_device("cpu")
+        status("op costs predicted for this CPU (the `cpu` device description); pass --device for another device")
     if request.profile is None:
-        with Progress(f"profiling {model_file.spec}") as progress:
-            captured = capture_graph(model_file, args.repeats, progress)
-        return captured.graph, captured.device
+        verb = "capturing" if device_model is not None else "profiling"
+        with Progress(f"{verb} {model_file.spec}" + (" with fake tensors" if fake else "")) as progress:
+            captured = capture_graph(model_file, args.repeats, progress, device_model=device_model, fake=fake)
+        return captured.graph, captured.device, captured.costs
     from remat_dsl.capture.profile_file import apply_profile
 
     with Progress(f"capturing {model_file.spec}") as progress:
-        captured = capture_graph(model_file, args.repeats, progress, measure_time=False)
+        captured = capture_graph(model_file, args.repeats, progress, measure_time=False, device_model=device_model, fake=fake)
     status(f"costs from {args.profile}")
-    return apply_profile(captured.graph, request.profile, model=model_file.spec), captured.device
+    return apply_profile(captured.graph, request.profile, model=model_file.spec), captured.device, None
 
 
 def solver_status(header) -> str:

@@ -299,6 +299,9 @@ class Header:
     budget, peak_bytes: bytes.  time_us, compute_us, recompute_us: microseconds.
     bandwidth: host<->device bytes per second.  peak_at: "forward:K" or "backward:K",
     the 1-based index of the instruction where the peak occurs.
+    costs: what predicted the op times and temporaries when they were not measured on the
+    device (`roofline h100-sxm`, `roofline cpu, fake tensors`: remat plan --device,
+    --fake); None for measured costs (and in older plans).
     solver: the solver and its settings, e.g. "rotor slots=500".
     status: "optimal", "feasible", "baseline" (autograd), "heuristic" (checkpoint-sqrt) or "hand-written".
     A MILP solver stopped by its time limit before proving optimality writes "feasible"
@@ -331,6 +334,7 @@ class Header:
     comments: tuple[str, ...] = ()
     gap: float | None = None
     solve_seconds: float | None = None
+    costs: str | None = None
 
     def __post_init__(self) -> None:
         if self.gap is not None:

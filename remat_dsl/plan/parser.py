@@ -8,6 +8,7 @@ The grammar is grammar/plan.lark (LALR(1), contextual lexer).  A plan looks like
     header
       model       "tests/models/tiny_mlp.py:build_model"
       device      cpu
+      costs       "roofline h100-sxm"         # optional: what predicted the costs (left out: measured)
       budget      64 KiB
       counts      "activations, temporaries, outputs, gradients"
       solver      "hand"
@@ -116,7 +117,7 @@ SECTIONS_V1 = (
     "outputs", "gradients", "updates", "forward", "backward", "digest",
 )  # fmt: skip
 HEADER_KEYS = (
-    "model", "device", "budget", "counts", "solver", "status", "gap", "solve-time",
+    "model", "device", "costs", "budget", "counts", "solver", "status", "gap", "solve-time",
     "peak", "time", "compute", "recompute", "bandwidth",
 )  # fmt: skip
 
@@ -438,6 +439,9 @@ class _Builder(Transformer):
 
     def device(self, c: list) -> dict:
         return {"device": self._string(c[0]) if c[0].type == "STRING" else c[0].value}
+
+    def costs(self, c: list) -> dict:
+        return {"costs": self._string(c[0])}
 
     def budget(self, c: list) -> dict:
         if len(c) == 1:
@@ -939,7 +943,7 @@ def _token_hint(token: Token, expected: set[str], order: tuple[str, ...] = SECTI
         return "the file ends early; a plan has the sections " + ", ".join(s for s in order if s != "constraints")
     is_section = set(keywords) & set(SECTIONS)
     if token.value in HEADER_KEYS and keywords and set(keywords) <= set(HEADER_KEYS):
-        return "the header's lines come once each, in this order: " + ", ".join(HEADER_KEYS) + " (gap and solve-time may be left out)"
+        return "the header's lines come once each, in this order: " + ", ".join(HEADER_KEYS) + " (costs, gap and solve-time may be left out)"
     if token.value in SECTIONS and is_section:
         return "sections come in this order: " + ", ".join(order)
     guess = _suggest(token.value, keywords) if token.value[:1].isalpha() else None

@@ -249,6 +249,7 @@ def _header(h: ir.Header) -> list[str]:
     entries = [
         ("model", _string(h.model)),
         ("device", device),
+        *([("costs", _string(h.costs))] if h.costs is not None else []),
         ("budget", format_bytes(h.budget)),
         ("counts", _string(h.counts)),
         ("solver", _string(h.solver)),

@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar, Protocol
 
 from remat_dsl.plan import ir
 from remat_dsl.plan.errors import RematError
@@ -56,12 +56,15 @@ class Status(str, enum.Enum):
 @dataclass(frozen=True)
 class Problem:
     """What every solve of one plan shares: the FB-graph, its device, the user's
-    constraints (remat_dsl.plan.constraints) and the time limit of each MILP (seconds)."""
+    constraints (remat_dsl.plan.constraints) and the time limit of each MILP (seconds).
+    report: where solvers say what they are doing, one line per stage (`solving block
+    class 2 of 4: ...`); the CLI prints them on stderr."""
 
     graph: ir.Graph
     device: str
     constraints: tuple[ir.Constraint, ...] = ()
     time_limit: float | None = None
+    report: Callable[[str], None] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -50,9 +50,9 @@ class Planner:
     """
 
     def __init__(self, graph: ir.Graph, *, model: str = "", device: str = "cpu", bandwidth: int = DEFAULT_BANDWIDTH,
-                 constraints: tuple[ir.Constraint, ...] = (), time_limit: float | None = None):  # fmt: skip
+                 constraints: tuple[ir.Constraint, ...] = (), time_limit: float | None = None, report=None):  # fmt: skip
         check_conflicts(graph, constraints)
-        self.problem = Problem(graph, device, tuple(constraints), time_limit)
+        self.problem = Problem(graph, device, tuple(constraints), time_limit, report)
         self.model, self.bandwidth = model, bandwidth
         self._solvers: dict[str, object] = {}
         self._fallbacks: dict[object, list] = {}

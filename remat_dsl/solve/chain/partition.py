@@ -40,7 +40,10 @@ class ChainPartition:
     chain: Chain
 
 
-def partition(graph: ir.Graph, max_blocks: int = 40, refine: int = 0, strict: bool = True) -> ChainPartition:
+MAX_BLOCKS = 80  # a 32-layer decoder keeps its attention and MLP blocks (66): smaller block ILPs, identical ones solved once
+
+
+def partition(graph: ir.Graph, max_blocks: int = MAX_BLOCKS, refine: int = 0, strict: bool = True) -> ChainPartition:
     """Split `graph` into a prelude and a chain of blocks with rotor's costs (bytes, us).
 
     refine > 0 cuts `refine` module levels deeper than the depth chosen for `max_blocks`
@@ -331,7 +334,7 @@ def block_name(part: ChainPartition, l: int, children: int = 3) -> str:
 
 
 AUTO_CHAIN_SHARE = 0.3  # the largest block holds at most this share of the forward ops ...
-AUTO_BLOCK_OPS = 40  # ... and at most this many
+AUTO_BLOCK_OPS = 64  # ... and at most this many (a Llama decoder layer, attention and gated MLP, is 48)
 
 
 def is_small_chain(graph: ir.Graph) -> bool:

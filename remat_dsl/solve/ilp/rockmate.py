@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from remat_dsl.plan import ir
 from remat_dsl.solve.api import BudgetError, Problem, SolverInfo, SolverResult, Status
 from remat_dsl.solve.chain.model import Block, BlockOption, Chain
-from remat_dsl.solve.chain.partition import ChainPartition, chain_steps, is_small_chain, partition
+from remat_dsl.solve.chain.partition import ChainPartition, block_name, chain_steps, is_small_chain, partition
 from remat_dsl.solve.chain.rk_rotor import min_feasible_budget as rk_min_feasible_budget
 from remat_dsl.solve.chain.rk_rotor import try_rk_rotor
 from remat_dsl.solve.chain.rotor import DEFAULT_SLOTS as ROTOR_SLOTS
@@ -151,18 +151,27 @@ def grid(hg: HGraph, store_all: Replay) -> list[tuple[int, int]]:
     return pairs
 
 
-def rockmate_chain(graph: ir.Graph, part: ChainPartition, time_limit: float | None = None) -> RockmateChain:
-    """The chain of `part` with every block's RK-Checkmate options (NOTE: [Option costs])."""
+def rockmate_chain(graph: ir.Graph, part: ChainPartition, time_limit: float | None = None, report=None) -> RockmateChain:
+    """The chain of `part` with every block's RK-Checkmate options (NOTE: [Option costs]).
+    report: optional callable(str), told of each block class as its ILPs start."""
     by_class: dict[tuple, int] = {}
     solved: dict[int, list[tuple[int, ...]]] = {}
     results: list[milp.MilpResult] = []
     blocks, options, keys = [], [], []
+    signatures = [block_signature(graph, ops.forward, ops.backward) for ops in part.blocks]
+    members = {sig: signatures.count(sig) for sig in signatures}
+    with_ilps = len({sig for sig, ops in zip(signatures, part.blocks) if ops.forward and ops.backward})
+    reported = 0
     for l, ops in enumerate(part.blocks):
         hg = op_hgraph(graph, ops.forward, ops.backward)
-        signature = block_signature(graph, ops.forward, ops.backward)
+        signature = signatures[l]
         cls = by_class.setdefault(signature, l)
         keys.append(cls)
         if cls not in solved:
+            if report and 0 < hg.boundary < len(hg.nodes):
+                same = f", solved once for {members[signature]} identical blocks" if members[signature] > 1 else ""
+                reported += 1
+                report(f"solving block class {reported} of {with_ilps}: {block_name(part, l)}, {len(hg.nodes)} ops{same}")
             solved[cls] = _solve_block(hg, time_limit, results)
         names = ops.forward + ops.backward
         schedules = pareto_schedules(hg, [tuple(range(hg.boundary, len(hg.nodes)))] + solved[cls])
@@ -252,7 +261,7 @@ class OverBlocks:
     def __init__(self, problem: Problem, part: ChainPartition, name: str, label: str = ""):
         start = time.perf_counter()
         self.name, self.label, self.part = name, label, part
-        self.rc = rockmate_chain(problem.graph, part, per_ilp_limit(problem.time_limit, len(part.blocks)))
+        self.rc = rockmate_chain(problem.graph, part, per_ilp_limit(problem.time_limit, len(part.blocks)), problem.report)
         status, gap = milp.status_of(self.rc.results)
         self.info = SolverInfo(Status(status), gap, time.perf_counter() - start)
 
