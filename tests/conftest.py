@@ -16,6 +16,7 @@ LONGEST_FIRST = (
     "test_shell_pipeline.py",
     "test_bad_invocations.py",
     "test_stock_models.py",
+    "test_fake_capture.py",
 )
 
 
