@@ -40,7 +40,7 @@ class ChainPartition:
     chain: Chain
 
 
-MAX_BLOCKS = 80  # a 32-layer decoder keeps its attention and MLP blocks (66): smaller block ILPs, identical ones solved once
+MAX_BLOCKS = 40
 
 
 def partition(graph: ir.Graph, max_blocks: int = MAX_BLOCKS, refine: int = 0, strict: bool = True) -> ChainPartition:
