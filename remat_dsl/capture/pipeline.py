@@ -43,8 +43,9 @@ def device_of(inputs, model: torch.nn.Module) -> str:
 # NOTE: [Fake capture]
 # A model too large for this machine (a Llama-2-7B in bf16 is 13.5 GB of weights, and the
 # real capture also holds its gradients and activations) is captured without data: the
-# model is built under a FakeTensorMode, the sample inputs are converted to fake tensors,
-# and torch.compile/AOTAutograd trace it as usual.  Fake tensors keep the device they
+# model is built on the meta device (libraries skip weight initialisation there), its
+# parameters and buffers then become fake cpu tensors of a FakeTensorMode, the sample
+# inputs are converted to fake tensors, and torch.compile/AOTAutograd trace it as usual.  Fake tensors keep the device they
 # would have (cpu), their shapes, dtypes, strides and storages, but hold no bytes; unlike
 # the meta device they dispatch as the real device does (on meta, nll_loss has no autograd
 # kernel and the loss's backward is lost).  Sizes and aliasing come from their storages,
@@ -135,8 +136,8 @@ def _fake_state(model: torch.nn.Module, mode) -> None:
 def build_fake(model_file: ModelFile, mode):
     """(model, inputs) as fake tensors of `mode` (NOTE: [Fake capture]): the model is built
     on the meta device (libraries skip weight initialisation there, which would read
-    values), then its parameters and buffers become fake cpu tensors; the inputs are made for real (they are small), then
-    converted.  Raises RematError."""
+    values), then its parameters and buffers become fake cpu tensors; the inputs are made
+    for real (they are small), then converted.  Raises RematError."""
     with torch.device("meta"):
         model = model_file.build_model()
     _fake_state(model, mode)
