@@ -105,12 +105,7 @@ def load_example(path: str) -> Example:
     model, inputs = model_file.build_model(), model_file.sample_inputs()
     captured = capture(model, inputs)
     step = profile_step(captured, captured.example_primals, repeats=1, measure_time=False)
-    allocating = {
-        n
-        for profiles in (step.forward, step.backward)
-        for n, p in profiles.items()
-        if not all(o is None or o.alias for o in p.outputs)
-    }
+    allocating = {n for profiles in (step.forward, step.backward) for n, p in profiles.items() if p.allocates}
     name = Path(path).stem
     ops = {}
     for node, args, kwargs, value in interpret(captured):

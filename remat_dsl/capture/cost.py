@@ -191,12 +191,7 @@ def _device(data: dict[str, Any], path: Path, text: str) -> DeviceModel:
     allowed = ("kind", *NUMBERS, *TABLES)
     for key in data:
         if key not in allowed:
-            close = difflib.get_close_matches(key, allowed, n=1)
-            raise error(
-                f"unknown key `{key}` in the device file",
-                key,
-                hint=f"did you mean `{close[0]}`?" if close else f"the keys are {', '.join(allowed)}",
-            )
+            raise error(f"unknown key `{key}` in the device file", key, hint=_closest(key, allowed, "keys"))
     for key in allowed:
         if key not in data:
             raise PlanError(
@@ -254,16 +249,16 @@ def _dtype_table(value: Any, table: str, error) -> dict[str, float]:
         )
     for key in value:
         if key not in DTYPES:
-            close = difflib.get_close_matches(key, DTYPES, n=1)
-            raise error(
-                f"unknown dtype `{key}` in [{table}]",
-                key,
-                table,
-                hint=f"did you mean `{close[0]}`?" if close else f"the dtypes are {', '.join(DTYPES)}",
-            )
+            raise error(f"unknown dtype `{key}` in [{table}]", key, table, hint=_closest(key, DTYPES, "dtypes"))
     if "float32" not in value:
         raise error(f"[{table}] has no `float32`", table, hint=f"add float32 = ... (FLOP/s) under [{table}]")
     return {key: _positive(v, key, error, table) for key, v in value.items()}
+
+
+def _closest(name: str, known: tuple[str, ...], what: str) -> str:
+    """`did you mean `X`?` for the known name closest to `name`, else the list of them."""
+    close = difflib.get_close_matches(name, known, n=1)
+    return f"did you mean `{close[0]}`?" if close else f"the {what} are {', '.join(known)}"
 
 
 def _key_span(text: str, key: str, table: str | None) -> Span | None:

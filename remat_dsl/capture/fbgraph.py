@@ -33,8 +33,8 @@ def build_graph(captured: Captured, step: StepProfile, inputs: tuple, device_kin
     """The FB-graph of one training step, with the profile's times and exact sizes.
 
     device_kinds: device kinds to rename in `torch.device(...)` arguments: the kind the
-    model was captured on -> the kind the plan is for (`{"meta": "cuda"}` for a fake
-    capture planned for a GPU).
+    model was captured on -> the kind the plan is for (`{"cpu": "cuda"}` for a plan made
+    on this CPU for a GPU).
     """
     _drop_dead_backward_nodes(captured.backward)
     names = _op_names(captured, step)

@@ -252,10 +252,6 @@ def _math_attention():
 
 
 def _cuda_devices(values) -> list[int]:
-    """The CUDA devices whose RNG state to save; none where CUDA is absent (fake CUDA
-    tensors of a fake capture)."""
-    if not torch.cuda.is_available():
-        return []
     return sorted({t.device.index or 0 for t in values if isinstance(t, torch.Tensor) and t.is_cuda})
 
 

@@ -14,9 +14,9 @@ exact storage sizes, or views of existing storage), its temporary memory and its
 
 With a device model (`remat_dsl.capture.cost.DeviceModel`, `remat plan --device`) nothing
 is timed or profiled: each op's duration and temporary memory are predicted from its
-shapes (roofline), so the graph may run on real tensors or on the `meta` device (fake
-capture, NOTE: [Fake capture] in pipeline.py).  Sizes and aliasing come from shapes and
-storage identity, which meta tensors have too.
+shapes (roofline), so the graph may run on real tensors or on fake ones (NOTE: [Fake
+capture] in pipeline.py).  Sizes and aliasing come from shapes and storage identity,
+which fake tensors have too.
 
 The RNG state is restored afterwards, so profiling draws nothing from the user's stream.
 """
@@ -59,6 +59,11 @@ class NodeProfile:
     temp_bytes: int = 0
     random: bool = False
 
+    @property
+    def allocates(self) -> bool:
+        """Whether an output is an allocation (not only views or None): what is timed."""
+        return not all(o is None or o.alias for o in self.outputs)
+
 
 @dataclass
 class StepProfile:
@@ -95,8 +100,8 @@ def profile_step(
 ) -> StepProfile:
     """Run the forward then the backward graph node by node and measure each node.
 
-    inputs_by_primal: the tensors for the forward placeholders, in order (real, or on the
-    meta device with a device model).
+    inputs_by_primal: the tensors for the forward placeholders, in order (real, or fake
+    with a device model).
     progress: optional callable(advance: int) for a progress bar.
     measure_time: False skips the timing loop (every time_us stays 0).
     device_model: a `cost.DeviceModel`: every op's time (microseconds) and temporary bytes
@@ -143,15 +148,13 @@ class _Run:
         env: dict[str, object] = {}
         calls = []
         with memory_profiler() as prof:
-            for node, value in _interpret(gm, args, env):
-                calls.append(node)
-                profiles[node] = _describe(node, value, *_materialize(node, env))
-        _attribute_temp(prof, calls, profiles)
-        for node in calls:
-            info = profiles[node]
-            if self.measure_time and not all(o is None or o.alias for o in info.outputs):
-                fn_args, fn_kwargs = _materialize(node, env)
-                info.time_us = _time(node, fn_args, fn_kwargs, self.repeats)
+            for node, fn_args, fn_kwargs, value in _interpret(gm, args, env):
+                calls.append((node, fn_args, fn_kwargs))
+                profiles[node] = _describe(node, value, fn_args, fn_kwargs)
+        _attribute_temp(prof, [node for node, _, _ in calls], profiles)
+        for node, fn_args, fn_kwargs in calls:
+            if self.measure_time and profiles[node].allocates:
+                profiles[node].time_us = _time(node, fn_args, fn_kwargs, self.repeats)
             if self.progress:
                 self.progress(1)
         return env
@@ -160,10 +163,9 @@ class _Run:
         from remat_dsl.capture.cost import op_temp_bytes, op_time_us
 
         env: dict[str, object] = {}
-        for node, value in _interpret(gm, args, env):
-            fn_args, fn_kwargs = _materialize(node, env)
+        for node, fn_args, fn_kwargs, value in _interpret(gm, args, env):
             info = profiles[node] = _describe(node, value, fn_args, fn_kwargs)
-            if not all(o is None or o.alias for o in info.outputs):
+            if info.allocates:
                 info.time_us = op_time_us(self.device_model, node.target, fn_args, fn_kwargs, value)
                 info.temp_bytes = op_temp_bytes(self.device_model, node.target, fn_args, fn_kwargs, value)
             if self.progress:
@@ -172,8 +174,9 @@ class _Run:
 
 
 def _interpret(gm: fx.GraphModule, args: list, env: dict[str, object]):
-    """Run `gm` node by node on `args`, filling `env`; yields (node, value) per call node,
-    each inside its `record_function` range `remat::K` (K counts the calls)."""
+    """Run `gm` node by node on `args`, filling `env`; yields (node, args, kwargs, value)
+    per call node, each run inside its `record_function` range `remat::K` (K counts the
+    calls)."""
     placeholders = iter(args)
     count = 0
     for node in gm.graph.nodes:
@@ -186,7 +189,7 @@ def _interpret(gm: fx.GraphModule, args: list, env: dict[str, object]):
                     value = node.target(*fn_args, **fn_kwargs)
                 count += 1
                 env[node.name] = value
-                yield node, value
+                yield node, fn_args, fn_kwargs, value
             else:
                 env[node.name] = node.target(*fn_args, **fn_kwargs)
 

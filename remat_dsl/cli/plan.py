@@ -50,7 +50,7 @@ def register(subparsers) -> None:
         help="plan for this device with costs predicted from op shapes (roofline): a100, h100 (= h100-sxm), h100-pcie, l4, "
         "cpu (this machine kind), or a device-description .toml file (docs/devices.md); default: measure every op here",
     )
-    plan.add_argument("--fake", action="store_true", help="capture with fake tensors (meta device): no weights or activations are allocated, costs come from --device (default cpu); automatic when the model would not fit in host memory")
+    plan.add_argument("--fake", action="store_true", help="capture with fake tensors (a FakeTensorMode): no weights or activations are allocated, costs come from --device (default cpu); automatic when the model would not fit in host memory")
     plan.add_argument("--bandwidth", help="host<->device bandwidth per second (default: the --device's host link, else 12GB)")
     plan.add_argument("--repeats", type=positive_int, default=5, help="timed runs per operation (median)")
     plan.add_argument("--time-limit", type=seconds, metavar="SECONDS", help="stop the solver after this many seconds (MILP solvers: the best plan found so far, status `feasible` with its gap); default: no limit")

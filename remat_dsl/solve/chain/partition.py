@@ -40,10 +40,7 @@ class ChainPartition:
     chain: Chain
 
 
-MAX_BLOCKS = 40
-
-
-def partition(graph: ir.Graph, max_blocks: int = MAX_BLOCKS, refine: int = 0, strict: bool = True) -> ChainPartition:
+def partition(graph: ir.Graph, max_blocks: int = 40, refine: int = 0, strict: bool = True) -> ChainPartition:
     """Split `graph` into a prelude and a chain of blocks with rotor's costs (bytes, us).
 
     refine > 0 cuts `refine` module levels deeper than the depth chosen for `max_blocks`

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 
 from remat_dsl.plan import ir
@@ -159,7 +159,7 @@ def rockmate_chain(graph: ir.Graph, part: ChainPartition, time_limit: float | No
     results: list[milp.MilpResult] = []
     blocks, options, keys = [], [], []
     signatures = [block_signature(graph, ops.forward, ops.backward) for ops in part.blocks]
-    members = {sig: signatures.count(sig) for sig in signatures}
+    members = Counter(signatures)
     with_ilps = len({sig for sig, ops in zip(signatures, part.blocks) if ops.forward and ops.backward})
     reported = 0
     for l, ops in enumerate(part.blocks):
