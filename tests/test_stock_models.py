@@ -74,13 +74,13 @@ def run_stock(name: str, tmp_path: Path, budgets=("100%", "min")) -> None:
             assert re.search(r"^  use_cache = False$", text, re.M)
 
 
-@pytest.mark.parametrize("name, budgets", [("hf_gpt2", ("100%", "min")), ("hf_bert", ("100%",))])
+@pytest.mark.parametrize("name, budgets", [("hf_gpt2", ("100%", "min")), ("hf_bert", ("100%",)), ("hf_t5", ("100%",))])
 def test_stock_hugging_face_models(name, budgets, tmp_path):
     run_stock(name, tmp_path, budgets)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, budgets", [("hf_bert", ("min",)), ("hf_t5", ("100%", "min")), ("hf_vit", ("100%", "min"))])
+@pytest.mark.parametrize("name, budgets", [("hf_bert", ("min",)), ("hf_t5", ("min",)), ("hf_vit", ("100%", "min"))])
 def test_stock_hugging_face_models_slow(name, budgets, tmp_path):
     run_stock(name, tmp_path, budgets)
 

@@ -57,6 +57,8 @@ def partition(graph: ir.Graph, max_blocks: int = 40, refine: int = 0, strict: bo
     skips = _skip_tensors(chain_ops, _separators(chain_ops, set()))
     separators = _separators(chain_ops, skips)
     cuts = _choose_cuts(chain_ops, separators, max_blocks, refine, _separators(chain_ops, set()) if strict else separators)
+    if not strict:
+        cuts = _split_large_blocks(chain_ops, cuts, tensors)
     fw_blocks = _split(chain_ops, cuts)
     bw_blocks = _assign_backward(backward, fw_blocks)
     blocks = tuple(BlockOps(tuple(o.name for o in f), tuple(o.name for o in b)) for f, b in zip(fw_blocks, bw_blocks))
@@ -136,6 +138,57 @@ def _merge_small_blocks(cuts: list[int], min_ops: int) -> list[int]:
             kept.append(cut)
             start = cut + 1
     return kept
+
+
+MAX_CLUSTER_FORWARD_OPS = 32  # HiRemate's level-1 blocks hold at most this many forward ops
+
+
+def _split_large_blocks(ops: list[ir.Op], cuts: list[int], tensors) -> list[int]:
+    """`cuts` plus cuts inside every block of more than MAX_CLUSTER_FORWARD_OPS forward ops.
+
+    NOTE: [Large blocks] Separators are rare where a tensor made inside one layer is read
+    by later layers (T5's relative position bias, made in its first attention and added
+    in every later one): no separator lies between the bias and its last reader, and one
+    block spans several layers (160 ops for a 2-layer T5 encoder), whose RK-Checkmate
+    ILP does not close its gap in minutes.  HiRemate's H-ILP sees every tensor that
+    crosses its children (thesis section 3.3: H-Partition cuts any DAG, not only at
+    separators), so such a block is bisected recursively at a module boundary: the
+    outermost module change (a layer before a sub-layer before an op), then the fewest
+    bytes crossing, then the middle; both halves keep MIN_BLOCK_OPS ops or more."""
+    made_at = {t: i for i, op in enumerate(ops) for t in op.outputs}
+    crossing = [0] * (len(ops) + 1)  # bytes alive across the cut after position i (difference array)
+    last_read: dict[str, int] = {}
+    for j, op in enumerate(ops):
+        for t in op_uses(op, set(made_at)):
+            last_read[t] = j
+    for t, last in last_read.items():
+        if last > made_at[t]:
+            crossing[made_at[t]] += tensors[t].nbytes
+            crossing[last] -= tensors[t].nbytes
+    for i in range(1, len(ops)):
+        crossing[i] += crossing[i - 1]
+
+    def depth_of_change(i: int) -> int:
+        a, b = ops[i].name.split("."), ops[i + 1].name.split(".")
+        common = 0
+        while common < min(len(a), len(b)) and a[common] == b[common]:
+            common += 1
+        return common
+
+    def bisect(first: int, last: int) -> list[int]:
+        if last - first + 1 <= MAX_CLUSTER_FORWARD_OPS:
+            return []
+        middle = (first + last) / 2
+        candidates = range(first + MIN_BLOCK_OPS - 1, last - MIN_BLOCK_OPS + 1)
+        cut = min(candidates, key=lambda i: (depth_of_change(i), crossing[i], abs(i - middle), i))
+        return bisect(first, cut) + [cut] + bisect(cut + 1, last)
+
+    result, bounds = [], [-1, *cuts, len(ops) - 1]
+    for k in range(len(bounds) - 1):
+        result += bisect(bounds[k] + 1, bounds[k + 1])
+        if k < len(cuts):
+            result.append(cuts[k])
+    return result
 
 
 def _prefix(name: str, depth: int) -> tuple[str, ...]:

@@ -60,8 +60,8 @@ def replay(hg: HGraph, backward: tuple[int, ...]) -> Replay:
     current: dict[int, int] = {}
     for i, k in enumerate(sequence):
         for d in hg.nodes[k].reads:
-            if d in current:
-                last_use[d, current[d]] = i
+            if d in current:  # a value kept to the boundary stays kept (max)
+                last_use[d, current[d]] = max(last_use[d, current[d]], i)
         for d in made_by[k]:
             current[d] = i
             last_use[d, i] = max(i, tb) if hg.values[d].keep_at_boundary and i < tb else i
@@ -148,7 +148,7 @@ def grid(hg: HGraph, store_all: Replay) -> list[tuple[int, int]]:
         for j in range(SAVE_STEPS):
             save = out + (min(peak, store_all.xbar) - out) * j // SAVE_STEPS
             pairs.append((peak, save))
-    return pairs
+    return list(dict.fromkeys(pairs))  # a block whose saved tensors are its outputs has one M_save
 
 
 def rockmate_chain(graph: ir.Graph, part: ChainPartition, time_limit: float | None = None, report=None) -> RockmateChain:
@@ -171,7 +171,7 @@ def rockmate_chain(graph: ir.Graph, part: ChainPartition, time_limit: float | No
             if report and 0 < hg.boundary < len(hg.nodes):
                 same = f", solved once for {members[signature]} identical blocks" if members[signature] > 1 else ""
                 reported += 1
-                report(f"solving block class {reported} of {with_ilps}: {block_name(part, l)}, {len(hg.nodes)} ops{same}")
+                report(f"solving block class {reported} of {with_ilps}: {block_name(part, l + 1)}, {len(hg.nodes)} ops{same}")
             solved[cls] = _solve_block(hg, time_limit, results)
         names = ops.forward + ops.backward
         schedules = pareto_schedules(hg, [tuple(range(hg.boundary, len(hg.nodes)))] + solved[cls])
