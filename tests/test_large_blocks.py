@@ -63,7 +63,7 @@ def test_progress_names_the_block_it_solves(t5_graph):
     assert planner.chosen("auto") == "hiremate"
     planner.solver("hiremate")
     part = partition(t5_graph, refine=1, strict=False)
-    names = [block_name(part, l + 1) for l in range(len(part.blocks))]
+    names = [block_name(part, index + 1) for index in range(len(part.blocks))]
     solving = [line for line in lines if line.startswith("solving block class")]
     assert len(solving) >= 10
     for line in solving:
