@@ -7,7 +7,10 @@ model computes its own loss, `use_cache` at its default, attention masks, tied e
 m.plan && remat check m.plan && remat codegen m.plan -o fast.py`), at 100% of the autograd
 peak and at 110% of the smallest feasible budget `remat plan` reports, then trains two SGD
 steps bit for bit against eager and returns the model's own output type.  GPT-2 (both
-budgets) and BERT (100%) run in `make test`; the rest with `-m slow`.
+budgets), BERT, T5 (2+2 layers) and a ResNet (100%) run in `make test`; the rest, ViT and
+the CNNs (ConvNeXt, MobileNetV2) among them, with `-m slow`.  torchvision's models run
+with `-m slow` where torchvision imports (its PyPI wheel needs a CUDA build of torch:
+on this machine's CPU torch it does not).
 """
 
 from __future__ import annotations
@@ -74,15 +77,29 @@ def run_stock(name: str, tmp_path: Path, budgets=("100%", "min")) -> None:
             assert re.search(r"^  use_cache = False$", text, re.M)
 
 
-@pytest.mark.parametrize("name, budgets", [("hf_gpt2", ("100%", "min")), ("hf_bert", ("100%",)), ("hf_t5", ("100%",))])
+@pytest.mark.parametrize("name, budgets", [("hf_gpt2", ("100%", "min")), ("hf_bert", ("100%",)), ("hf_t5", ("100%",)), ("hf_resnet", ("100%",))])
 def test_stock_hugging_face_models(name, budgets, tmp_path):
     run_stock(name, tmp_path, budgets)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, budgets", [("hf_bert", ("min",)), ("hf_t5", ("min",)), ("hf_vit", ("100%", "min"))])
+@pytest.mark.parametrize("name, budgets", [
+        ("hf_bert", ("min",)), ("hf_t5", ("min",)), ("hf_vit", ("100%", "min")), ("hf_resnet", ("min",)),
+        ("hf_convnext", ("100%", "min")), ("hf_mobilenet", ("100%", "min")),
+    ])
 def test_stock_hugging_face_models_slow(name, budgets, tmp_path):
     run_stock(name, tmp_path, budgets)
+
+
+TORCHVISION = ["tv_resnet50", "tv_densenet121", "tv_mobilenet_v3_small", "tv_efficientnet_b0", "tv_convnext_tiny",
+               "tv_regnet_y_400mf", "tv_googlenet", "tv_vit_b_16", "tv_swin_t"]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", TORCHVISION)
+def test_stock_torchvision_models(name, tmp_path):
+    pytest.importorskip("torchvision", reason="torchvision does not import beside this torch")
+    run_stock(name, tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -121,3 +138,28 @@ def test_the_module_runs_on_the_models_device_of_the_plans_kind(dict_model):
     x = torch.empty(4, 10, 16, device="meta")
     with pytest.raises(ValueError, match="the model is on meta but the plan was made for cpu"):
         generated.FastModel(model)(x, x)
+
+
+def test_module_names_a_plan_name_cannot_hold(tmp_path):
+    """`block1-0`, `conv 1`, `out+head` (torchvision's RegNet names its blocks so) read
+    `block1_0` ... in the plan; the generated module finds the model's own tensors."""
+    text, source = plan_and_train(MODELS / "odd_names.py", "100%", tmp_path)
+    assert re.search(r"^  blocks\.block1_0\.weight +float32\[16, 8\]$", text, re.M)
+    assert re.search(r"^  compute +blocks\.conv_1$", text, re.M) and re.search(r"^  scale_factor +float32\[16\]$", text, re.M)
+
+
+def test_two_names_that_would_read_alike_are_refused(tmp_path):
+    model = tmp_path / "clash.py"
+    model.write_text(
+        "import torch\nfrom torch import nn\n\n"
+        "class Clash(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.m = nn.ModuleDict({'a-b': nn.Linear(2, 2), 'a_b': nn.Linear(2, 2)})\n\n"
+        "    def forward(self, x):\n        return self.m['a_b'](self.m['a-b'](x)).sum()\n\n"
+        "def build_model():\n    return Clash()\n\n"
+        "def sample_inputs():\n    return (torch.ones(1, 2),)\n\n"
+        "def loss_fn(output):\n    return output\n"
+    )
+    result = shell(f"remat plan {model} --budget 100% > m.plan", tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "parameters 'm.a-b.weight' and 'm.a_b.weight' would both be named 'm.a_b.weight'" in result.stderr
+    assert (tmp_path / "m.plan").read_text() == ""

@@ -72,7 +72,7 @@ def module_path(node: fx.Node) -> str:
     raw = re.sub(r"^L\['[^']*'\]", "", raw)
     raw = re.sub(r"\._modules\['([^']*)'\]", r".\1", raw)
     raw = re.sub(r"\['([^']*)'\]|\[(\d+)\]", lambda m: "." + (m.group(1) or m.group(2)), raw)
-    return raw.strip(".")
+    return ir.plan_name(raw.strip("."))
 
 
 def _inherited_path(node: fx.Node, memo: dict) -> str:

@@ -40,6 +40,7 @@ import torch.utils._pytree as pytree
 
 from remat_dsl.capture.model_file import Inputs
 from remat_dsl.plan.errors import RematError
+from remat_dsl.plan.ir import plan_name
 
 
 @dataclass
@@ -336,10 +337,16 @@ def _primal_names(model, example_inputs, inputs: dict[int, str]) -> list[tuple[s
     """Name each graph input by identity: a parameter, a buffer or a user input
     (`inputs`: id of each tensor argument -> its name)."""
     by_id: dict[int, tuple[str, str]] = {}
-    for name, p in model.named_parameters():
-        by_id.setdefault(id(p), ("parameter", name))
-    for name, b in model.named_buffers():
-        by_id.setdefault(id(b), ("buffer", name))
+    for kind, named in (("parameter", model.named_parameters()), ("buffer", model.named_buffers())):
+        real: dict[str, str] = {}
+        for name, t in named:
+            plan = plan_name(name)
+            if real.setdefault(plan, name) != name:
+                raise RematError(
+                    f"error: the model's {kind}s '{real[plan]}' and '{name}' would both be named '{plan}' in a plan",
+                    hint="plan names hold letters, digits, `_` and `.`; rename one of the modules",
+                )
+            by_id.setdefault(id(t), (kind, plan))
     for key, name in inputs.items():
         by_id.setdefault(key, ("input", name))
     names = []

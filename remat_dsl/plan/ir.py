@@ -41,10 +41,22 @@ consumed as in eager PyTorch.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Iterator, Union
 
 from remat_dsl.plan.units import round_gap, round_seconds
+
+
+_NOT_IN_NAMES = re.compile(r"[^A-Za-z0-9_.]")
+
+
+def plan_name(path: str) -> str:
+    """A module path or parameter name as a plan name: characters a plan name cannot hold
+    (PyTorch allows any but `.` in a module's name: torchvision's RegNet has `block1-0`)
+    become `_` (`trunk_output.block1.block1-0.proj` -> `trunk_output.block1.block1_0.proj`).
+    The generated module maps the model's own names the same way."""
+    return _NOT_IN_NAMES.sub("_", path)
 
 COMPUTE_STREAM = "compute"
 D2H_STREAM = "d2h"
