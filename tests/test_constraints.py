@@ -145,3 +145,20 @@ def test_check_rejects_a_plan_that_breaks_its_own_keep(gpt2, tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     line = next(n for n, l in enumerate(text.splitlines(), 1) if l.split()[:2] == ["recompute", victim])
     assert result.stderr.startswith(f"{path}:{line}:3: error: '{victim}' is recomputed, but the constraint `keep")
+
+
+def test_removing_any_wait_is_rejected(gpt2, tmp_path):
+    """Issue 11, part 2: every `wait` of a plan with offloads orders something; without
+    it `remat check` rejects the plan at a line (a use, a delete or a prefetch while the
+    transfer is in flight, or the step ending with it in flight)."""
+    model_file, captured, autograd = gpt2
+    constraints = read_constraints(write(tmp_path, 'offload "transformer.h.*.mlp.act*"\n'))
+    plan = make_plan(captured.graph, model=model_file.spec, device="cpu", budget=autograd, solver="autograd", constraints=constraints)
+    lines = print_plan(plan).splitlines(keepends=True)
+    waits = [k for k, line in enumerate(lines) if line.split()[:1] == ["wait"]]
+    assert len(waits) >= 8  # an offload and a prefetch for each of the 6 layers' activations, waited for
+    for k in waits:
+        edited = parse("".join(lines[:k] + lines[k + 1 :]))
+        with pytest.raises(PlanError) as info:
+            simulate(edited)
+        assert info.value.span is not None, str(info.value)

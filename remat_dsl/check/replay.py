@@ -22,10 +22,13 @@ and reported as `host_peak_bytes`).
 NOTE: [Time model]
 Three streams, each with a clock in microseconds.  `compute`/`recompute` advance the
 compute stream by OP.time_us; `delete` takes no time.  `offload`/`prefetch T` take
-ceil(T.nbytes / bandwidth * 1e6) us on their own stream and start at max(compute clock,
-that stream's clock).  `wait T` moves the compute clock to the end of T's transfer.  The
-plan's time is the compute clock after the last backward instruction.  Transfers nobody
-waits for do not extend it.
+ceil(T.nbytes / bandwidth * 1e6) us on their own stream and start when the stream and the
+data are ready: at max(compute clock, that stream's clock), and a prefetch not before the
+offload of the same tensor has finished (the generated module orders the host-to-device
+copy after the device-to-host copy's event).  `wait T` moves the compute clock to the end
+of T's transfer.  The plan's time is the makespan of the three streams after the last
+backward instruction; every transfer must be waited for before the step ends (a transfer
+in flight at the end is an error at its line), so the makespan is the compute clock.
 """
 
 from __future__ import annotations
@@ -308,6 +311,7 @@ class _Transfer:
     kind: str
     end_us: int
     where: str
+    span: object = None  # the offload's or prefetch's instruction span
 
 
 @dataclass
@@ -336,6 +340,7 @@ class _Simulator:
         self.pending: dict[str, _Transfer] = {}
         self.offloaded_at: dict[str, str] = {}  # tensors with a host copy (or one in flight)
         self.host_ready: set[str] = set()  # host copies whose offload was waited for
+        self.offload_end: dict[str, int] = {}  # host copy -> when its offload finished (us)
         self.host_bytes = 0
         self.host_peak = 0
         self.clocks = _Clocks()
@@ -435,6 +440,13 @@ class _Simulator:
                     f"add `compute {op.name}` to the backward section{self._after_inputs(op)}",
                     span,
                 )
+        for name, transfer in self.pending.items():
+            self._fail(
+                f"the {transfer.kind} of '{name}' ({transfer.where}) is never waited for: the step would end "
+                "with the transfer in flight, its data unordered with what follows",
+                f"add `wait {name}` after it, before the end of the backward section, or remove it",
+                transfer.span or span,
+            )
         for ref in self.graph.gradients:
             if ref.name not in self.resident:
                 self._fail(
@@ -465,7 +477,7 @@ class _Simulator:
         return Simulation(
             peak_bytes=peak_bytes,
             peak_at=peak_at,
-            time_us=clocks.streams[ir.COMPUTE_STREAM],
+            time_us=max(clocks.streams.values()),
             compute_us=clocks.compute_us,
             recompute_us=clocks.recompute_us,
             transfer_us=clocks.transfer_us,
@@ -797,10 +809,15 @@ class _Simulator:
             )
         streams = self.clocks.streams
         duration = transfer_us(self.graph.tensors[name].nbytes, bandwidth)
-        end = max(streams[ir.COMPUTE_STREAM], streams[instr.stream]) + duration
+        # it starts when its stream is free and its data is ready: the compute stream has
+        # made the tensor (offload) or the host copy is complete (prefetch: after the offload)
+        ready = streams[ir.COMPUTE_STREAM]
+        if kind == "prefetch":
+            ready = max(ready, self.offload_end.get(name, 0))
+        end = max(ready, streams[instr.stream]) + duration
         streams[instr.stream] = end
         self.clocks.transfer_us += duration
-        self.pending[name] = _Transfer(kind, end, self._where())
+        self.pending[name] = _Transfer(kind, end, self._where(), instr.span)
 
     def _wait(self, instr: ir.Instruction) -> tuple[int, list]:
         name = instr.target
@@ -815,4 +832,5 @@ class _Simulator:
         streams[ir.COMPUTE_STREAM] = max(streams[ir.COMPUTE_STREAM], transfer.end_us)
         if transfer.kind == "offload":
             self.host_ready.add(name)
+            self.offload_end[name] = transfer.end_us
         return 0, []

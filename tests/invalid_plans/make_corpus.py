@@ -188,6 +188,8 @@ CASES: tuple[Case, ...] = (
           (O_BWD_PREFETCH, ""), (O_BWD_WAIT, "")),
     _case("wait_without_transfer", AUTOGRAD, "wait for a tensor with nothing in flight",
           (A_FWD_DELETE_FC1, "  wait     fc1     on compute\n" + A_FWD_DELETE_FC1)),
+    _case("offload_never_waited", AUTOGRAD, "an offload still in flight when the step ends",
+          (A_BWD_LAST, A_BWD_LAST + "  offload  fc1.bwd.mm                        on d2h\n")),
     _case("transfer_without_bandwidth", OFFLOAD, "an offload with a zero bandwidth",
           ("  bandwidth   12 GB/s\n", "  bandwidth   0 GB/s\n")),
     # --- memory --------------------------------------------------------------------------
