@@ -70,3 +70,11 @@ def test_progress_names_the_block_it_solves(t5_graph):
         named = line.split(": ", 1)[1].split(", solved once")[0].rsplit(", ", 1)[0]
         assert named in names, (line, names)
     assert "embed_tokens" in solving[0], solving[0]
+
+
+def test_store_all_that_fits_builds_no_ilp(t5_graph):
+    planner = Planner(t5_graph)
+    plan = planner.plan(planner.autograd_peak, "auto")
+    assert plan.header.solver == "auto: hiremate (store-all fits: no solve)" and plan.header.status == "optimal"
+    assert not planner._solvers  # nothing was built
+    assert not any(i.verb == "recompute" for i in plan.backward)
