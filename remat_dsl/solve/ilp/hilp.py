@@ -343,7 +343,8 @@ class HILP:
         for row in self.peak_rows:
             row.constant = -peak
         self.save_row.constant = -(save if save is not None else 2**62)
-        result = self.last_result = milp.solve(self.problem, time_limit)
+        rows = [*self.peak_rows, self.save_row]  # the only rows a solve changes (NOTE: [Model reuse] in milp)
+        result = self.last_result = milp.solve(self.problem, time_limit, changed=rows)
         if not result.has_solution:
             return None
         steps, boundary_step = [], None

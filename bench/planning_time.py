@@ -1,0 +1,64 @@
+"""Planning time of stock models, as a user runs `remat plan` (issue 10: each under 2 minutes).
+
+For each model file it runs, as subprocesses through the shell, `remat plan MODEL --budget
+1%` (refused: the error names the smallest feasible budget), then `remat plan MODEL
+--budget 100%` and `remat plan MODEL --budget B` with B 110% of that smallest budget, and
+prints the wall time of each, the solver the header names and the predicted peak.  Run it
+on an idle machine: on 2 cores another job slows every solve.
+
+Usage: python bench/planning_time.py [MODEL.py ...]   (default: tests/models/hf_*.py)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = ROOT / ".venv" / "bin"
+
+
+def run(command: str, cwd: str) -> tuple[float, subprocess.CompletedProcess]:
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "HF_HUB_OFFLINE": "1"}
+    start = time.perf_counter()
+    result = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True)
+    return time.perf_counter() - start, result
+
+
+def header(plan: str, key: str) -> str:
+    found = re.search(rf"^  {key} +(.*)$", plan, re.M)
+    return found.group(1).strip('"') if found else "?"
+
+
+def main() -> int:
+    models = sys.argv[1:] or sorted(str(p) for p in (ROOT / "tests" / "models").glob("hf_*.py"))
+    print(f"{'model':<28} {'smallest':>12} {'refusal':>8} {'100%':>8} {'110% min':>9}  solver at 110% of the smallest")
+    for model in models:
+        with tempfile.TemporaryDirectory() as cwd:
+            refusal_s, refused = run(f"remat plan {model} --budget 1% > refused.plan", cwd)
+            found = re.search(r"smallest feasible budget is [^(]*\((\d+) B\)", refused.stderr)
+            if refused.returncode != 2 or not found:
+                print(f"{Path(model).stem:<28} refusal failed: {refused.stderr[-500:]}")
+                continue
+            smallest = int(found.group(1))
+            full_s, full = run(f"remat plan {model} --budget 100% > full.plan", cwd)
+            min_s, near = run(f"remat plan {model} --budget {smallest * 11 // 10} > near.plan", cwd)
+            if full.returncode or near.returncode:
+                print(f"{Path(model).stem:<28} plan failed: {(full.stderr + near.stderr)[-500:]}")
+                continue
+            plan = (Path(cwd) / "near.plan").read_text()
+            print(
+                f"{Path(model).stem:<28} {smallest / 2**20:>8.2f} MiB {refusal_s:>7.1f}s {full_s:>7.1f}s {min_s:>8.1f}s  "
+                f"{header(plan, 'solver')}",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
