@@ -5,7 +5,8 @@ bound once at the top).  Every instruction becomes one statement that names the 
 it comes from (`# g.plan:1094`, or `# forward:12` for a plan made in code): `compute` and
 `recompute` call the aten operator (views are inlined where they are used; recomputes
 say so), consecutive `delete`s are one `del`, `offload`/`prefetch`/`wait` call three
-small helpers (NOTE: [Streams] in the template).  Random operations that the plan
+small helpers (NOTE: [Streams] in the template); every offloaded tensor has a fixed offset
+in the step's host buffer (`host_layout`).  Random operations that the plan
 recomputes save the RNG state at their first run and replay it.  An exception raised
 inside the module gets a note with the plan line it was running.
 
@@ -27,6 +28,7 @@ from remat_dsl.plan.units import format_bytes, format_duration
 
 TEMPLATES = data_path("templates")
 LINE_LENGTH = 120
+HOST_ALIGN = 64  # bytes: every host copy starts at a multiple of this (a cache line; any dtype's size divides it)
 
 
 def generate(verified, source: str = "a plan") -> str:
@@ -51,6 +53,7 @@ class _Namespace:
 
     def __init__(self, graph: ir.Graph):
         self.used: set[str] = {"ctx", "torch", "buffers", "tensors", "outputs", "p", "b", "_", "aten", "device"}
+        self.used.add("pool")  # the step's host buffer (NOTE: [Streams] in the template)
         self.attrs: set[str] = set()
         self.var: dict[str, str] = {}
         for value in (*graph.inputs, *graph.tangents, *graph.tensors):
@@ -139,6 +142,31 @@ def aten_targets(plan: ir.Plan) -> list[str]:
     return sorted(t for t in found if t.startswith("aten."))
 
 
+def host_layout(plan: ir.Plan) -> tuple[dict[str, int], int]:
+    """({offloaded tensor: byte offset}, total bytes) of the step's host buffer.
+
+    Every offloaded tensor gets its own slot, in the order of the offloads, each starting
+    at a multiple of HOST_ALIGN: the checker keeps every host copy to the end of the step
+    (NOTE: [Memory model] in remat_dsl.check.replay) and offloads a tensor at most once, so
+    the total is the simulation's host_peak_bytes with each copy rounded up to HOST_ALIGN.
+    A slot holds max(nbytes, numel x itemsize): the dense copy of a tensor whose storage is
+    smaller than its elements (none is, in captured graphs) still fits.
+    """
+    import torch
+
+    tensors = {t.name: t for t in plan.graph.tensors}
+    offsets: dict[str, int] = {}
+    end = 0
+    for ins in (*plan.forward, *plan.backward):
+        if ins.verb != "offload" or ins.target in offsets:
+            continue
+        decl = tensors[ins.target]
+        offsets[ins.target] = end
+        size = max(decl.nbytes, math.prod(decl.shape) * getattr(torch, decl.dtype).itemsize)
+        end += -(-size // HOST_ALIGN) * HOST_ALIGN
+    return offsets, end
+
+
 def _returns(target: str) -> int | None:
     """How many values `target` returns: 1, n for a tuple, None for a list (Tensor[])."""
     import torch
@@ -159,6 +187,7 @@ class _Renderer:
         self.ops = {op.name: op for op in self.plan.graph.ops}
         self.tensors = {t.name: t for t in self.plan.graph.tensors}
         self.updates = {u.tensor: u.buffer for u in self.plan.graph.updates}
+        self.host_offsets, self.host_bytes = host_layout(self.plan)
 
     def context(self) -> dict:
         graph, header = self.plan.graph, self.plan.header
@@ -194,6 +223,9 @@ class _Renderer:
             rebuild=_rebuild(graph.outputs, len(flat)),
             output_types=output_types(graph.outputs),
             constants=[(c.name, render_arg(c.value, self.var)) for c in graph.constants],
+            offloads=bool(self.host_offsets),
+            pool_bytes=self.host_bytes,
+            pool_align=HOST_ALIGN,
         )
 
     # --- instructions -----------------------------------------------------
@@ -271,10 +303,15 @@ class _Renderer:
         return ", ".join(by_index.get(i, "_") for i in range(returns)) + f" = {call}"
 
     def _offload(self, tensor: str, step) -> list[str]:
-        return [f"{self.names.host(tensor)}, {self.names.event(tensor)} = _offload({self.var[tensor]})"]
+        """`host_T, event_T = _offload(T, pool, OFFSET)`: into T's slot of the host buffer."""
+        host, event, offset = self.names.host(tensor), self.names.event(tensor), self.host_offsets[tensor]
+        return [f"{host}, {event} = _offload({self.var[tensor]}, pool, {offset})"]
 
     def _prefetch(self, tensor: str, step) -> list[str]:
-        return [f"{self.var[tensor]}, {self.names.event(tensor)} = _prefetch({self.names.host(tensor)}, device)"]
+        """`T, event_T = _prefetch(host_T, event_T, device)`: the copy waits for event_T, the
+        offload's (or an earlier prefetch's) event, then event_T is the prefetch's."""
+        event = self.names.event(tensor)
+        return [f"{self.var[tensor]}, {event} = _prefetch({self.names.host(tensor)}, {event}, device)"]
 
     def _wait(self, tensor: str, step) -> list[str]:
         return [f"_wait({self.names.event(tensor)}, device)"]
@@ -292,6 +329,8 @@ class _Renderer:
         for t in crossing.host:
             names += [self.names.host(t), self.names.event(t)]
         names += [self.names.rng(op) for op in crossing.rng]
+        if self.host_offsets:
+            names.append("pool")  # last: dropped first if autograd drops ctx (NOTE: [Streams] 4)
         return names, packs + names[len(packs) :]
 
     def _watched(self) -> list[tuple[str, str]]:
