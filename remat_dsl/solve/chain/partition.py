@@ -40,7 +40,10 @@ class ChainPartition:
     chain: Chain
 
 
-def partition(graph: ir.Graph, max_blocks: int = 40, refine: int = 0, strict: bool = True) -> ChainPartition:
+MAX_BLOCKS = 40  # blocks at the chosen module depth, before refining (80 split a 32-layer decoder into attention and MLP blocks, but raised the Transformer example's smallest rockmate budget above rotor's)
+
+
+def partition(graph: ir.Graph, max_blocks: int = MAX_BLOCKS, refine: int = 0, strict: bool = True) -> ChainPartition:
     """Split `graph` into a prelude and a chain of blocks with rotor's costs (bytes, us).
 
     refine > 0 cuts `refine` module levels deeper than the depth chosen for `max_blocks`
@@ -131,10 +134,13 @@ MIN_BLOCK_OPS = 6  # refined blocks grow to at least this many forward ops
 
 def _merge_small_blocks(cuts: list[int], min_ops: int) -> list[int]:
     """Keep a cut only once the block it closes has `min_ops` ops or more, so small
-    modules (a layer norm, an add, a conv-BN-ReLU's pieces) join the ops that follow."""
+    modules (a layer norm, an add, a conv-BN-ReLU's pieces) join the ops that follow.
+    The first block is kept whatever its size: it is the embedding of a transformer,
+    which joined to the first layer made that layer unlike the others (Llama-2-7B: a
+    130-op block class of its own, 30 s of ILPs, where the 31 others are solved once)."""
     kept, start = [], 0
     for cut in cuts:
-        if cut - start + 1 >= min_ops:
+        if cut - start + 1 >= min_ops or not kept:
             kept.append(cut)
             start = cut + 1
     return kept
@@ -306,11 +312,13 @@ def chain_steps(part: ChainPartition, ops, options=None, chain=None) -> tuple[tu
     order, decisions = list(part.prelude), []
     for kind, l, *rest in ops:
         block, o = part.blocks[l - 1], rest[0] if rest else 0
-        decisions.append(Decision(len(order), _step_text(part, chain or part.chain, kind, l, o, options)))
         if kind != "B":
-            order += block.forward
+            step = block.forward
         else:
-            order += options[l - 1][o] if options is not None else block.backward
+            step = options[l - 1][o] if options is not None else block.backward
+        if step:  # a block with no backward op (its ops need no gradient) has an empty B step: no words
+            decisions.append(Decision(len(order), _step_text(part, chain or part.chain, kind, l, o, options)))
+        order += step
     return tuple(order), tuple(decisions)
 
 
