@@ -36,7 +36,9 @@ def header(plan: str, key: str) -> str:
 
 
 def main() -> int:
-    models = sys.argv[1:] or sorted(str(p) for p in (ROOT / "tests" / "models").glob("hf_*.py"))
+    models = [str(Path(m).resolve()) for m in sys.argv[1:]] or sorted(
+        str(p) for p in (ROOT / "tests" / "models").glob("hf_*.py")
+    )
     print(f"{'model':<28} {'smallest':>12} {'refusal':>8} {'100%':>8} {'110% min':>9}  solver at 110% of the smallest")
     for model in models:
         with tempfile.TemporaryDirectory() as cwd:
