@@ -68,7 +68,8 @@ def plan_and_train(model: Path, budget: str, cwd: Path):
 
 
 def run_stock(name: str, tmp_path: Path, budgets=("100%", "min")) -> None:
-    model = MODELS / f"{name}.py"
+    """`name`: a file of tests/models without `.py`, or `FILE.py:FUNCTION`."""
+    model = MODELS / name if ":" in name else MODELS / f"{name}.py"
     for budget in budgets:
         if budget == "min":
             budget = str(smallest_budget(model, tmp_path) * 11 // 10)
@@ -91,15 +92,15 @@ def test_stock_hugging_face_models_slow(name, budgets, tmp_path):
     run_stock(name, tmp_path, budgets)
 
 
-TORCHVISION = ["tv_resnet50", "tv_densenet121", "tv_mobilenet_v3_small", "tv_efficientnet_b0", "tv_convnext_tiny",
-               "tv_regnet_y_400mf", "tv_googlenet", "tv_vit_b_16", "tv_swin_t"]  # fmt: skip
+TORCHVISION = ["resnet50", "densenet121", "mobilenet_v3_small", "efficientnet_b0", "convnext_tiny", "regnet_y_400mf",
+               "googlenet", "vit_b_16", "swin_t"]  # fmt: skip
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", TORCHVISION)
 def test_stock_torchvision_models(name, tmp_path):
     pytest.importorskip("torchvision", reason="torchvision does not import beside this torch")
-    run_stock(name, tmp_path)
+    run_stock(f"torchvision_models.py:build_{name}", tmp_path)
 
 
 @pytest.fixture(scope="module")

@@ -23,9 +23,10 @@ NOTE: [Time model]
 Three streams, each with a clock in microseconds.  `compute`/`recompute` advance the
 compute stream by OP.time_us; `delete` takes no time.  `offload`/`prefetch T` take
 ceil(T.nbytes / bandwidth * 1e6) us on their own stream and start when the stream and the
-data are ready: at max(compute clock, that stream's clock), and a prefetch not before the
-offload of the same tensor has finished (the generated module orders the host-to-device
-copy after the device-to-host copy's event).  `wait T` moves the compute clock to the end
+data are ready: at max(compute clock, that stream's clock); a prefetch needs a `wait` for
+the offload of the same tensor before it, so it never starts before that offload has
+finished (the generated module orders the host-to-device copy after the device-to-host
+copy's event).  `wait T` moves the compute clock to the end
 of T's transfer.  The plan's time is the makespan of the three streams after the last
 backward instruction; every transfer must be waited for before the step ends (a transfer
 in flight at the end is an error at its line), so the makespan is the compute clock.
@@ -340,7 +341,6 @@ class _Simulator:
         self.pending: dict[str, _Transfer] = {}
         self.offloaded_at: dict[str, str] = {}  # tensors with a host copy (or one in flight)
         self.host_ready: set[str] = set()  # host copies whose offload was waited for
-        self.offload_end: dict[str, int] = {}  # host copy -> when its offload finished (us)
         self.host_bytes = 0
         self.host_peak = 0
         self.clocks = _Clocks()
@@ -809,12 +809,9 @@ class _Simulator:
             )
         streams = self.clocks.streams
         duration = transfer_us(self.graph.tensors[name].nbytes, bandwidth)
-        # it starts when its stream is free and its data is ready: the compute stream has
-        # made the tensor (offload) or the host copy is complete (prefetch: after the offload)
-        ready = streams[ir.COMPUTE_STREAM]
-        if kind == "prefetch":
-            ready = max(ready, self.offload_end.get(name, 0))
-        end = max(ready, streams[instr.stream]) + duration
+        # its data is ready by the compute clock: the compute stream made the tensor (offload),
+        # or waited for the offload before this prefetch (`_prefetch` requires that wait)
+        end = max(streams[ir.COMPUTE_STREAM], streams[instr.stream]) + duration
         streams[instr.stream] = end
         self.clocks.transfer_us += duration
         self.pending[name] = _Transfer(kind, end, self._where(), instr.span)
@@ -832,5 +829,4 @@ class _Simulator:
         streams[ir.COMPUTE_STREAM] = max(streams[ir.COMPUTE_STREAM], transfer.end_us)
         if transfer.kind == "offload":
             self.host_ready.add(name)
-            self.offload_end[name] = transfer.end_us
         return 0, []

@@ -127,14 +127,12 @@ class Planner:
         """The store-all plan, labelled `NAME (store-all fits: no solve)`, when it fits
         `budget` (bytes): a solver that minimizes time would return it (NOTE: [Budget
         correction]), after building every block's ILPs for nothing (DenseNet-121: 2 min)."""
-        p = self.problem
-        plan = lowered_plan(
-            p.graph, autograd_order(p.graph), constraints=p.constraints, model=self.model, device=p.device, budget=budget,
-            solver=f"{name} (store-all fits: no solve)", status=Status.OPTIMAL.value, bandwidth=self.bandwidth,
-        )  # fmt: skip
-        if p.report and plan.header.peak_bytes <= budget:
-            p.report(f"the store-all plan fits the budget ({format_bytes(plan.header.peak_bytes)}): no solve")
-        return plan if plan.header.peak_bytes <= budget else None
+        plan = self._lowered(autograd_order(self.problem.graph), f"{name} (store-all fits: no solve)", Status.OPTIMAL, budget)
+        if plan.header.peak_bytes > budget:
+            return None
+        if self.problem.report:
+            self.problem.report(f"the store-all plan fits the budget ({format_bytes(plan.header.peak_bytes)}): no solve")
+        return plan
 
     def smallest_budget(self, solver: str = "rotor") -> int:
         """The least simulated peak (bytes) of the solver's plans near its floor (and its
@@ -153,12 +151,13 @@ class Planner:
         raise BudgetError(budget, min(smallest), solver.name)
 
     def _lowered(self, result, solver, status: Status, budget: int) -> ir.Plan:
-        """The plan of a SolverResult (or of a bare order, without decisions)."""
+        """The plan of a SolverResult (or of a bare order, without decisions); `solver`: a
+        solver, or the header's solver text itself."""
         order, decisions = (result.order, result.decisions) if hasattr(result, "order") else (result, ())
         p = self.problem
         return lowered_plan(
             p.graph, order, constraints=p.constraints, model=self.model, device=p.device, budget=budget,
-            solver=header_name(solver), status=Status(status).value, bandwidth=self.bandwidth, decisions=decisions,
+            solver=solver if isinstance(solver, str) else header_name(solver), status=Status(status).value, bandwidth=self.bandwidth, decisions=decisions,
         )  # fmt: skip
 
     def _fit(self, solver, budget: int) -> tuple[ir.Plan, SolverInfo]:

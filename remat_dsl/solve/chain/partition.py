@@ -164,8 +164,9 @@ def _split_large_blocks(ops: list[ir.Op], cuts: list[int], tensors) -> list[int]
     made_at = {t: i for i, op in enumerate(ops) for t in op.outputs}
     crossing = [0] * (len(ops) + 1)  # bytes alive across the cut after position i (difference array)
     last_read: dict[str, int] = {}
+    made = set(made_at)
     for j, op in enumerate(ops):
-        for t in op_uses(op, set(made_at)):
+        for t in op_uses(op, made):
             last_read[t] = j
     for t, last in last_read.items():
         if last > made_at[t]:
