@@ -39,7 +39,11 @@ Threads: torch's default (2 on this 2-core machine) unless `--threads N`: cpu.to
 describes the device as PyTorch runs it by default.  Another process holding a core
 stalls two threads at every barrier, so check the machine is idle before timing.
 
-Usage: python bench/cost_model.py [--fit] [--rounds 3] [--repeats 10] [--threads N]
+`--leave-one-out` fits the same figures on every example but one and reports the one left
+out: how well the roofline's form predicts ops it was not fitted on, in the same run, apart
+from how much this machine's speed changes from one run to the next (30-40% here).
+
+Usage: python bench/cost_model.py [--fit] [--leave-one-out] [--rounds 3] [--repeats 10] [--threads N]
 """
 
 from __future__ import annotations
@@ -355,6 +359,12 @@ def main() -> int:
         "--repeats", type=int, default=10, help="timed runs per op and per eager step in a round (default 10)"
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
+    parser.add_argument(
+        "--leave-one-out",
+        action="store_true",
+        help="also fit on all examples but one and report the one left out: the model's error apart from the "
+        "machine's speed changing between runs",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -376,6 +386,11 @@ def main() -> int:
         )
         print(cpu_toml_lines(fitted))
         report(fitted, examples)
+    if args.leave_one_out:
+        print("\nleave one example out: each example predicted with figures fitted in this run on the others only")
+        for held in examples:
+            rest = [op for example in examples if example is not held for op in example.ops.values()]
+            report(dataclasses.replace(fit(shipped, rest), name=f"cpu (fitted without {held.name})"), [held])
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
     return 0
 

@@ -259,6 +259,33 @@ def test_milp_status_is_honest():
     assert milp.solve(infeasible).status == milp.INFEASIBLE
 
 
+def multidimensional_knapsack(n: int, m: int) -> pulp.LpProblem:
+    """n items, m capacity rows: HiGHS needs 44 branch-and-bound nodes for n=40, m=10."""
+    rng = random.Random(0)
+    problem = pulp.LpProblem("mkp", pulp.LpMaximize)
+    x = [problem.add_variable(f"x{i}", cat="Binary") for i in range(n)]
+    problem += pulp.lpSum(rng.randint(1, 1000) * v for v in x)
+    for _ in range(m):
+        weights = [rng.randint(1, 1000) for _ in range(n)]
+        problem += pulp.lpSum(w * v for w, v in zip(weights, x)) <= sum(weights) // 2
+    return problem
+
+
+def test_node_bound_stops_with_an_honest_status():
+    """NOTE: [Effort bound]: a count of nodes, not a time, so the result is the same on a
+    loaded machine; stopped early, the status says feasible with the gap HiGHS proved."""
+    closed = milp.solve(multidimensional_knapsack(40, 10), rel_gap=0.0, max_nodes=10**6)
+    assert closed.status == milp.OPTIMAL
+    results, objectives = [], []
+    for _ in range(2):
+        problem = multidimensional_knapsack(40, 10)
+        results.append(milp.solve(problem, rel_gap=0.0, max_nodes=3))
+        objectives.append(pulp.value(problem.objective))
+        assert problem.solverModel.getInfo().mip_node_count <= 3
+    assert results[0].status == milp.FEASIBLE and results[0].gap > milp.OPTIMAL_GAP
+    assert results[0].gap == results[1].gap and objectives[0] == objectives[1]  # deterministic
+
+
 def test_time_limit_gives_best_plan_marked_feasible(example):
     model_file, captured, planner, _ = example
     autograd = planner.autograd_peak

@@ -378,7 +378,7 @@ def test_gap_and_solve_time_in_the_wrong_order_or_twice():
     for lines in ("  solve-time  2.4 s\n  gap  1%\n", "  gap  1%\n  gap  2%\n"):
         error = error_of(edit("  status      optimal\n", "  status      feasible\n" + lines))
         assert error.message.startswith("expected ") and error.message.endswith("found `gap`")
-        assert "model, device, costs, budget, counts, solver, status, gap, solve-time, peak" in error.hint
+        assert "model, device, autocast, costs, budget, counts, solver, status, gap, solve-time, peak" in error.hint
     assert error_of(edit("  status      optimal\n", "  status      optimal\n  gpa  1%\n")).hint == "did you mean `gap`?"
 
 
@@ -916,4 +916,4 @@ def test_the_costs_line_is_read_and_printed_where_it_belongs():
     assert print_plan(plan) == text
     assert parse(SMALL_TEXT).header.costs is None
     late = edit("  status      optimal\n", '  status      optimal\n  costs       "roofline a100"\n')
-    assert "model, device, costs, budget" in error_of(late).hint
+    assert "model, device, autocast, costs, budget" in error_of(late).hint

@@ -88,7 +88,7 @@ def without(source: str, *lines: str) -> str:
 
 def plan_waits(source: str, section: str) -> list[str]:
     """The `_wait(...)` statements of the forward or backward section, with their newline."""
-    forward, _, backward = source.partition("def backward(")
+    forward, _, backward = source[source.index("class _Plan(") :].partition("def backward(")
     return sorted(
         {
             line + "\n"

@@ -31,6 +31,7 @@ import contextlib
 import copy
 import inspect
 import logging
+import operator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,7 +70,7 @@ class Captured:
     none_leaves: list[bool] = field(default_factory=list)  # per output leaf: is it None
 
 
-def capture(model: torch.nn.Module, inputs: Inputs, portable: bool = False) -> Captured:
+def capture(model: torch.nn.Module, inputs: Inputs, portable: bool = False, autocast: torch.dtype | None = None) -> Captured:
     """Trace `model(*inputs.args, **inputs.kwargs)` and its backward into two FX graphs
     (NOTE: [Stock models]).
 
@@ -77,6 +78,7 @@ def capture(model: torch.nn.Module, inputs: Inputs, portable: bool = False) -> C
     made on this CPU): scaled-dot-product attention is captured as its math decomposition
     (matmuls and a softmax, which every device runs), not as this device's fused kernel
     (`_scaled_dot_product_flash_attention_for_cpu` has no CUDA kernel).
+    autocast: the forward runs under `torch.autocast(device, autocast)` (NOTE: [Autocast]).
 
     Raises RematError when the model cannot be captured as one graph (graph breaks,
     unsupported outputs or arguments), with the reason PyTorch gave.
@@ -89,8 +91,8 @@ def capture(model: torch.nn.Module, inputs: Inputs, portable: bool = False) -> C
     call = Inputs(tuple(value for _, value in named[:count]), dict(named[count:]))
     record: dict = {}
     with torch.random.fork_rng(devices=_cuda_devices(call.leaves())):
-        with _math_attention() if portable else contextlib.nullcontext():
-            out = _compile_and_run(model, call, record)
+        with _math_attention() if portable else contextlib.nullcontext(), _autocast(call.leaves(), model, autocast):
+            out = _compile_and_run(model, call, record, eager_dropout=not portable)
     _check_output_leaves(out)
     flat, spec = pytree.tree_flatten(out)
     if "backward" not in record:
@@ -252,15 +254,110 @@ def _math_attention():
     return sdpa_kernel([SDPBackend.MATH])
 
 
+# NOTE: [Autocast]
+# A model trained under `torch.autocast(device, dtype)` is captured under it: dynamo traces
+# the ambient autocast state and AOTAutograd applies it while tracing, so the forward graph
+# holds every cast autocast makes (`_to_copy(w, dtype=torch.bfloat16)` before an `addmm`)
+# and the tensors their real dtypes and sizes.  The backward is traced with autocast off,
+# as eager runs it when `loss.backward()` is called after the autocast region (PyTorch's
+# AMP recipe); AOTAutograd's default would trace it under autocast, casting the float32
+# matmuls of attention's math path to bfloat16.  So every cast is an op of the plan: the
+# generated module runs forward and backward with autocast off (applying it a second time
+# could cast again) and gives the eager autocast step bit for bit, dropout included (NOTE:
+# [Low-precision dropout]).  The plan's header records the dtype (`autocast  bfloat16`,
+# ir.Autocast), sealed by the digest, and the module refuses a training call under
+# another autocast state than the plan's (the template's `_check_autocast`).
+
+# `remat plan --autocast` spellings -> torch dtype names (ir.AUTOCAST_DTYPES)
+AUTOCAST_FLAGS = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16"}
+
+
+def _autocast(values, model, dtype: torch.dtype | None):
+    """`torch.autocast` on the device kind of the model's parameters (or inputs), or nothing."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    import torch._functorch.config  # imported lazily by torch.compile, which has not run yet
+
+    tensors = [t for t in (*model.parameters(), *values) if isinstance(t, torch.Tensor)]
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.autocast(tensors[0].device.type if tensors else "cpu", dtype=dtype))
+    # the backward is traced as `loss.backward()` runs after the autocast region: autocast off
+    stack.enter_context(torch._functorch.config.patch(backward_pass_autocast="off"))
+    return stack
+
+
+# NOTE: [Low-precision dropout]
+# Eager PyTorch runs dropout on the CPU as `input * noise`, with `noise =
+# empty_like(input).bernoulli_(1 - p).div_(1 - p)` in the input's dtype (ATen's
+# `_dropout_impl`; the fused `native_dropout` serves CUDA only), and its backward is
+# `grad * noise`.  Tracing decomposes dropout into `native_dropout`, which scales by
+# 1 / (1 - p) in float, and `native_dropout_backward(grad, mask, scale)`: the same draws,
+# the same values in float32, but in bfloat16 or float16 the scale rounds differently
+# (1 / 0.9 is 1.109375 in bfloat16), so an autocast plan would not give the eager step.
+# On a CPU plan, a `native_dropout` of a low-precision input is captured as eager runs it:
+# `bernoulli.p` (the draws), `div.Scalar`, `mul.Tensor`, and its backward as `mul.Tensor`
+# of the gradient and the noise (saved, in the input's dtype, as eager saves it).
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def _eager_cpu_dropout(joint: fx.GraphModule) -> None:
+    """Rewrite the joint graph's low-precision CPU `native_dropout`s as eager runs them
+    (NOTE: [Low-precision dropout])."""
+    from torch._guards import detect_fake_mode
+
+    aten = torch.ops.aten
+    changed = False
+    for node in list(joint.graph.nodes):
+        if node.target is not aten.native_dropout.default:
+            continue
+        x, p = node.args[0], node.args[1]
+        value = x.meta.get("val")
+        if value is None or value.device.type != "cpu" or value.dtype not in LOW_PRECISION or not 0 < p < 1:
+            continue
+        mode = detect_fake_mode([value])
+
+        def call(target, args, like):
+            with joint.graph.inserting_before(like):
+                made = joint.graph.call_function(target, args)
+            made.meta.update({k: v for k, v in like.meta.items() if k != "val"})
+            with mode:
+                made.meta["val"] = target(*[a.meta["val"] if isinstance(a, fx.Node) else a for a in args])
+            return made
+
+        noise = call(aten.bernoulli.p, (x, 1 - p), node)
+        scaled = call(aten.div.Scalar, (noise, 1 - p), node)
+        out = call(aten.mul.Tensor, (x, scaled), node)
+        for user in list(node.users):
+            if user.target is not operator.getitem:
+                raise RematError("error: a native_dropout output is used whole; remat-dsl captures low-precision CPU dropout as eager runs it (NOTE: [Low-precision dropout]) and cannot here")
+            if user.args[1] == 0:
+                user.replace_all_uses_with(out)
+                continue
+            for backward in [u for u in user.users if u.target is aten.native_dropout_backward.default]:
+                backward.replace_all_uses_with(call(aten.mul.Tensor, (backward.args[0], scaled), backward))
+                joint.graph.erase_node(backward)
+            if user.users:
+                raise RematError("error: a dropout mask is used beyond its backward; remat-dsl captures low-precision CPU dropout as eager runs it (NOTE: [Low-precision dropout]) and cannot here")
+        for user in list(node.users):
+            joint.graph.erase_node(user)
+        joint.graph.erase_node(node)
+        changed = True
+    if changed:
+        joint.graph.lint()
+        joint.recompile()
+
+
 def _cuda_devices(values) -> list[int]:
     return sorted({t.device.index or 0 for t in values if isinstance(t, torch.Tensor) and t.is_cuda})
 
 
-def _compile_and_run(model, inputs, record):
+def _compile_and_run(model, inputs, record, eager_dropout: bool = True):
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import default_partition
 
     def partition(joint, joint_inputs, **kwargs):
+        if eager_dropout:
+            _eager_cpu_dropout(joint)
         fw, bw = default_partition(joint, joint_inputs, **kwargs)
         record["forward"], record["backward"] = fw, bw
         return fw, bw

@@ -5,7 +5,10 @@ Tensor` (a scalar).  `sample_inputs()` returns the arguments of the model's forw
 (positional), a dict (keyword: `{"input_ids": ids, "labels": ids}`), a pair `(args, kwargs)`,
 or one tensor.  Without `loss_fn` the loss is the output's `loss` (Hugging Face models given
 `labels=`), else the sum of its floating tensors.  A spec `path.py:factory` selects another
-factory than `build_model`.
+factory than `build_model`.  A model trained under mixed precision says so with
+`autocast = torch.bfloat16` (or `torch.float16`): it is captured and planned under
+`torch.autocast(device, dtype)` (NOTE: [Autocast] in remat_dsl.capture.fx); `remat plan
+--autocast` overrides it.
 
 NOTE: [User code]
 A model file is the user's code: importing it and calling its functions can raise
@@ -43,6 +46,7 @@ class ModelFile:
     build: Callable[[], Any]  # the user's functions, as the file defines them
     inputs: Callable[[], Any]
     loss: Callable[[Any], Any] | None
+    autocast: Any = None  # torch.bfloat16 or torch.float16: capture under torch.autocast; None: without
 
     def build_model(self):
         """The model, an nn.Module.  Raises RematError."""
@@ -157,7 +161,20 @@ def load_model_file(spec: str) -> ModelFile:
     if loss is not None and not callable(loss):
         raise RematError(f"{path_text}:1:1: error: `loss_fn` in the model file is not a function", hint="define `def loss_fn(output) -> Tensor` or remove it")
     canonical = path_text if factory == "build_model" else f"{path_text}:{factory}"
-    return ModelFile(canonical, path, factory, module, build, inputs, loss)
+    return ModelFile(canonical, path, factory, module, build, inputs, loss, _autocast_of(module, path_text))
+
+
+def _autocast_of(module, path_text: str):
+    """The model file's `autocast` (torch.bfloat16, torch.float16 or None).  Raises RematError."""
+    import torch
+
+    value = getattr(module, "autocast", None)
+    if value is None or value in (torch.bfloat16, torch.float16):
+        return value
+    raise RematError(
+        f"{path_text}:1:1: error: `autocast` in the model file is {value!r}, not torch.bfloat16 or torch.float16",
+        hint="write `autocast = torch.bfloat16` (or torch.float16) to plan under torch.autocast, or remove it",
+    )
 
 
 def _import(path: Path):

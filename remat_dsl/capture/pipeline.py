@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -14,7 +14,7 @@ from remat_dsl.plan import ir
 from remat_dsl.capture.fx import capture
 from remat_dsl.capture.fbgraph import build_graph
 from remat_dsl.capture.model_file import Inputs, ModelFile
-from remat_dsl.capture.profile import is_call, profile_step
+from remat_dsl.capture.profile import is_call, profile_step, timing_passes
 
 
 @dataclass(frozen=True)
@@ -23,11 +23,15 @@ class Captured:
 
     costs: None when every op was measured here; else what predicted the costs, as the
     plan's header says it (`roofline h100-sxm`, `roofline cpu, fake tensors`).
+    noisy: how many ops' timing passes never agreed (NOTE: [Robust timing] in
+    remat_dsl.capture.profile): the machine was busy while they were measured.
     """
 
     graph: ir.Graph
     device: str
     costs: str | None = None
+    noisy: int = 0
+    cached: bool = False  # op times from the cache (NOTE: [Solution cache])
 
 
 def device_of(inputs, model: torch.nn.Module) -> str:
@@ -154,6 +158,7 @@ def capture_graph(
     device_model=None,
     fake: bool = False,
     kind: str | None = None,
+    cache=None,
 ) -> Captured:
     """Build the model, capture its training step and measure (or predict) every op.
 
@@ -164,6 +169,12 @@ def capture_graph(
     the plan names its kind.  fake: capture with fake tensors (NOTE: [Fake capture]);
     needs a device model (the caller passes the `cpu` one for this machine).  kind: the
     device kind the plan is for (default: the device model's, else the model's).
+    cache: a remat_dsl.plan.cache.Cache: measured op times are taken from it when this
+    graph was measured here before, and stored in it when they settled (NOTE: [Solution
+    cache]); `Captured.cached` says which.
+    The model file's `autocast` (torch.bfloat16, torch.float16, None) is the autocast
+    state it is captured under (NOTE: [Autocast] in capture/fx.py); `dataclasses.replace`
+    the ModelFile to override it.
     Raises RematError (the model file's errors, capture failures).
     """
     if fake and device_model is None:
@@ -174,20 +185,59 @@ def capture_graph(
     # (T5's `torch.tensor(0)`) stay real values
     captured_on = device_of(inputs, model)
     kind = kind or (device_model.kind if device_model is not None else captured_on)
+    autocast = model_file.autocast
     with _fake_warnings_silenced():
-        captured = capture(model, inputs, portable=kind != captured_on)
-    total = sum(1 for g in (captured.forward, captured.backward) for n in g.graph.nodes if is_call(n))
-    if progress:
-        progress.start(total)
-    with mode, _fake_warnings_silenced():
-        step = profile_step(
-            captured, captured.example_primals, repeats, progress.advance if progress else None, measure_time, device_model,
-        )  # fmt: skip
+        captured = capture(model, inputs, portable=kind != captured_on, autocast=autocast)
+    device_kinds = {captured_on: kind}
+    cached = None
+    if cache is not None and cache.enabled and measure_time and device_model is None:
+        with mode, _fake_warnings_silenced():
+            untimed = build_graph(captured, profile_step(captured, captured.example_primals, repeats, None, False), inputs, device_kinds)
+        key = _profile_key(untimed, repeats)
+        times = cache.get("profiles", key)
+        if isinstance(times, dict) and set(times) == {op.name for op in untimed.ops}:
+            cached = replace(untimed, ops=tuple(replace(op, time_us=int(times[op.name])) for op in untimed.ops))
+    if cached is not None:
+        graph, noisy = cached, 0
+    else:
+        calls = sum(1 for g in (captured.forward, captured.backward) for n in g.graph.nodes if is_call(n))
+        total = calls * timing_passes(measure_time, device_model)
+        if progress:
+            progress.start(total)
+        with mode, _fake_warnings_silenced():
+            step = profile_step(
+                captured, captured.example_primals, repeats, progress.advance if progress else None, measure_time, device_model,
+            )  # fmt: skip
+        graph, noisy = build_graph(captured, step, inputs, device_kinds), step.noisy
+        if cache is not None and cache.enabled and measure_time and device_model is None and not noisy:
+            cache.put("profiles", _profile_key(replace(graph, ops=tuple(replace(op, time_us=0) for op in graph.ops)), repeats), {op.name: op.time_us for op in graph.ops})
     costs = None
     if device_model is not None:
         costs = f"roofline {device_model.name}" + (FAKE_COSTS if fake else "")
-    graph = build_graph(captured, step, inputs, device_kinds={captured_on: kind})
-    return Captured(graph, kind, costs)
+    if autocast is not None:
+        graph = replace(graph, autocast=ir.Autocast(str(autocast).removeprefix("torch.")))
+    return Captured(graph, kind, costs, noisy, cached is not None)
+
+
+def _profile_key(untimed: ir.Graph, repeats: int) -> str:
+    """NOTE: [Solution cache]: what measured op times depend on: the graph (ops, arguments,
+    shapes, temporaries measured in the untimed run), torch, this machine, `repeats`."""
+    import os
+    import platform
+
+    from remat_dsl.plan.cache import Cache
+
+    machine = (platform.machine(), platform.processor(), _cpu_model(), os.cpu_count(), torch.get_num_threads())
+    return Cache.key("profile", torch.__version__, machine, repeats, untimed)
+
+
+def _cpu_model() -> str:
+    """The processor's name from /proc/cpuinfo (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            return next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), "")
+    except OSError:
+        return ""
 
 
 def check_plan_matches(plan, model_file: ModelFile) -> None:
@@ -224,6 +274,8 @@ def _check_graph(plan, model_file: ModelFile, hint: str, fake: bool) -> None:
     from remat_dsl.plan.ir import Span
 
     device_model = load_device("cpu") if fake else None  # costs are not compared, only the graph
+    autocast = getattr(torch, plan.graph.autocast.dtype) if plan.graph.autocast else None
+    model_file = replace(model_file, autocast=autocast)  # the plan's autocast state, whatever the file says
     captured = capture_graph(model_file, measure_time=False, device_model=device_model, fake=fake, kind=plan.header.device).graph
     outputs = plan.section_span("outputs")
     ours = digest.items(plan.graph, outputs and Span(outputs.line + 1, 3), costs=False)

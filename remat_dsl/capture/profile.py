@@ -8,9 +8,24 @@ exact storage sizes, or views of existing storage), its temporary memory and its
 * temporary memory: one pass under the PyTorch profiler with a `record_function` range per
   node; the allocator's `[memory]` events inside a range give the node's own peak above
   its outputs (../shared/notes/capture-probe.md, "Peak memory on CPU");
-* duration: median of `repeats` timed runs (microseconds), after one warm-up; with
+* duration: the least of its timed runs (microseconds): one warm-up, then `repeats` runs
+  split over passes over the whole graph, more passes until two agree (NOTE: [Robust
+  timing]); with
   `measure_time=False` no op is timed and every duration is 0 (sizes, aliasing and
   temporary memory still come from the one real run).
+
+NOTE: [Robust timing]
+Another job on the machine only ever slows an op down, and on a loaded 2-core machine it
+can do so for whole milliseconds: one U-Net op measured 72 ms in one run and 1.2 ms in
+another (issue 13), and a median of 5 runs back to back does not help when all 5 fall in
+the same stall.  So each op's time is the least of its runs (the estimate of its
+undisturbed time, as `timeit` advises), taken in PASSES passes over the whole graph (the
+`repeats` runs split between them, so timing costs what one pass of `repeats` did): the
+passes are a whole graph's timing apart, so one stall spoils at most one of them.  An op
+whose two least pass minima disagree by more than SPREAD_LIMIT (and by more than
+SPREAD_FLOOR_US, the timer's jitter on tiny ops) is timed again, in at most MAX_PASSES
+passes in all; an op still unsettled then is counted in `StepProfile.noisy`, which
+`remat plan` and `remat profile` report, so a plan made on a busy machine says so.
 
 With a device model (`remat_dsl.capture.cost.DeviceModel`, `remat plan --device`) nothing
 is timed or profiled: each op's duration and temporary memory are predicted from its
@@ -24,7 +39,6 @@ The RNG state is restored afterwards, so profiling draws nothing from the user's
 from __future__ import annotations
 
 import operator
-import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -71,6 +85,18 @@ class StepProfile:
 
     forward: dict[fx.Node, NodeProfile] = field(default_factory=dict)
     backward: dict[fx.Node, NodeProfile] = field(default_factory=dict)
+    noisy: int = 0  # ops whose timing passes never agreed (NOTE: [Robust timing])
+
+
+PASSES = 2  # timing passes over every op (NOTE: [Robust timing])
+MAX_PASSES = 4  # passes in all for an op whose passes disagree
+SPREAD_LIMIT = 1.5  # two pass minima further apart than this ratio disagree ...
+SPREAD_FLOOR_US = 20  # ... when they also differ by more than this many microseconds
+
+
+def timing_passes(measure_time: bool, device_model) -> int:
+    """Progress steps per op of `profile_step`: PASSES when ops are timed, else 1."""
+    return PASSES if measure_time and device_model is None else 1
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -102,7 +128,8 @@ def profile_step(
 
     inputs_by_primal: the tensors for the forward placeholders, in order (real, or fake
     with a device model).
-    progress: optional callable(advance: int) for a progress bar.
+    progress: optional callable(advance: int) for a progress bar; it advances
+    `timing_passes(measure_time, device_model)` times per call node.
     measure_time: False skips the timing loop (every time_us stays 0).
     device_model: a `cost.DeviceModel`: every op's time (microseconds) and temporary bytes
     are predicted for that device instead of measured here.
@@ -114,6 +141,7 @@ def profile_step(
         env = run.graph(captured.forward, inputs_by_primal, result.forward)
         bw_inputs = _backward_inputs(captured, env)
         run.graph(captured.backward, bw_inputs, result.backward)
+    result.noisy = run.noisy
     return result
 
 
@@ -140,6 +168,7 @@ class _Run:
     progress: object
     measure_time: bool
     device_model: object
+    noisy: int = 0
 
     def graph(self, gm: fx.GraphModule, args: list, profiles: dict) -> dict[str, object]:
         """Interpret `gm` on `args`, filling `profiles`; returns name -> value."""
@@ -152,11 +181,25 @@ class _Run:
                 calls.append((node, fn_args, fn_kwargs))
                 profiles[node] = _describe(node, value, fn_args, fn_kwargs)
         _attribute_temp(prof, [node for node, _, _ in calls], profiles)
-        for node, fn_args, fn_kwargs in calls:
-            if self.measure_time and profiles[node].allocates:
-                profiles[node].time_us = _time(node, fn_args, fn_kwargs, self.repeats)
+        if not self.measure_time:
             if self.progress:
-                self.progress(1)
+                self.progress(len(calls))
+            return env
+        timed = [c for c in calls if profiles[c[0]].allocates]
+        minima: dict[fx.Node, list[int]] = {node: [] for node, _, _ in timed}
+        runs = -(-self.repeats // PASSES)  # `repeats` runs in all, split over the passes
+        for number in range(PASSES):  # every op, a whole graph's timing apart
+            for node, fn_args, fn_kwargs in calls:
+                if node in minima:
+                    minima[node].append(_least_ns(node, fn_args, fn_kwargs, runs, warm_up=number == 0))
+                if self.progress:
+                    self.progress(1)
+        for _ in range(MAX_PASSES - PASSES):  # the ops whose passes disagreed, again
+            for node, fn_args, fn_kwargs in [c for c in timed if not _settled(minima[c[0]])]:
+                minima[node].append(_least_ns(node, fn_args, fn_kwargs, runs, warm_up=False))
+        for node, samples in minima.items():
+            profiles[node].time_us = max(1, round(min(samples) / 1000))
+            self.noisy += not _settled(samples)
         return env
 
     def _predicted(self, gm: fx.GraphModule, args: list, profiles: dict) -> dict[str, object]:
@@ -254,13 +297,24 @@ def _attribute_temp(prof, calls: list[fx.Node], profiles: dict) -> None:
         profiles[node].temp_bytes = max(0, peak - allocated)
 
 
-def _time(node: fx.Node, args, kwargs, repeats: int) -> int:
+def _settled(minima: list[int]) -> bool:
+    """Whether the two least pass minima (ns) agree (NOTE: [Robust timing])."""
+    if len(minima) < 2:
+        return False
+    first, second = sorted(minima)[:2]
+    return second <= first * SPREAD_LIMIT or second - first <= SPREAD_FLOOR_US * 1000
+
+
+def _least_ns(node: fx.Node, args, kwargs, repeats: int, warm_up: bool = True) -> int:
+    """The least of `repeats` timed runs of the node's call (nanoseconds), after a warm-up
+    run when `warm_up`."""
     sync = (
         torch.cuda.synchronize
         if any(isinstance(t, torch.Tensor) and t.is_cuda for t in pytree.tree_leaves(args))
         else (lambda: None)
     )
-    node.target(*args, **kwargs)
+    if warm_up:
+        node.target(*args, **kwargs)
     samples = []
     for _ in range(repeats):
         sync()
@@ -268,4 +322,4 @@ def _time(node: fx.Node, args, kwargs, repeats: int) -> int:
         node.target(*args, **kwargs)
         sync()
         samples.append(time.perf_counter_ns() - start)
-    return max(1, round(statistics.median(samples) / 1000))
+    return min(samples)

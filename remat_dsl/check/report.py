@@ -74,6 +74,8 @@ def check_report(path: str, verified) -> str:
     table.add_column("what")
     table.add_column("value", justify="right")
     budget = plan.header.budget
+    if plan.graph.autocast is not None:
+        table.add_row("autocast", f"{plan.graph.autocast.dtype} (captured, and to be run, under torch.autocast)")
     table.add_row("budget", f"{format_bytes(budget)}")
     table.add_row("predicted peak", f"{format_bytes(sim.peak_bytes)}, {100 * sim.peak_bytes / budget:.1f}% of budget" if budget else f"{sim.peak_bytes} B")
     table.add_row("peak at", instruction_line(plan, sim.peak_at))

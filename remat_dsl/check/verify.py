@@ -6,8 +6,8 @@ offending line, carets and a hint):
 1. the digest: the graph sections are those the plan was made with (NOTE: [Graph
    digest] in remat_dsl.plan.digest), so only the schedule, the header's budget and comments
    were edited by hand;
-2. the declarations: the device is one the generated module can run on, every dtype is
-   known, no tensor, value or budget is larger than any device holds (MAX_BYTES);
+2. the declarations: the device is one the generated module can run on, the autocast
+   dtype (if any) is one torch.autocast runs in, every dtype is known, no tensor, value or budget is larger than any device holds (MAX_BYTES);
 3. the operators: every `aten.NAME.OVERLOAD` exists in this torch, inline calls are views,
    and the arguments fit the operator's schema;
 4. the schedule: `simulate` replays it (remat_dsl.check.replay) and the plan's own
@@ -108,14 +108,18 @@ def check_digest(plan: ir.Plan) -> None:
     hashes = digest.decode_items(stored.items)
     if hashes is None:
         raise PlanError("the digest's `items` lines were edited", span=stored.span, hint=RERUN)
+    if plan.graph.autocast is None and hashes and hashes[0] in _AUTOCAST_HASHES:
+        raise PlanError(
+            "the header's `autocast` line was removed: the graph was captured under autocast, and its digest says so",
+            span=plan.section_span("header"), hint=RERUN,
+        )  # fmt: skip
     for index, item in enumerate(items):
         if index >= len(hashes) or hashes[index] != digest.item_hash(item):
             where = item.span or plan.section_span(item.section)
-            raise PlanError(
-                f"this line of the `{item.section}` section was edited (or one just above it was "
-                "added or removed): the graph sections no longer match the plan's digest",
-                span=where, hint=RERUN,
-            )  # fmt: skip
+            what = "the header's `autocast` line was edited (the graph was captured under another autocast state)"
+            if item.section != "header":
+                what = f"this line of the `{item.section}` section was edited (or one just above it was added or removed)"
+            raise PlanError(f"{what}: the graph sections no longer match the plan's digest", span=where, hint=RERUN)
     last = plan.section_span("forward")
     if len(hashes) > len(items):
         raise PlanError(
@@ -123,6 +127,10 @@ def check_digest(plan: ir.Plan) -> None:
             span=last, hint=RERUN,
         )
     raise PlanError("the graph sections no longer match the plan's digest", span=stored.span, hint=RERUN)
+
+
+# The first item's hash in a plan captured under autocast (NOTE: [Graph digest]).
+_AUTOCAST_HASHES = frozenset(digest.item_hash(digest.Item("header", f"autocast {d}", None)) for d in ir.AUTOCAST_DTYPES)
 
 
 # ---------------------------------------------------------------------------
@@ -145,6 +153,12 @@ def check_declarations(plan: ir.Plan) -> None:
             span=plan.section_span("header"), hint=f"write a budget below {MAX_BYTES} B",
         )
     graph = plan.graph
+    if graph.autocast is not None and graph.autocast.dtype not in ir.AUTOCAST_DTYPES:
+        raise PlanError(
+            f"unknown autocast dtype `{graph.autocast.dtype}` in the header",
+            span=graph.autocast.span or plan.section_span("header"), length=len(graph.autocast.dtype),
+            hint=f"torch.autocast runs in {' or '.join(ir.AUTOCAST_DTYPES)} (remat plan --autocast bf16 or fp16)",
+        )  # fmt: skip
     for value in (*graph.inputs, *graph.parameters, *graph.buffers, *graph.tangents):
         _check_size(value, value.dtype, value.shape, None)
     for tensor in graph.tensors:

@@ -92,6 +92,18 @@ def status(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def report_noisy_timing(captured) -> None:
+    """Say when some ops' timings never settled (NOTE: [Robust timing] in
+    remat_dsl.capture.profile): costs measured on a busy machine make plans that differ."""
+    if captured.noisy:
+        ops = sum(1 for op in captured.graph.ops)
+        status(
+            f"warning: the timings of {captured.noisy} of {ops} ops did not settle (their timing passes disagreed "
+            "by more than 1.5x): the machine was busy; measure on an idle machine (`remat profile`) for costs that "
+            "do not depend on its load"
+        )
+
+
 # ---------------------------------------------------------------------------
 # Output files
 # ---------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from remat_dsl.cli.console import Progress, check_writable, positive_int, status, write_atomically
+from remat_dsl.cli.console import Progress, check_writable, positive_int, report_noisy_timing, status, write_atomically
 from remat_dsl.plan.errors import RematError
 
 
@@ -26,6 +26,23 @@ def seconds(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got '{text}' (leave the option out for no limit)")
     return value
+
+
+def autocast_dtype(text: str):
+    """`--autocast`: torch.bfloat16 (`bf16`, `bfloat16`), torch.float16 (`fp16`, `float16`)
+    or None (`none`).  Raises RematError (exit status 2) for anything else."""
+    import torch
+
+    from remat_dsl.capture.fx import AUTOCAST_FLAGS
+
+    if text.lower() == "none":
+        return None
+    if text.lower() not in AUTOCAST_FLAGS:
+        raise RematError(
+            f"error: unknown --autocast dtype '{text}'",
+            hint="torch.autocast runs in bf16 (torch.bfloat16) or fp16 (torch.float16); pass --autocast bf16, fp16 or none",
+        )
+    return getattr(torch, AUTOCAST_FLAGS[text.lower()])
 
 
 def register(subparsers) -> None:
@@ -41,8 +58,9 @@ def register(subparsers) -> None:
         "--solver",
         default="auto",
         choices=NAMES,
-        help="auto (default: picks checkmate, rockmate or hiremate by graph structure and size), "
-        "rockmate, hiremate, checkmate, rotor, checkpoint-sqrt or autograd",
+        help="auto (default: picks checkmate, rockmate or hiremate by graph structure and size, offmate when "
+        "--bandwidth or a --device with a host link is given), offmate, rockmate, hiremate, checkmate, rotor, "
+        "twremat (any graph size, no ILP), checkpoint-sqrt or autograd",
     )
     plan.add_argument(
         "--device",
@@ -51,11 +69,14 @@ def register(subparsers) -> None:
         "cpu (this machine kind), or a device-description .toml file (docs/devices.md); default: measure every op here",
     )
     plan.add_argument("--fake", action="store_true", help="capture with fake tensors (a FakeTensorMode): no weights or activations are allocated, costs come from --device (default cpu); automatic when the model would not fit in host memory")
+    plan.add_argument("--autocast", metavar="bf16|fp16|none", help="capture and plan the step under torch.autocast(device, dtype) (bf16: torch.bfloat16, fp16: torch.float16); default: the model file's `autocast`, else none")
     plan.add_argument("--bandwidth", help="host<->device bandwidth per second (default: the --device's host link, else 12GB)")
-    plan.add_argument("--repeats", type=positive_int, default=5, help="timed runs per operation (median)")
+    plan.add_argument("--host-budget", metavar="SIZE", help="host memory the offloaded activations may take (offmate; 8GiB, 500MB); default: unlimited")
+    plan.add_argument("--repeats", type=positive_int, default=5, help="timed runs per operation, split over two timing passes; the least counts (default 5)")
     plan.add_argument("--time-limit", type=seconds, metavar="SECONDS", help="stop the solver after this many seconds (MILP solvers: the best plan found so far, status `feasible` with its gap); default: no limit")
     plan.add_argument("--record-solve-time", action="store_true", help="write the solver's run time into the header (`solve-time`); off by default so that plans are byte-identical from run to run")
     plan.add_argument("--profile", help="take every operation's time and temporary memory from this profile file (see `remat profile`) instead of measuring")
+    plan.add_argument("--no-cache", action="store_true", help="neither read nor write the cache of measured op times and block solutions ($REMAT_CACHE_DIR, else ~/.cache/remat-dsl); it makes another budget for the same model take seconds")
     plan.add_argument("-o", "--output", help="write the plan here instead of stdout")
     plan.set_defaults(run=run)
 
@@ -66,7 +87,9 @@ class PlanRequest:
 
     budget: bytes, a percentage (`50%` -> 50.0) of the autograd peak, or None (autograd).
     bandwidth: bytes per second.  constraints: from --from, then --constraints.
-    device_model: the `cost.DeviceModel` of --device, None to measure.
+    device_model: the `cost.DeviceModel` of --device, None to measure.  host_link: a
+    bandwidth was given, or a --device with a host link (a `cuda` one).  host_budget:
+    bytes (--host-budget), None for unlimited.
     """
 
     budget: int | float | None
@@ -76,6 +99,8 @@ class PlanRequest:
     profile: object | None
     output: Path | None
     device_model: object | None = None
+    host_link: bool = False
+    host_budget: int | None = None
 
 
 def _quantity(parse, text: str, what: str):
@@ -106,6 +131,12 @@ def read_request(args) -> PlanRequest:
         bandwidth = _quantity(parse_bandwidth, args.bandwidth, "bandwidth")
     if bandwidth <= 0:
         raise RematError(f"error: the bandwidth must be more than 0 bytes per second, got '{args.bandwidth}'", hint="pass e.g. --bandwidth 12GB")
+    host_link = args.bandwidth is not None or (device_model is not None and device_model.kind == "cuda")
+    host_budget = None
+    if getattr(args, "host_budget", None) is not None:
+        host_budget = _quantity(parse_size, args.host_budget, "host budget")
+        if host_budget < 0:
+            raise RematError(f"error: the host budget must be 0 or more, got '{args.host_budget}'", hint="pass e.g. --host-budget 8GiB")
     constraints, from_budget = (), None
     if args.from_plan:
         old = parse_file(args.from_plan)
@@ -123,13 +154,13 @@ def read_request(args) -> PlanRequest:
     text = args.budget or (None if fallback is None else str(fallback))
     if text is None:
         if args.solver == "autograd":
-            return PlanRequest(None, False, bandwidth, constraints, profile, output, device_model)
+            return PlanRequest(None, False, bandwidth, constraints, profile, output, device_model, host_link, host_budget)
         raise RematError("error: no budget given", hint="pass --budget (2GiB, 50%), or a `budget SIZE` constraint, or --from PLAN")
     percent = parse_percent(text)
     budget = percent if percent is not None else _quantity(parse_size, text, "budget")
     if budget <= 0:
         raise RematError(f"error: the budget must be more than 0, got '{text}'", hint="pass e.g. --budget 50% or --budget 2GiB")
-    return PlanRequest(budget, percent is not None, bandwidth, constraints, profile, output, device_model)
+    return PlanRequest(budget, percent is not None, bandwidth, constraints, profile, output, device_model, host_link, host_budget)
 
 
 def run(args) -> int:
@@ -140,7 +171,10 @@ def run(args) -> int:
     from remat_dsl.solve.driver import Planner
 
     request = read_request(args)
+    autocast = autocast_dtype(args.autocast) if args.autocast is not None else None  # NOTE: [Fail fast]
     model_file = load_model_file(args.model)
+    if args.autocast is not None:  # overrides the model file's `autocast`
+        model_file = replace(model_file, autocast=autocast)
     graph, device, costs = _captured(model_file, args, request)
     for warning in unmatched(graph, request.constraints):
         if args.strict:
@@ -149,6 +183,7 @@ def run(args) -> int:
     planner = Planner(
         graph, model=model_file.spec, device=device, bandwidth=request.bandwidth,
         constraints=request.constraints, time_limit=args.time_limit, report=status,
+        host_link=request.host_link, host_budget=request.host_budget, cache=_cache(args),
     )  # fmt: skip
     if request.budget is None or request.budget_is_percent:
         peak = planner.autograd_peak
@@ -195,7 +230,10 @@ def _captured(model_file, args, request: PlanRequest):
     if request.profile is None:
         verb = "capturing" if device_model is not None else "profiling"
         with Progress(f"{verb} {model_file.spec}" + (" with fake tensors" if fake else "")) as progress:
-            captured = capture_graph(model_file, args.repeats, progress, device_model=device_model, fake=fake)
+            captured = capture_graph(model_file, args.repeats, progress, device_model=device_model, fake=fake, cache=_cache(args))
+        report_noisy_timing(captured)
+        if captured.cached:
+            status("op times from the cache: measured on this machine in an earlier run (--no-cache measures them again)")
         return captured.graph, captured.device, captured.costs
     from remat_dsl.capture.profile_file import apply_profile
 
@@ -203,6 +241,14 @@ def _captured(model_file, args, request: PlanRequest):
         captured = capture_graph(model_file, args.repeats, progress, measure_time=False, device_model=device_model, fake=fake)
     status(f"costs from {args.profile}")
     return apply_profile(captured.graph, request.profile, model=model_file.spec), captured.device, None
+
+
+def _cache(args):
+    """The cache of measured op times and block solutions (NOTE: [Solution cache] in
+    remat_dsl.plan.cache), or one that holds nothing with --no-cache."""
+    from remat_dsl.plan.cache import NO_CACHE, default_cache
+
+    return NO_CACHE if args.no_cache else default_cache()
 
 
 def solver_status(header) -> str:

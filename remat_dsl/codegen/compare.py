@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
 from dataclasses import dataclass
@@ -42,7 +43,11 @@ def load_generated(path: str | Path):
 
 def compare_training(model_file: ModelFile, generated, steps: int = 3, lr: float = 0.1) -> Comparison:
     """Run `steps` SGD steps of the eager model and of `generated.FastModel` from the same
-    initial state and seeds; compare losses, every parameter gradient, parameters and buffers."""
+    initial state and seeds; compare losses, every parameter gradient, parameters and buffers.
+
+    With the model file's `autocast` (torch.bfloat16, torch.float16), forward and loss run
+    under `torch.autocast(device, dtype)` and the backward after it, as mixed-precision
+    training does."""
     eager, twin = model_file.build_model(), model_file.build_model()
     fast = generated.FastModel(twin)
     inputs = model_file.sample_inputs()
@@ -54,7 +59,8 @@ def compare_training(model_file: ModelFile, generated, steps: int = 3, lr: float
         for module, optimizer in zip((eager, fast), optimizers):
             optimizer.zero_grad(set_to_none=True)
             torch.manual_seed(1000 + step)
-            loss = model_file.loss_fn(inputs.call(module))
+            with _autocast(model_file.autocast, eager):
+                loss = model_file.loss_fn(inputs.call(module))
             loss.backward()
             results.append(loss.detach())
         losses_equal &= torch.equal(results[0], results[1])
@@ -73,6 +79,13 @@ def compare_training(model_file: ModelFile, generated, steps: int = 3, lr: float
         mismatched=tuple(mismatched + [f"parameter {n}" for n in params] + [f"buffer {n}" for n in buffers]),
         eager_losses=tuple(losses),
     )
+
+
+def _autocast(dtype, model: torch.nn.Module):
+    """torch.autocast(dtype) on the device kind of `model`'s parameters, or nothing for None."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(next(model.parameters()).device.type, dtype=dtype)
 
 
 def _pairs(a: torch.nn.Module, b: torch.nn.Module):

@@ -8,7 +8,10 @@ say so), consecutive `delete`s are one `del`, `offload`/`prefetch`/`wait` call t
 small helpers (NOTE: [Streams] in the template); every offloaded tensor has a fixed offset
 in the step's host buffer (`host_layout`).  Random operations that the plan
 recomputes save the RNG state at their first run and replay it.  An exception raised
-inside the module gets a note with the plan line it was running.
+inside the module gets a note with the plan line it was running.  The module runs the
+plan's ops with autocast off (a plan captured under autocast holds its casts as ops) and
+refuses a call under another autocast state than the plan's; it uses nothing that
+torch.compile(fullgraph=True) cannot trace (NOTE: [Compiled] in the template).
 
 Everything the module needs to know about residency (which outputs are new, which RNG
 states are kept or freed, what crosses from forward to backward) comes from the plan's
@@ -22,7 +25,7 @@ import math
 import re
 
 from remat_dsl.plan import ir
-from remat_dsl.plan.ir import refs_in
+from remat_dsl.plan.ir import op_uses, refs_in
 from remat_dsl.plan.resources import data_path
 from remat_dsl.plan.units import format_bytes, format_duration
 
@@ -46,13 +49,16 @@ def generate(verified, source: str = "a plan") -> str:
     return black.format_str(text, mode=black.Mode(line_length=LINE_LENGTH))
 
 
+MAX_RELEASES = 16  # gradient releases per backward (NOTE: [Gradient release] in templates/module.py.jinja)
+
+
 class _Namespace:
     """Readable Python names for every value of the plan: inputs and intermediate tensors
     are locals, parameters and buffers attributes of `p` and `b` (`p.fc1_weight`), so the
     long lists of parameters are written once."""
 
     def __init__(self, graph: ir.Graph):
-        self.used: set[str] = {"ctx", "torch", "buffers", "tensors", "outputs", "p", "b", "_", "aten", "device"}
+        self.used: set[str] = {"ctx", "torch", "buffers", "tensors", "outputs", "p", "b", "_", "aten", "device", "releases", "anchor", "operator", "pool"}
         self.used.add("pool")  # the step's host buffer (NOTE: [Streams] in the template)
         self.attrs: set[str] = set()
         self.var: dict[str, str] = {}
@@ -193,13 +199,15 @@ class _Renderer:
         graph, header = self.plan.graph, self.plan.header
         steps = iter(self.sim.timeline)
         forward_body = self._body(self.plan.forward, steps)
-        backward_body = self._body(self.plan.backward, steps)
+        releases = self._releases()
+        backward_body = self._body(self.plan.backward, steps, {at: lines for at, _, lines in releases})
         flat = _flatten(graph.outputs)
         saved, saved_pack = self._saved()
         gradients = {g.parameter for g in graph.gradients if g.value is not None}
         inputs = [self.var[v.name] for v in graph.inputs]
         return dict(
             device_kind=header.device.split(":")[0],
+            autocast=graph.autocast.dtype if graph.autocast else None,
             operators=[(callable_name(t), t) for t in aten_targets(self.plan)],
             budget=format_bytes(header.budget),
             peak=format_bytes(header.peak_bytes),
@@ -218,7 +226,8 @@ class _Renderer:
             forward_return="(" + "".join(f"out_{i}, " for i in range(len(flat))) + ")",
             tangent_args=self._tangent_args(flat),
             backward_body=backward_body,
-            backward_return=self._backward_return(),
+            backward_return=self._backward_return({i for _, group, _ in releases for i in group}),
+            releases=[tuple(group) for _, group, _ in releases],
             backward_return_where=self._gradients_where(),
             rebuild=_rebuild(graph.outputs, len(flat)),
             output_types=output_types(graph.outputs),
@@ -246,7 +255,10 @@ class _Renderer:
         first, last = min(lines), max(lines)
         return f"{self.source}:{first}{'' if first == last else f'-{last}'} (gradients)"
 
-    def _body(self, instructions, steps) -> list[str]:
+    def _body(self, instructions, steps, after=None) -> list[str]:
+        """The statements of a section; `after`: more lines after the instruction at a
+        1-based index (the gradient releases of the backward)."""
+        after = after or {}
         lines: list[str] = []
         deletes: list[tuple[str, str]] = []  # (variable, plan line) of consecutive deletes
         for index, ins in enumerate(instructions, 1):
@@ -259,6 +271,7 @@ class _Renderer:
             deletes = []
             mark = " (recompute)" if ins.verb == "recompute" else ""
             lines += [f"{code}  # {where}{mark}" for code in getattr(self, "_" + ins.verb)(ins.target, step)]
+            lines += after.get(index, [])
         return lines + self._deletes(deletes)
 
     @staticmethod
@@ -274,33 +287,45 @@ class _Renderer:
     def _compute(self, name: str, step) -> list[str]:
         op = self.ops[name]
         saves_rng = any(key == f"rng state of {name}" for key, _ in step.added)
-        lines = [f"{self.names.rng(name)} = _rng_state(device)"] if saves_rng else []
-        lines += [self._call(op, step)]
+        rng = self.names.rng(name)
+        lines = [f"{rng} = _rng_state(device)"] if saves_rng else []
+        lines += [self._call(op, step, (lambda call, _: f"_first_draw({rng}, {call})") if saves_rng else None)]
         lines += [f"{self.var[self.updates[t]]}.copy_({self.var[t]})" for t in op.outputs if t in self.updates and op.phase == ir.FORWARD]
         return lines
 
     def _recompute(self, name: str, step) -> list[str]:
         op = self.ops[name]
-        call = self._call(op, step)
         if not op.random:
-            return [call]
-        lines = [f"with _replaying({self.names.rng(name)}, device):", f"    {call}"]
+            return [self._call(op, step)]
+        rng = self.names.rng(name)
+        lines = [self._call(op, step, lambda _, args: f"_replay({rng}, device, {', '.join([callable_name(op.target), *args])})")]
         if any(key == f"rng state of {name}" for key, _ in step.removed):
             lines.append(f"del {self.names.rng(name)}")
         return lines
 
-    def _call(self, op: ir.Op, step) -> str:
+    def _call(self, op: ir.Op, step, wrap=None) -> str:
+        """`OUTPUTS = aten_X(ARGS)`, assigning the outputs the step makes resident; `wrap(call,
+        args)`, if given, is the expression that stands for the call (the RNG helpers)."""
         args = [render_arg(a, self.var) for a in op.args] + [f"{k}={render_arg(v, self.var)}" for k, v in op.kwargs]
         call = f"{callable_name(op.target)}({', '.join(args)})"
+        if wrap is not None:
+            call = wrap(call, args)
         fresh = {key for key, _ in step.added}
         returns = _returns(op.target)
         if returns == 1:
             return f"{self.var[op.outputs[0]]} = {call}" if op.outputs[0] in fresh else call
         by_index = {self.tensors[t].index: self.var[t] for t in op.outputs if t in fresh}
-        if returns is None:
-            targets = ", ".join(f"{by_index[i]}" if i in by_index else "_" for i in range(max(by_index, default=-1) + 1))
-            return f"{targets}, *_ = {call}" if by_index else call
-        return ", ".join(by_index.get(i, "_") for i in range(returns)) + f" = {call}"
+        if not by_index:
+            return call
+        if returns is not None and len(by_index) == returns:
+            return ", ".join(by_index[i] for i in range(returns)) + f" = {call}"
+        # the outputs it does not keep (already resident, or never read) are dropped with the
+        # call's result, as the simulation frees them: a `_` target would hold one until
+        # the next `_` (a recomputed layer norm's output, 48 KiB above the predicted peak)
+        kept = sorted(by_index)
+        if len(kept) == 1:
+            return f"{by_index[kept[0]]} = {call}[{kept[0]}]"
+        return ", ".join(by_index[i] for i in kept) + f" = operator.itemgetter({', '.join(map(str, kept))})({call})"
 
     def _offload(self, tensor: str, step) -> list[str]:
         """`host_T, event_T = _offload(T, pool, OFFSET)`: into T's slot of the host buffer."""
@@ -353,10 +378,57 @@ class _Renderer:
         tangents = {v.name: self.var[v.name] for v in self.plan.graph.tangents}
         return [tangents.get(f"grad_output.{i}", f"_unused_grad_{i}") for i in range(len(flat))]
 
-    def _backward_return(self) -> str:
+    def _backward_return(self, released: set[int] = frozenset()) -> str:
+        """The gradients the plan's node returns: None for the releases argument, the
+        buffers and the inputs, then each parameter's (NOTE: [Gradient release]: a released
+        one only when nothing was released, i.e. compiled)."""
         grads = {g.parameter: render_arg(g.value, self.var) for g in self.plan.graph.gradients}
-        items = ["None"] + ["None"] * len(self.plan.graph.inputs) + [grads.get(p.name, "None") for p in self.plan.graph.parameters]
-        return "(" + ", ".join(items) + ")"
+        params = [grads.get(p.name, "None") for p in self.plan.graph.parameters]
+        params = [f"(None if releases is not None else {g})" if i in released else g for i, g in enumerate(params)]
+        return "(" + ", ".join(["None", "None"] + ["None"] * len(self.plan.graph.inputs) + params) + ")"
+
+    def _releases(self) -> list[tuple[int, list[int], list[str]]]:
+        """NOTE: [Gradient release]: (backward instruction index, parameter indices, lines)
+        for each group of parameter gradients handed to autograd before the backward ends:
+        those finished by the same instruction (the last that makes or reads their
+        tensors), at most MAX_RELEASES groups (neighbours merged, the later index kept);
+        gradients finished by the last instruction leave with the return as before."""
+        instructions = self.plan.backward
+        runs = [i for i, ins in enumerate(instructions, 1) if ins.verb in ("compute", "recompute")]
+        if not runs:
+            return []
+        last_use: dict[str, int] = {}
+        for i in runs:
+            op = self.ops[instructions[i - 1].target]
+            for t in [*op.outputs, *op_uses(op, set(self.tensors))]:
+                last_use[t] = i
+        index = {p.name: k for k, p in enumerate(self.plan.graph.parameters)}
+        finished: dict[int, list[tuple[int, ir.Gradient]]] = {}
+        for g in self.plan.graph.gradients:
+            refs = refs_in(g.value) if g.value is not None else []
+            if not refs or any(r not in last_use for r in refs):
+                continue
+            at = max(last_use[r] for r in refs)
+            if at < runs[-1]:
+                finished.setdefault(at, []).append((index[g.parameter], g))
+        points = sorted(finished)
+        while len(points) > MAX_RELEASES:  # merge the closest neighbours into the later one
+            k = min(range(len(points) - 1), key=lambda j: (points[j + 1] - points[j], j))
+            finished[points[k + 1]] = finished.pop(points[k]) + finished[points[k + 1]]
+            del points[k]
+        result = []
+        for number, at in enumerate(points):
+            group = sorted(finished[at], key=lambda item: item[0])
+            values = [render_arg(g.value, self.var) for _, g in group]
+            names = sorted({self.var[r] for _, g in group for r in refs_in(g.value)})
+            lines = [
+                "if releases is not None:  # NOTE: [Gradient release]",
+                f"    releases.pending[{number}] = ({', '.join(values)},)",
+                f"    del {', '.join(names)}",
+                f"    _release(releases, {number})",
+            ]
+            result.append((at, [k for k, _ in group], lines))
+        return result
 
     def _dtype(self, arg: ir.Arg) -> str:
         base = refs_in(arg)[0]

@@ -11,7 +11,9 @@ ends every plan with a `digest` section::
       graph  sha256:5a1f...                      # 128 bits of SHA-256 over every item
       items  AbC-9x...                           # 12 bits per item, base64url, 2 chars each
 
-An item is one line of a graph section (one declaration, tensor, op, gradient or update;
+The header's `autocast` line, when there is one, is the first item: the graph was
+captured under it (ir.Autocast), and the generated module checks the caller's autocast
+state against it.  An item is one line of a graph section (one declaration, tensor, op, gradient or update;
 the whole `outputs` value), written in a layout-free form (`item_texts`), so `remat fmt`
 and future layouts do not change it.  The verifier (remat_dsl.check.verify) recomputes both: a
 different `graph` hash means the graph was edited; the first item whose 12-bit hash
@@ -75,7 +77,7 @@ def items(graph: ir.Graph, outputs_span: ir.Span | None = None, *, costs: bool =
     costs: include each op's measured time and temporary bytes (False compares the
     structure alone, as `remat check --model` does against a fresh capture).
     """
-    result = []
+    result = [Item("header", f"autocast {graph.autocast.dtype}", graph.autocast.span)] if graph.autocast else []
     for section, values in (("inputs", graph.inputs), ("parameters", graph.parameters), ("buffers", graph.buffers), ("tangents", graph.tangents)):
         result += [Item(section, f"{v.kind} {v.name} {v.dtype}{list(v.shape)}", v.span) for v in values]
         if section == "inputs":

@@ -263,12 +263,30 @@ class ConstantInput:
     span: Span | None = _span()
 
 
+AUTOCAST_DTYPES = ("bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class Autocast:
+    """`autocast  bfloat16` in the header: the graph was captured under
+    `torch.autocast(device, dtype=torch.DTYPE)`, so its ops hold the casts autocast made
+    (NOTE: [Autocast] in remat_dsl.capture.fx).  Sealed by the digest with the graph.
+
+    dtype: one of AUTOCAST_DTYPES (the verifier refuses others).
+    """
+
+    dtype: str
+    span: Span | None = _span()
+
+
 @dataclass(frozen=True)
 class Graph:
     """The captured FB-graph: everything code generation needs besides the schedule.
 
     outputs: what the model's forward returns (a Ref, Call of a view, or a Tuple/ListArg
     tree of them), in the same structure as eager PyTorch returns it.
+    autocast: the autocast state it was captured under (printed in the header), None
+    for none.
     """
 
     inputs: tuple[ValueDecl, ...]
@@ -281,6 +299,7 @@ class Graph:
     gradients: tuple[Gradient, ...]
     updates: tuple[BufferUpdate, ...] = ()
     constants: tuple[ConstantInput, ...] = ()
+    autocast: Autocast | None = None
 
 
 # ---------------------------------------------------------------------------

@@ -8,6 +8,7 @@ The grammar is grammar/plan.lark (LALR(1), contextual lexer).  A plan looks like
     header
       model       "tests/models/tiny_mlp.py:build_model"
       device      cpu
+      autocast    bfloat16                    # optional: captured under torch.autocast (left out: none)
       costs       "roofline h100-sxm"         # optional: what predicted the costs (left out: measured)
       budget      64 KiB
       counts      "activations, temporaries, outputs, gradients"
@@ -117,7 +118,7 @@ SECTIONS_V1 = (
     "outputs", "gradients", "updates", "forward", "backward", "digest",
 )  # fmt: skip
 HEADER_KEYS = (
-    "model", "device", "costs", "budget", "counts", "solver", "status", "gap", "solve-time",
+    "model", "device", "autocast", "costs", "budget", "counts", "solver", "status", "gap", "solve-time",
     "peak", "time", "compute", "recompute", "bandwidth",
 )  # fmt: skip
 
@@ -387,6 +388,14 @@ def constraint_of(kind: Token, value, comments: tuple[str, ...] = ()) -> ir.Cons
     return ir.Constraint(word, None, _amount(number, unit or Token("UNIT", "B"), SIZE_UNITS, "size"), comments, _span(kind))
 
 
+@dataclass(frozen=True)
+class _Head:
+    """The header's lines: the Header, and the graph's autocast line (None if absent)."""
+
+    header: ir.Header
+    autocast: ir.Autocast | None
+
+
 class _Builder(Transformer):
     """Builds ir dataclasses from the parse tree of grammar/plan.lark."""
 
@@ -399,7 +408,8 @@ class _Builder(Transformer):
                 f"this tool reads `remat-plan {FORMAT_VERSION}` (and version 1, which `remat fmt` upgrades)",
             )  # fmt: skip
         sections = {x.name: x.items for x in c if isinstance(x, _Section)}
-        header = next(x for x in c if isinstance(x, ir.Header))
+        head = next(x for x in c if isinstance(x, _Head))
+        header, autocast = head.header, head.autocast
         top = tuple(x.text for x in c if isinstance(x, _FileComment) and x.where == "top")
         end = tuple(x.text for x in c if isinstance(x, _FileComment) and x.where == "end")
         inputs = sections["inputs"]
@@ -414,6 +424,7 @@ class _Builder(Transformer):
             gradients=sections["gradients"],
             updates=sections.get("updates", ()),
             constants=tuple(x for x in inputs if isinstance(x, ir.ConstantInput)),
+            autocast=autocast,
         )
         digest = next((x for x in c if isinstance(x, ir.Digest)), None)
         return ir.Plan(
@@ -431,8 +442,13 @@ class _Builder(Transformer):
         return _Comments(tuple(_comment_text(t) for t in c), c[0])
 
     # --- header
-    def header(self, c: list) -> ir.Header:
-        return ir.Header(**{key: value for entry in c for key, value in entry.items()})
+    def header(self, c: list) -> "_Head":
+        entries = {key: value for entry in c for key, value in entry.items()}
+        autocast = entries.pop("autocast", None)  # the graph's (ir.Graph.autocast), printed in the header
+        return _Head(ir.Header(**entries), autocast)
+
+    def autocast(self, c: list) -> dict:
+        return {"autocast": ir.Autocast(c[0].value, _span(c[0]))}
 
     def model(self, c: list) -> dict:
         return {"model": self._string(c[0])}
@@ -943,7 +959,7 @@ def _token_hint(token: Token, expected: set[str], order: tuple[str, ...] = SECTI
         return "the file ends early; a plan has the sections " + ", ".join(s for s in order if s != "constraints")
     is_section = set(keywords) & set(SECTIONS)
     if token.value in HEADER_KEYS and keywords and set(keywords) <= set(HEADER_KEYS):
-        return "the header's lines come once each, in this order: " + ", ".join(HEADER_KEYS) + " (costs, gap and solve-time may be left out)"
+        return "the header's lines come once each, in this order: " + ", ".join(HEADER_KEYS) + " (autocast, costs, gap and solve-time may be left out)"
     if token.value in SECTIONS and is_section:
         return "sections come in this order: " + ", ".join(order)
     guess = _suggest(token.value, keywords) if token.value[:1].isalpha() else None

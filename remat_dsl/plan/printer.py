@@ -240,7 +240,8 @@ def _with_comments(items: Sequence, lines: Sequence[str]) -> list[str]:
 # ---------------------------------------------------------------------------
 
 
-def _header(h: ir.Header) -> list[str]:
+def _header(h: ir.Header, autocast: ir.Autocast | None = None) -> list[str]:
+    """The header's lines; `autocast` is the graph's (ir.Graph.autocast), printed after the device."""
     device = h.device if BARE_RE.fullmatch(h.device) else _string(h.device)
     if h.status not in STATUSES:
         raise ValueError(f"cannot print status {h.status!r}: one of {', '.join(STATUSES)}")
@@ -249,6 +250,7 @@ def _header(h: ir.Header) -> list[str]:
     entries = [
         ("model", _string(h.model)),
         ("device", device),
+        *([("autocast", autocast.dtype)] if autocast is not None else []),
         *([("costs", _string(h.costs))] if h.costs is not None else []),
         ("budget", format_bytes(h.budget)),
         ("counts", _string(h.counts)),
@@ -403,7 +405,7 @@ def _sections(plan: ir.Plan) -> list[list[str]]:
     """Version 2: header, constraints, the schedule (forward, backward), then the FB-graph
     and its digest (NOTE: [Canonical layout])."""
     g = plan.graph
-    sections = [_header(plan.header)]
+    sections = [_header(plan.header, g.autocast)]
     if plan.constraints:
         sections.append(["constraints"] + _with_comments(plan.constraints, _table([_constraint_row(c) for c in plan.constraints])))
     sections += [_schedule(ir.FORWARD, plan.forward), _schedule(ir.BACKWARD, plan.backward)]

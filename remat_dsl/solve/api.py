@@ -1,7 +1,8 @@
 """The one solver interface.
 
 A solver decides the ORDER in which operations run (the first run of a forward op is a
-`compute`, any later one a `recompute`); the driver (remat_dsl.solve.driver) lowers that
+`compute`, any later one a `recompute`), and optionally which saved tensors go to the host
+and back (`Transfer`); the driver (remat_dsl.solve.driver) lowers that
 order into instructions (remat_dsl.solve.lowering, the one lowering), simulates it exactly
 (remat_dsl.check.replay) and fits it to the budget.  Every solver is a class with:
 
@@ -42,6 +43,7 @@ from typing import Callable, ClassVar, Protocol
 from remat_dsl.plan import ir
 from remat_dsl.plan.errors import RematError
 from remat_dsl.plan.units import format_bytes
+from remat_dsl.solve.lowering import DEFAULT_BANDWIDTH
 
 
 class Status(str, enum.Enum):
@@ -58,13 +60,18 @@ class Problem:
     """What every solve of one plan shares: the FB-graph, its device, the user's
     constraints (remat_dsl.plan.constraints) and the time limit of each MILP (seconds).
     report: where solvers say what they are doing, one line per stage (`solving block
-    class 2 of 4: ...`); the CLI prints them on stderr."""
+    class 2 of 4: ...`); the CLI prints them on stderr.  bandwidth, host_link and
+    host_budget describe the host link for solvers that offload (offmate)."""
 
     graph: ir.Graph
     device: str
     constraints: tuple[ir.Constraint, ...] = ()
     time_limit: float | None = None
     report: Callable[[str], None] | None = field(default=None, compare=False)
+    bandwidth: int = DEFAULT_BANDWIDTH  # host<->device bytes per second (offload, prefetch)
+    host_link: bool = False  # the user gave --bandwidth, or a --device with a host link: offload may pay
+    host_budget: int | None = None  # bytes of host memory offloaded copies may take; None: unlimited
+    cache: object = field(default=None, compare=False)  # a remat_dsl.plan.cache.Cache for block solutions, or None
 
 
 @dataclass(frozen=True)
@@ -87,13 +94,30 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class Transfer:
+    """A saved tensor a solver sends to the host and back (remat_dsl.solve.lowering,
+    `add_transfers`).  Positions index the solver's order: `offload T` on d2h right
+    after the op at `offload_after` runs (the one that makes T), `wait T` and `delete T`
+    on the compute stream after the op at `wait_after` (so the copy overlaps the ops in
+    between), `prefetch T` on h2d right before the op at `prefetch_before` (a backward
+    op), and `wait T` right before T's first backward use."""
+
+    tensor: str
+    offload_after: int
+    wait_after: int
+    prefetch_before: int
+
+
+@dataclass(frozen=True)
 class SolverResult:
-    """An op order (names; see the module docstring), how the solve went, and the
-    decisions to print above the instructions they explain."""
+    """An op order (names; see the module docstring), how the solve went, the
+    decisions to print above the instructions they explain, and the saved tensors to
+    offload and prefetch (none for recompute-only solvers)."""
 
     order: tuple[str, ...]
     info: SolverInfo
     decisions: tuple[Decision, ...] = ()
+    transfers: tuple[Transfer, ...] = ()
 
 
 class BudgetError(RematError):

@@ -44,15 +44,19 @@ class Planner:
     """Plans for one FB-graph (see the module docstring).
 
     model: the model spec for plan headers; device: `cpu` or `cuda` (RNG state sizes);
-    bandwidth: host<->device bytes per second; constraints: keep/recompute/offload lines
-    every solver honours (remat_dsl.plan.constraints); time_limit: seconds per MILP.
+    bandwidth: host<->device bytes per second; host_link: the user gave a bandwidth or a
+    device with a host link (`auto` then considers offloading, remat_dsl.solve.auto);
+    host_budget: bytes of host memory for offloaded copies (None: unlimited);
+    constraints: keep/recompute/offload lines every solver honours
+    (remat_dsl.plan.constraints); time_limit: seconds per MILP.
     Raises RematError naming the lines when two constraints conflict.
     """
 
     def __init__(self, graph: ir.Graph, *, model: str = "", device: str = "cpu", bandwidth: int = DEFAULT_BANDWIDTH,
-                 constraints: tuple[ir.Constraint, ...] = (), time_limit: float | None = None, report=None):  # fmt: skip
+                 constraints: tuple[ir.Constraint, ...] = (), time_limit: float | None = None, report=None,
+                 host_link: bool = False, host_budget: int | None = None, cache=None):  # fmt: skip
         check_conflicts(graph, constraints)
-        self.problem = Problem(graph, device, tuple(constraints), time_limit, report)
+        self.problem = Problem(graph, device, tuple(constraints), time_limit, report, bandwidth, host_link, host_budget, cache)
         self.model, self.bandwidth = model, bandwidth
         self._solvers: dict[str, object] = {}
         self._fallbacks: dict[object, list] = {}
@@ -153,11 +157,12 @@ class Planner:
     def _lowered(self, result, solver, status: Status, budget: int) -> ir.Plan:
         """The plan of a SolverResult (or of a bare order, without decisions); `solver`: a
         solver, or the header's solver text itself."""
-        order, decisions = (result.order, result.decisions) if hasattr(result, "order") else (result, ())
+        order, decisions, transfers = (result.order, result.decisions, result.transfers) if hasattr(result, "order") else (result, (), ())
         p = self.problem
         return lowered_plan(
             p.graph, order, constraints=p.constraints, model=self.model, device=p.device, budget=budget,
-            solver=solver if isinstance(solver, str) else header_name(solver), status=Status(status).value, bandwidth=self.bandwidth, decisions=decisions,
+            solver=solver if isinstance(solver, str) else header_name(solver), status=Status(status).value, bandwidth=self.bandwidth,
+            decisions=decisions, transfers=transfers,
         )  # fmt: skip
 
     def _fit(self, solver, budget: int) -> tuple[ir.Plan, SolverInfo]:

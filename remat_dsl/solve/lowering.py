@@ -21,47 +21,121 @@ from remat_dsl.plan.ir import op_uses, pinned_tensors
 PREFETCH_LEAD = 3  # backward instructions between a prefetch and the use it serves
 
 
-def lower_order(graph: ir.Graph, order, constraints=(), decisions=()) -> tuple[tuple[ir.Instruction, ...], tuple[ir.Instruction, ...]]:
+def lower_order(graph: ir.Graph, order, constraints=(), decisions=(), transfers=()) -> tuple[tuple[ir.Instruction, ...], tuple[ir.Instruction, ...]]:
     """The forward and backward instructions of a solver's op `order`, with the user's
     constraints applied (NOTE: [Applying constraints] in remat_dsl.plan.constraints):
-    the order edited for keep/recompute, lowered, then transfers added for offload.
+    the order edited for keep/recompute, lowered, the solver's own transfers added
+    (`add_transfers`), then transfers for offload constraints.
     decisions: the solver's words (remat_dsl.solve.api.Decision), each a comment above
-    the instruction that runs the op at its position of `order`."""
+    the instruction that runs the op at its position of `order`.  transfers: the
+    solver's offloads (remat_dsl.solve.api.Transfer), positions in `order`."""
     edited = constrain_order(graph, list(order), constraints)
-    forward, backward = add_offloads(graph, *lower(graph, edited), constraints)
+    forward, backward = lower(graph, edited)
+    forward, backward = add_transfers(graph, forward, backward, list(order), transfers)
+    forward, backward = add_offloads(graph, forward, backward, constraints)
     return _annotated(forward, backward, list(order), decisions)
+
+
+def _run_index(instructions) -> dict[tuple[str, int], int]:
+    """(op, k) -> index in `instructions` of the k-th run (compute or recompute) of op."""
+    runs: dict[tuple[str, int], int] = {}
+    seen: dict[str, int] = {}
+    for index, ins in enumerate(instructions):
+        if ins.verb in ("compute", "recompute"):
+            runs[ins.target, seen.get(ins.target, 0)] = index
+            seen[ins.target] = seen.get(ins.target, 0) + 1
+    return runs
+
+
+def _position(runs, order: list[str], at: int) -> int | None:
+    """The instruction index running order[at] (None when the constraints took that run away)."""
+    op = order[at]
+    return runs.get((op, order[:at].count(op)))
 
 
 def _annotated(forward, backward, order: list[str], decisions):
     """NOTE: [Decisions as comments] A decision at position i of the solver's order goes
     above the k-th run (compute or recompute) of the op order[i], k its runs before i; a
     run that the constraints took away takes no comment."""
-    runs: dict[tuple[str, int], int] = {}  # (op, k) -> index into forward + backward
-    seen: dict[str, int] = {}
     instructions = list(forward) + list(backward)
-    for index, ins in enumerate(instructions):
-        if ins.verb in ("compute", "recompute"):
-            runs[ins.target, seen.get(ins.target, 0)] = index
-            seen[ins.target] = seen.get(ins.target, 0) + 1
+    runs = _run_index(instructions)
     for decision in decisions:
-        op = order[decision.at]
-        index = runs.get((op, order[: decision.at].count(op)))
+        index = _position(runs, order, decision.at)
         if index is not None:
             ins = instructions[index]
             instructions[index] = replace(ins, comments=ins.comments + (decision.text,))
     return tuple(instructions[: len(forward)]), tuple(instructions[len(forward) :])
 
 
+def add_transfers(graph: ir.Graph, forward, backward, order: list[str], transfers):
+    """Forward and backward instructions with a solver's transfers (remat_dsl.solve.api.Transfer).
+
+    NOTE: [Solver transfers] For a saved tensor T: `offload T` on d2h right after the
+    compute that makes T (the copy reads T while the forward goes on using it), `wait T`
+    and `delete T` after the op at `wait_after` and the deletes that follow it (the end
+    of the solver's step: the copy overlaps the step's ops), `prefetch T` on h2d right
+    before the backward op at `prefetch_before` (its device copy is allocated there), and
+    `wait T` right before the first op after it that reads T.  A transfer whose ops the
+    constraints took away, or whose T no op reads after `prefetch_before`, is left out;
+    the exact simulation checks the rest.  Raises ValueError when a transfer
+    is out of order (its prefetch before the backward, its wait before its offload).
+    """
+    if not transfers:
+        return forward, backward
+    ops = {op.name: op for op in graph.ops}
+    names = {t.name for t in graph.tensors}
+    instructions = list(forward) + list(backward)
+    runs = _run_index(instructions)
+    before: dict[tuple[int, str], list[ir.Instruction]] = defaultdict(list)  # (index, section) -> to insert before it
+    for transfer in sorted(transfers, key=lambda t: (t.offload_after, t.tensor)):
+        t = transfer.tensor
+        made, done, back = (_position(runs, order, p) for p in (transfer.offload_after, transfer.wait_after, transfer.prefetch_before))
+        if made is None or done is None or back is None:
+            continue
+        if not (made <= done < len(forward) <= back):
+            raise ValueError(f"transfer of {t}: offload at {made}, wait at {done}, prefetch at {back} are out of order")
+        use = next((i for i in range(back, len(instructions)) if _reads(instructions[i], t, ops, names)), None)
+        if use is None:
+            continue
+        before[made + 1, ir.FORWARD].append(ir.Instruction("offload", t, ir.D2H_STREAM))
+        before[_after_deletes(instructions, done), ir.FORWARD] += [
+            ir.Instruction("wait", t, ir.COMPUTE_STREAM),
+            ir.Instruction("delete", t, ir.COMPUTE_STREAM),
+        ]
+        before[back, ir.BACKWARD].append(ir.Instruction("prefetch", t, ir.H2D_STREAM))
+        before[use, ir.BACKWARD].append(ir.Instruction("wait", t, ir.COMPUTE_STREAM))
+    result = {ir.FORWARD: [], ir.BACKWARD: []}
+    for index, ins in enumerate(instructions + [None]):
+        for section in (ir.FORWARD, ir.BACKWARD):  # at len(forward): the forward's end, then the backward's start
+            result[section] += before.get((index, section), [])
+        if ins is not None:
+            result[ir.FORWARD if index < len(forward) else ir.BACKWARD].append(ins)
+    return tuple(result[ir.FORWARD]), tuple(result[ir.BACKWARD])
+
+
+def _reads(ins: ir.Instruction, tensor: str, ops, names) -> bool:
+    return ins.verb in ("compute", "recompute") and tensor in op_uses(ops[ins.target], names)
+
+
+def _after_deletes(instructions, index: int) -> int:
+    """The index right after instruction `index` and the deletes that follow it."""
+    index += 1
+    while index < len(instructions) and instructions[index].verb == "delete":
+        index += 1
+    return index
+
+
 DEFAULT_BANDWIDTH = 12 * 10**9  # bytes/s, PCIe 4 x16 in practice
 
 
 def lowered_plan(graph: ir.Graph, order, *, constraints=(), model: str = "", device: str = "cpu", budget: int = 0,
-                 solver: str = "", status: str = "optimal", bandwidth: int = DEFAULT_BANDWIDTH, decisions=()) -> ir.Plan:
-    """The plan of a solver's op `order`: lowered (`lower_order`), simulated exactly
-    (remat_dsl.check.replay) and with the simulation's predictions in its header."""
+                 solver: str = "", status: str = "optimal", bandwidth: int = DEFAULT_BANDWIDTH, decisions=(), transfers=()) -> ir.Plan:
+    """The plan of a solver's op `order` and `transfers`: lowered (`lower_order`),
+    simulated exactly (remat_dsl.check.replay) and with the simulation's predictions in
+    its header.  Raises PlanError when the transfers break a rule of the checker."""
     from remat_dsl.check.replay import simulate, with_predictions
 
-    forward, backward = lower_order(graph, order, constraints, decisions)
+    forward, backward = lower_order(graph, order, constraints, decisions, transfers)
     header = ir.Header(model, device, budget, ir.BUDGET_COUNTS, solver, status, 0, "forward:1", 0, 0, 0, bandwidth)
     plan = ir.Plan(header, graph, forward, backward, constraints=tuple(constraints))
     return with_predictions(plan, simulate(plan))

@@ -18,6 +18,9 @@ SOLVERS = {
     "rockmate": "remat_dsl.solve.ilp.rockmate:Rockmate",
     "hiremate": "remat_dsl.solve.ilp.hiremate:Hiremate",
     "checkmate": "remat_dsl.solve.ilp.checkmate:Checkmate",
+    "twremat": "remat_dsl.solve.twremat:TWRemat",
+    "moccasin": "remat_dsl.solve.moccasin:Moccasin",
+    "offmate": "remat_dsl.solve.ilp.offmate:Offmate",
 }
 NAMES = ("auto", *SOLVERS)  # `auto` picks one of the others (remat_dsl.solve.auto)
 

@@ -7,6 +7,15 @@ With a time limit both backends may stop early while pulp's `LpStatus` still rea
 1e-4 for HiGHS), `LpSolutionIntegerFeasible` is the best solution found before the limit,
 with the relative MIP gap HiGHS reports.  CBC through pulp does not report its bound, so
 a time-limited CBC solution has an unknown gap (None).
+
+NOTE: [Effort bound]
+A time limit makes plans depend on the machine's load; without one, a hard block ILP
+can run for minutes (a T5 block's RK-Checkmate ILP: 1,418 branch-and-bound nodes and
+132 s to close a 1% gap it had at the root within 0.3%).  So every solve stops after
+MAX_NODES branch-and-bound nodes (HiGHS `mip_max_nodes`, CBC `maxNodes`): a count, not
+a time, so the same problem gives the same plan on any machine.  A solve stopped there
+is FEASIBLE with the gap HiGHS proved (never called optimal), or NO_SOLUTION when no
+incumbent was found, which the callers handle as they handle a time limit.
 """
 
 from __future__ import annotations
@@ -44,6 +53,18 @@ class MilpResult:
         return self.status in (OPTIMAL, FEASIBLE)
 
 
+def backend_versions() -> tuple[str, str, str]:
+    """(preferred backend, pulp version, highspy version or ""): what a solution depends on
+    besides the model (NOTE: [Solution cache] in remat_dsl.plan.cache)."""
+    names = backend_names()
+    highs = getattr(highspy, "__version__", "") if highspy is not None else ""
+    if highspy is not None and not highs:
+        from importlib.metadata import version
+
+        highs = version("highspy")
+    return (names[0] if names else "", pulp.__version__, highs)
+
+
 def backend_names() -> list[str]:
     """Backends pulp can run here, preferred first."""
     available = set(pulp.listSolvers(onlyAvailable=True))
@@ -51,16 +72,19 @@ def backend_names() -> list[str]:
 
 
 REL_GAP = 0.01  # stop once the incumbent is proven within 1% of the optimum
+MAX_NODES = 200  # branch-and-bound nodes per solve (NOTE: [Effort bound])
 OPTIMAL_GAP = 1e-4  # what we call optimal (HiGHS's default mip_rel_gap)
 
 
-def solve(problem: pulp.LpProblem, time_limit: float | None = None, rel_gap: float = REL_GAP, changed=None) -> MilpResult:
+def solve(problem: pulp.LpProblem, time_limit: float | None = None, rel_gap: float = REL_GAP, changed=None,
+          max_nodes: int = MAX_NODES) -> MilpResult:  # fmt: skip
     """Solve `problem` in place (variable values are set when a solution exists).
 
     time_limit: seconds, or None for no limit.  rel_gap: the search stops once the best
     solution is proven within this relative gap; the result says "optimal" only when
     the proven gap is at most OPTIMAL_GAP, else "feasible" with the gap (deterministic:
-    no time is involved unless time_limit is given).  changed: None, or the constraints
+    no time is involved unless time_limit is given).  max_nodes: branch-and-bound nodes
+    after which the search stops with its incumbent (NOTE: [Effort bound]).  changed: None, or the constraints
     whose right-hand sides (`constant`) are the only change since the last solve of this
     problem (NOTE: [Model reuse]).  Raises RuntimeError when no MILP backend is available
     (install highspy, or pulp's bundled CBC).
@@ -70,14 +94,14 @@ def solve(problem: pulp.LpProblem, time_limit: float | None = None, rel_gap: flo
         raise RuntimeError("no MILP backend: pip install highspy (or a pulp with its CBC binary)")
     start = time.perf_counter()
     if names[0] == "HiGHS":
-        solver = _HiGHS(msg=False, timeLimit=time_limit, gapRel=rel_gap, threads=1, random_seed=0)
+        solver = _HiGHS(msg=False, timeLimit=time_limit, gapRel=rel_gap, threads=1, random_seed=0, mip_max_nodes=max_nodes)
         solver.changed = changed
         with _c_stdout_silenced():
             problem.solve(solver)
         info = problem.solverModel.getInfo()
         gap = max(0.0, float(info.mip_gap)) if info.mip_gap < 1e30 else None
     else:
-        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, gapRel=rel_gap, threads=1)
+        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, gapRel=rel_gap, threads=1, maxNodes=max_nodes)
         problem.solve(solver)
         gap = None if problem.sol_status == pulp.LpSolutionIntegerFeasible else 0.0
     seconds = time.perf_counter() - start
@@ -128,6 +152,8 @@ class _HiGHS(pulp.HiGHS):
         model.setOptionValue("time_limit", float(self.timeLimit) if self.timeLimit is not None else highspy.kHighsInf)
         if self.gapRel is not None:
             model.setOptionValue("mip_rel_gap", self.gapRel)
+        for key, value in self.optionsDict.items():
+            model.setOptionValue(key, value)
 
     @staticmethod
     def _read_solution(lp) -> tuple[int, int]:
@@ -138,7 +164,7 @@ class _HiGHS(pulp.HiGHS):
         values = list(model.getSolution().col_value)
         for var in lp._remat_columns:
             var.varValue = values[var.index] if values else None
-        stopped = (kind.kTimeLimit, kind.kIterationLimit, kind.kInterrupt, kind.kObjectiveBound, kind.kObjectiveTarget)
+        stopped = (kind.kTimeLimit, kind.kIterationLimit, kind.kSolutionLimit, kind.kInterrupt, kind.kObjectiveBound, kind.kObjectiveTarget)
         if status == kind.kOptimal:
             return pulp.LpStatusOptimal, pulp.LpSolutionOptimal
         if status in (kind.kInfeasible, kind.kUnboundedOrInfeasible):

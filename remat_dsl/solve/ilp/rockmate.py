@@ -151,9 +151,10 @@ def grid(hg: HGraph, store_all: Replay) -> list[tuple[int, int]]:
     return list(dict.fromkeys(pairs))  # a block whose saved tensors are its outputs has one M_save
 
 
-def rockmate_chain(graph: ir.Graph, part: ChainPartition, time_limit: float | None = None, report=None) -> RockmateChain:
+def rockmate_chain(graph: ir.Graph, part: ChainPartition, time_limit: float | None = None, report=None, cache=None) -> RockmateChain:
     """The chain of `part` with every block's RK-Checkmate options (NOTE: [Option costs]).
-    report: optional callable(str), told of each block class as its ILPs start."""
+    report: optional callable(str), told of each block class as its ILPs start.  cache: a
+    remat_dsl.plan.cache.Cache whose block solutions are reused (NOTE: [Solution cache])."""
     by_class: dict[tuple, int] = {}
     solved: dict[int, list[tuple[int, ...]]] = {}
     results: list[milp.MilpResult] = []
@@ -170,9 +171,10 @@ def rockmate_chain(graph: ir.Graph, part: ChainPartition, time_limit: float | No
         if cls not in solved:
             if report and 0 < hg.boundary < len(hg.nodes):
                 same = f", solved once for {members[signature]} identical blocks" if members[signature] > 1 else ""
+                same += " (from the cache)" if _cached_block(hg, time_limit, cache) is not None else ""
                 reported += 1
                 report(f"solving block class {reported} of {with_ilps}: {block_name(part, l + 1)}, {len(hg.nodes)} ops{same}")
-            solved[cls] = _solve_block(hg, time_limit, results)
+            solved[cls] = _solve_block(hg, time_limit, results, cache)
         names = ops.forward + ops.backward
         schedules = pareto_schedules(hg, [tuple(range(hg.boundary, len(hg.nodes)))] + solved[cls])
         blocks.append(_block_with_options(part.chain.blocks[l], part.chain.delta_bytes(l), hg, schedules))
@@ -181,10 +183,17 @@ def rockmate_chain(graph: ir.Graph, part: ChainPartition, time_limit: float | No
     return RockmateChain(chain, tuple(options), len(solved), len(results), tuple(results), tuple(keys))
 
 
-def _solve_block(hg: HGraph, time_limit: float | None, results: list[milp.MilpResult]) -> list[tuple[int, ...]]:
-    """Distinct backward schedules (node indices) found over the budget grid."""
+def _solve_block(hg: HGraph, time_limit: float | None, results: list[milp.MilpResult], cache=None) -> list[tuple[int, ...]]:
+    """Distinct backward schedules (node indices) found over the budget grid, from `cache`
+    when this H-graph was solved with these settings before (NOTE: [Solution cache])."""
     if hg.boundary == len(hg.nodes) or hg.boundary == 0:
         return []
+    hit = _cached_block(hg, time_limit, cache)
+    if hit is not None:
+        results.extend(milp.MilpResult(*r) for r in hit["results"])
+        return [tuple(s) for s in hit["schedules"]]
+    key = _block_key(hg) if cache is not None and cache.enabled and time_limit is None else None
+    first = len(results)
     store_all = replay(hg, tuple(range(hg.boundary, len(hg.nodes))))
     model = HILP(hg)
     found: list[tuple[int, ...]] = []
@@ -196,7 +205,26 @@ def _solve_block(hg: HGraph, time_limit: float | None, results: list[milp.MilpRe
         backward = tuple(k for k, _ in schedule.steps[schedule.boundary_step :])
         if backward not in found and backward != tuple(range(hg.boundary, len(hg.nodes))):
             found.append(backward)
+    if key is not None:
+        entries = [[r.status, r.gap, r.seconds, r.backend] for r in results[first:]]
+        cache.put("blocks", key, {"schedules": [list(s) for s in found], "results": entries})
     return found
+
+
+def _block_key(hg: HGraph) -> str:
+    """What a block's schedules depend on: its H-graph, the grid and the MILP settings."""
+    from remat_dsl.plan.cache import Cache
+
+    return Cache.key("rockmate-block", PEAK_STEPS, SAVE_STEPS, milp.REL_GAP, milp.MAX_NODES, milp.backend_versions(), hg)
+
+
+def _cached_block(hg: HGraph, time_limit: float | None, cache) -> dict | None:
+    """The cached solution of `hg` (schedules, MILP results), or None; nothing is cached
+    under a time limit, whose result depends on the machine's load."""
+    if cache is None or not cache.enabled or time_limit is not None or hg.boundary in (0, len(hg.nodes)):
+        return None
+    hit = cache.get("blocks", _block_key(hg))
+    return hit if isinstance(hit, dict) and {"schedules", "results"} <= set(hit) else None
 
 
 MAX_OPTIONS = 6  # options per block beyond store-all, after the Pareto filter
@@ -261,7 +289,7 @@ class OverBlocks:
     def __init__(self, problem: Problem, part: ChainPartition, name: str, label: str = ""):
         start = time.perf_counter()
         self.name, self.label, self.part = name, label, part
-        self.rc = rockmate_chain(problem.graph, part, per_ilp_limit(problem.time_limit, len(part.blocks)), problem.report)
+        self.rc = rockmate_chain(problem.graph, part, per_ilp_limit(problem.time_limit, len(part.blocks)), problem.report, problem.cache)
         status, gap = milp.status_of(self.rc.results)
         self.info = SolverInfo(Status(status), gap, time.perf_counter() - start)
 

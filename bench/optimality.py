@@ -1,0 +1,111 @@
+"""How far each solver's plans are from Moccasin's proven optimum (issue 13 part 2).
+
+For each model: one capture (one profile), one Planner (remat_dsl.solve.driver), and for
+budgets of 100/70/50/30% of the autograd peak and for each solver's smallest budget, every
+solver's plan (rotor, rockmate, hiremate, twremat, checkmate where it accepts the graph,
+moccasin).  Prints each plan's predicted time (microseconds) over moccasin's at the same
+budget: `x1.032` when moccasin proved its optimum there; `x1.032 over bound` over its
+best bound (time x (1 - gap)) when it did not: the ratio over the optimum is at most that;
+`-` when moccasin has no plan.  The driver may solve below the budget (NOTE: [Budget
+correction]), so moccasin's figure is the optimum at the target it was given.
+
+Moccasin's size limit (Moccasin.MAX_OPS) is lifted here with `--max-ops`, and each CP-SAT
+solve gets `--time-limit` seconds (default 600): with a time limit the figures depend on
+the machine's speed.
+
+Usage: python bench/optimality.py [MODEL ...] [--time-limit S] [--max-ops N]
+       (default models: examples/transformer.py examples/gpt2.py, the latter 4 layers)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+from remat_dsl.capture.model_file import load_model_file  # noqa: E402
+from remat_dsl.capture.pipeline import capture_graph  # noqa: E402
+from remat_dsl.plan.errors import RematError  # noqa: E402
+from remat_dsl.solve.driver import Planner  # noqa: E402
+from remat_dsl.solve.moccasin import Moccasin  # noqa: E402
+
+SOLVERS = ("rotor", "rockmate", "hiremate", "twremat", "checkmate", "moccasin")
+FRACTIONS = (1.0, 0.7, 0.5, 0.3)
+
+
+def plan_or_none(planner: Planner, budget: int, solver: str):
+    """(plan, seconds), or (None, error's first line) when the solver refuses."""
+    start = time.perf_counter()
+    try:
+        return planner.plan(budget, solver), time.perf_counter() - start
+    except RematError as error:
+        return None, str(error).splitlines()[0][:90]
+
+
+def ratio(plan, reference) -> str:
+    if plan is None or reference is None:
+        return "-"
+    r = plan.header.time_us / reference.header.time_us
+    if reference.header.status == "optimal":
+        return f"x{r:.3f}"
+    bound = reference.header.time_us * (1 - (reference.header.gap or 0.0))
+    return f"x{plan.header.time_us / bound:.3f} over bound (x{r:.3f} over its plan)"
+
+
+def bench(model: str, time_limit: float) -> None:
+    model_file = load_model_file(model)
+    start = time.perf_counter()
+    captured = capture_graph(model_file, repeats=3)
+    planner = Planner(captured.graph, model=model_file.spec, device=captured.device, time_limit=time_limit)
+    peak = planner.autograd_peak
+    print(
+        f"\n== {model}: {len(captured.graph.ops)} ops, autograd peak {peak} B (capture {time.perf_counter() - start:.0f} s)",
+        flush=True,
+    )
+    budgets = [(f"{f:.0%}", int(peak * f)) for f in FRACTIONS]
+    for solver in SOLVERS:
+        try:
+            budgets.append((f"min {solver}", planner.smallest_budget(solver)))
+        except RematError as error:
+            print(f"  {solver}: no smallest budget ({str(error).splitlines()[0][:90]})", flush=True)
+    for label, budget in budgets:
+        reference, seconds = plan_or_none(planner, budget, "moccasin")
+        if reference is None:
+            print(f"  {label:>14} {budget:>10} B  moccasin: {seconds}", flush=True)
+        else:
+            h = reference.header
+            gap = f" gap {h.gap:.2%}" if h.gap else ""
+            print(
+                f"  {label:>14} {budget:>10} B  moccasin {h.time_us} us, {h.status}{gap}, {seconds:.0f} s", flush=True
+            )
+        for solver in SOLVERS[:-1]:
+            plan, seconds = plan_or_none(planner, budget, solver)
+            if plan is None:
+                print(f"  {'':>14} {solver:>10}: {seconds}", flush=True)
+                continue
+            print(
+                f"  {'':>14} {solver:>10}: {plan.header.time_us} us  {ratio(plan, reference)}  ({seconds:.0f} s)",
+                flush=True,
+            )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "models", nargs="*", default=[str(ROOT / "examples/transformer.py"), str(ROOT / "examples/gpt2.py")]
+    )
+    parser.add_argument("--time-limit", type=float, default=600.0, help="seconds per CP-SAT solve")
+    parser.add_argument("--max-ops", type=int, default=None, help="lift moccasin's size limit to this many ops")
+    args = parser.parse_args()
+    if args.max_ops:
+        Moccasin.MAX_OPS = args.max_ops
+    for model in args.models:
+        bench(model, args.time_limit)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

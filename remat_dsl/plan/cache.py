@@ -1,0 +1,98 @@
+"""A cache directory for what `remat plan` measures and solves, reused across budgets and runs.
+
+NOTE: [Solution cache]
+A budget sweep re-ran the same work at every budget: each `remat plan` timed every op again
+(seconds to a minute) and solved every block class's RK-Checkmate grid again (most of a
+plan's solve time), although neither depends on the budget.  Both are now kept here:
+
+* `profiles`: the op times measured for a captured graph, keyed by everything they depend
+  on (the graph's ops, arguments and shapes, the torch version, this machine's processor,
+  core count and torch threads, `--repeats`).  A profile whose timings did not settle
+  (NOTE: [Robust timing] in remat_dsl.capture.profile) is not kept;
+* `blocks`: a block class's RK-Checkmate schedules and the MILP statuses that made them,
+  keyed by the block's whole H-graph (ops, costs, sizes), the grid, the MILP settings and
+  the versions of pulp and HiGHS.  A solve under a time limit depends on the machine's
+  load and is not kept.
+
+Keys are SHA-256 digests of a canonical text of those inputs, so a changed model, cost,
+setting or version is a miss, never a stale hit.  Entries are JSON files written
+atomically (a temporary file renamed), and each holds its own key: an unreadable,
+truncated or foreign entry is ignored and recomputed.  The same inputs give the same
+entry, so a plan made from the cache is byte-identical to the plan of the run that filled
+it.
+
+Where: $REMAT_CACHE_DIR, else $XDG_CACHE_HOME/remat-dsl, else ~/.cache/remat-dsl.
+`remat plan --no-cache` (or REMAT_CACHE_DIR=off) neither reads nor writes it; deleting the
+directory is always safe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+VERSION = 1  # bump when what an entry means changes
+
+
+class Cache:
+    """Entries under `root` (None: a cache that holds nothing)."""
+
+    def __init__(self, root: Path | None):
+        self.root = root
+
+    @property
+    def enabled(self) -> bool:
+        return self.root is not None
+
+    @staticmethod
+    def key(*parts) -> str:
+        """The SHA-256 hex digest of `parts`' repr (tuples, strings, numbers and frozen
+        dataclasses have a canonical repr)."""
+        return hashlib.sha256(repr((VERSION, parts)).encode()).hexdigest()
+
+    def _path(self, kind: str, key: str) -> Path:
+        return self.root / kind / key[:2] / f"{key}.json"
+
+    def get(self, kind: str, key: str):
+        """The value stored under (kind, key), or None (missing, unreadable, or not ours)."""
+        if self.root is None:
+            return None
+        try:
+            entry = json.loads(self._path(kind, key).read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(entry, dict) or entry.get("key") != key or "value" not in entry:
+            return None
+        return entry["value"]
+
+    def put(self, kind: str, key: str, value) -> None:
+        """Store a JSON-able `value`; a cache that cannot be written is skipped silently
+        (it only saves time)."""
+        if self.root is None:
+            return
+        path = self._path(kind, key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as handle:
+                json.dump({"key": key, "value": value}, handle)
+            os.replace(handle.name, path)
+        except OSError:
+            return
+
+
+NO_CACHE = Cache(None)
+
+
+def default_cache() -> Cache:
+    """The cache of NOTE: [Solution cache] at its default place (NO_CACHE when
+    REMAT_CACHE_DIR is `off`)."""
+    chosen = os.environ.get("REMAT_CACHE_DIR")
+    if chosen == "off":
+        return NO_CACHE
+    if chosen:
+        return Cache(Path(chosen))
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Cache(Path(base) / "remat-dsl")

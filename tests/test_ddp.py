@@ -1,0 +1,81 @@
+"""The generated module under DDP (issue 12 part 3), 2 gloo processes launched by torchrun as
+a user would: gradients equal DDP over the eager model, and DDP's first all-reduce is
+launched before the plan's backward ends, because finished parameter gradients are handed
+to autograd mid-backward (NOTE: [Gradient release] in templates/module.py.jinja)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+MODEL = ROOT / "examples" / "gpt2.py"
+
+
+def run(command: str, cwd: Path) -> subprocess.CompletedProcess:
+    result = subprocess.run(command, shell=True, cwd=cwd, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, command + "\n" + result.stderr[-3000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def fast_gpt2(tmp_path_factory) -> Path:
+    """The GPT-2 example's module generated from its plan at 60%, as a user makes it."""
+    where = tmp_path_factory.mktemp("ddp")
+    run(f"{BIN}/remat plan {MODEL} --budget 60% --no-cache > gpt2.plan", where)
+    run(f"{BIN}/remat codegen gpt2.plan -o fast_gpt2.py", where)
+    return where / "fast_gpt2.py"
+
+
+def test_ddp_gradients_equal_and_all_reduce_overlaps_the_backward(fast_gpt2, tmp_path):
+    run(f"{BIN}/torchrun --nproc-per-node 2 {ROOT}/tests/ddp_worker.py {MODEL} {fast_gpt2} result.json", tmp_path)
+    for name in ("result.json", "result.json.rank1"):
+        outcome = json.loads((tmp_path / name).read_text())
+        assert outcome["equal"], name
+        for events in outcome["events"][1:]:  # from the second iteration on, DDP's buckets are rebuilt in ready order
+            assert "released" in events and "allreduce" in events
+            last_segment = (
+                len(events) - 1 - events[::-1].index("released")
+            )  # the plan's backward after its last release
+            assert events.index("allreduce") < last_segment, events
+
+
+FSDP_SCRIPT = """
+import importlib.util, os, sys, torch, torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[3])
+dist.init_process_group("gloo", rank=0, world_size=1)
+def load(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+model_file, generated = load(sys.argv[1], "model_file"), load(sys.argv[2], "fast_module")
+for order in ("FastModel first", "fully_shard first"):
+    model = model_file.build_model()
+    fast = generated.FastModel(model) if order == "FastModel first" else None
+    for block in model.transformer.h:
+        fully_shard(block)
+    fully_shard(model)
+    try:
+        fast = fast or generated.FastModel(model)
+        fast(*model_file.sample_inputs())
+        print(order, "ran")
+    except (NotImplementedError, RuntimeError) as error:
+        print(order, "refused:", error)
+dist.destroy_process_group()
+"""
+
+
+def test_fsdp2_sharded_parameters_are_refused_not_trained_wrong(fast_gpt2, tmp_path):
+    """fully_shard replaces the model's parameters by DTensors: a FastModel built before
+    would train the old ones, one built after would run on shards; both are refused."""
+    (tmp_path / "fsdp.py").write_text(FSDP_SCRIPT)
+    lines = run(f"{sys.executable} fsdp.py {MODEL} {fast_gpt2} 29571", tmp_path).stdout.splitlines()
+    assert lines[0].startswith("FastModel first refused: parameter 'transformer.wte.weight' of the model is no longer")
+    assert lines[1].startswith("fully_shard first refused: parameter 'transformer.wte.weight' is sharded (a DTensor")

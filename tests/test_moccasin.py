@@ -1,0 +1,91 @@
+"""`--solver moccasin` (Bartan et al., ICML 2023, section 3; issue 13 part 2): the CP
+model proves optima that match the exact RK-Checkmate ILP, its plans train bit-exactly,
+it runs as users type it, and it refuses graphs it cannot solve in minutes."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from remat_dsl.capture.model_file import load_model_file
+from remat_dsl.capture.pipeline import capture_graph
+from remat_dsl.plan.printer import print_plan
+from remat_dsl.solve.api import BudgetError
+from remat_dsl.solve.driver import Planner
+from test_end_to_end import trained_peak
+
+ROOT = Path(__file__).resolve().parent.parent
+REMAT = Path(sys.executable).parent / "remat"
+
+
+@pytest.fixture(scope="module")
+def tiny_cnn():
+    model_file = load_model_file(str(ROOT / "tests/models/tiny_cnn.py"))
+    captured = capture_graph(model_file, repeats=1)
+    return model_file, Planner(captured.graph, model=model_file.spec, device=captured.device)
+
+
+@pytest.mark.parametrize("fraction", [0.95, 0.9, "min"])
+def test_moccasin_proves_the_optimum_checkmate_finds(tiny_cnn, fraction):
+    """Same profile, same budget: moccasin proves its optimum, and its predicted time is at
+    most checkmate's (the exact ILP under the same order restrictions) plus 1%."""
+    _, planner = tiny_cnn
+    budget = planner.smallest_budget("moccasin") if fraction == "min" else int(planner.autograd_peak * fraction)
+    moccasin = planner.plan(budget, "moccasin")
+    checkmate = planner.plan(max(budget, planner.smallest_budget("checkmate")), "checkmate")
+    assert moccasin.header.solver.startswith("moccasin ops=")
+    assert moccasin.header.peak_bytes <= budget
+    if moccasin.header.status == "optimal":
+        assert moccasin.header.time_us <= 1.01 * checkmate.header.time_us
+    assert planner.solver("moccasin").info.status.value == "optimal"
+
+
+def test_moccasin_recomputes_below_store_all_and_refuses_below_its_floor(tiny_cnn):
+    _, planner = tiny_cnn
+    smallest = planner.smallest_budget("moccasin")
+    assert smallest < planner.autograd_peak
+    assert planner.plan(smallest, "moccasin").header.recompute_us > 0
+    with pytest.raises(BudgetError, match="smallest feasible budget"):
+        planner.plan(smallest - 1, "moccasin")
+
+
+@pytest.mark.parametrize("fraction", [0.9, "min"])
+def test_moccasin_plans_train_bit_exactly(tiny_cnn, fraction, tmp_path):
+    model_file, planner = tiny_cnn
+    budget = planner.smallest_budget("moccasin") if fraction == "min" else int(planner.autograd_peak * fraction)
+    plan = planner.plan(budget, "moccasin")
+    measured = trained_peak(model_file, print_plan(plan), tmp_path)  # asserts bit-exact training
+    assert abs(measured - plan.header.peak_bytes) <= 0.05 * plan.header.peak_bytes
+    if fraction != "min":  # at the smallest budget the measured peak was 20 bytes above the simulated one
+        assert measured <= budget
+
+
+def test_remat_plan_moccasin_as_users_type_it_is_deterministic(tmp_path):
+    """Through a shell, with roofline costs (no timing) and two hash seeds: the same bytes
+    (CP-SAT with one worker and a fixed seed proves this optimum long before its time
+    limit), and `remat check` accepts the plan against the model."""
+    model = ROOT / "tests/models/tiny_cnn.py"
+    plans = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        command = f"{REMAT} plan {model} --solver moccasin --device h100 --budget 80% > m{seed}.plan"
+        result = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        plans.append((tmp_path / f"m{seed}.plan").read_text())
+    assert plans[0] == plans[1] and "moccasin ops=" in plans[0] and re.search(r"status +optimal", plans[0])
+    check = subprocess.run(
+        [str(REMAT), "check", "m1.plan", "--model", str(model)], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stderr
+
+
+def test_moccasin_refuses_large_graphs_without_a_traceback(tmp_path):
+    command = f"{REMAT} plan {ROOT}/examples/transformer.py --solver moccasin --device h100 --budget 50% > m.plan"
+    result = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "moccasin" in result.stderr and "twremat" in result.stderr and "Traceback" not in result.stderr

@@ -1,0 +1,247 @@
+"""Solver offmate (issue 11, part 1): recomputation and activation offload chosen by the
+O-ILP of thesis chapter 4 (remat_dsl/solve/ilp/offmate.py).
+
+Plans are made as users make them, `remat plan MODEL --solver offmate --bandwidth 25GB
+--budget B > x.plan` through a shell, for Hugging Face GPT-2 and Llama configs
+(tests/models); each passes `remat check`, its generated module trains bit for bit like
+eager PyTorch with a measured CPU peak (the host buffer left out by its address, as in
+tests/test_streams.py) equal to the prediction, and every `wait` it has is needed.  The
+examples/gpt2.py comparison with rockmate and hiremate is `-m slow`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from remat_dsl.capture.model_file import load_model_file
+from remat_dsl.check.replay import simulate
+from remat_dsl.check.verify import verify
+from remat_dsl.codegen.compare import compare_training, load_generated
+from remat_dsl.codegen.generate import generate
+from remat_dsl.plan.errors import PlanError
+from remat_dsl.plan.parser import parse_file
+from remat_dsl.plan.ir import op_uses, pinned_tensors
+from remat_dsl.solve.api import Problem, Transfer
+from remat_dsl.solve.auto import choose
+from remat_dsl.solve.ilp.offmate import prefetch_steps, select_at_least
+from remat_dsl.solve.lowering import autograd_order, lowered_plan
+from test_streams import measured
+
+ROOT = Path(__file__).resolve().parent.parent
+REMAT = Path(sys.executable).parent / "remat"
+MODELS = {"gpt2": ("tests/models/hf_gpt2.py", "75%"), "llama": ("tests/models/hf_llama.py", "75%")}
+
+
+def shell(command: str) -> subprocess.CompletedProcess:
+    return subprocess.run(command, shell=True, cwd=ROOT, capture_output=True, text=True)
+
+
+def plan_with_shell(folder: Path, model: str, budget: str, solver: str = "offmate", *extra: str) -> Path:
+    """`remat plan MODEL --solver SOLVER --bandwidth 25GB --budget B ... > x.plan`, as a user types it."""
+    path = folder / f"{Path(model).stem}-{solver}.plan"
+    args = " ".join(
+        shlex.quote(a) for a in (model, "--solver", solver, "--bandwidth", "25GB", "--budget", budget, *extra)
+    )
+    result = shell(f"{shlex.quote(str(REMAT))} plan {args} > {shlex.quote(str(path))}")
+    assert result.returncode == 0, result.stderr
+    return path
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def planned(request, tmp_path_factory):
+    """(model file, plan path, plan) of offmate at the model's budget, measured costs."""
+    model, budget = MODELS[request.param]
+    path = plan_with_shell(
+        tmp_path_factory.mktemp(request.param), model, budget, "offmate", "--repeats", "1", "--time-limit", "5"
+    )
+    return load_model_file(str(ROOT / model)), path, parse_file(str(path))
+
+
+def transfers(plan) -> dict[str, list[str]]:
+    return {
+        verb: [i.target for i in (*plan.forward, *plan.backward) if i.verb == verb]
+        for verb in ("offload", "prefetch", "wait")
+    }
+
+
+def test_offmate_offloads_within_the_budget_and_remat_check_accepts_it(planned):
+    model_file, path, plan = planned
+    assert plan.header.solver.startswith("offmate blocks=") and "host-budget=unlimited" in plan.header.solver
+    moved = transfers(plan)
+    assert moved["offload"] and sorted(moved["offload"]) == sorted(moved["prefetch"])
+    assert len(moved["wait"]) == 2 * len(moved["offload"])  # one for each copy, each way
+    assert plan.header.peak_bytes <= plan.header.budget
+    check = shell(f"{shlex.quote(str(REMAT))} check {shlex.quote(str(path))}")
+    assert check.returncode == 0, check.stderr
+    assert f"{plan.header.peak_bytes} B" in check.stdout
+
+
+def test_block_comments_say_what_each_block_offloads(planned):
+    _, path, plan = planned
+    text = path.read_text()
+    said = re.findall(
+        r"# offload (\d+) tensors, ([\d.]+ \w+)(?: \((.+) option\))?, prefetched during (.+) backward\n", text
+    )
+    assert said, text[:2000]
+    assert sum(int(n) for n, *_ in said) == len(transfers(plan)["offload"])  # once per block, in its forward
+    assert re.search(r"# offmate: (O-ILP plan kept|kept Rockmate's plan)", text)
+
+
+def test_offmate_plan_trains_bit_exactly_with_the_predicted_peak(planned, tmp_path):
+    model_file, path, plan = planned
+    module_path = tmp_path / "fast.py"
+    module_path.write_text(generate(verify(plan), path.name))
+    module = load_generated(module_path)
+    comparison = compare_training(model_file, module, steps=2)
+    assert comparison.identical, comparison.mismatched
+    fast = module.FastModel(model_file.build_model())
+    _, device_peak = measured(fast, model_file)  # the host buffer left out by its address
+    assert device_peak == plan.header.peak_bytes
+
+
+def test_removing_any_wait_is_rejected(planned):
+    """Every `wait` of an offmate plan orders something: without it the checker (what
+    `remat check` runs) rejects the plan at a line (a use, a delete or a prefetch while
+    the copy is in flight, or the step ending with it in flight)."""
+    _, _, plan = planned
+    removed = 0
+    for section in ("forward", "backward"):
+        instructions = getattr(plan, section)
+        for k, ins in enumerate(instructions):
+            if ins.verb != "wait":
+                continue
+            removed += 1
+            edited = dataclasses.replace(plan, **{section: instructions[:k] + instructions[k + 1 :]})
+            with pytest.raises(PlanError) as info:
+                simulate(edited)
+            assert info.value.span is not None, str(info.value)
+    assert removed == 2 * len(transfers(plan)["offload"]) >= 4
+
+
+def test_auto_runs_offmate_with_a_host_link_only(planned):
+    _, _, plan = planned
+    assert choose(Problem(plan.graph, "cpu", host_link=True)) == "offmate"
+    assert choose(Problem(plan.graph, "cpu")) != "offmate"
+
+
+def test_the_one_lowering_places_a_solver_transfer(planned):
+    """api.Transfer through lowering.add_transfers: offload right after the compute that
+    makes the tensor, wait and delete after the op given (here the forward's last),
+    prefetch before the backward op given, wait right before the first use; a prefetch in
+    the forward is refused."""
+    _, _, plan = planned
+    graph = plan.graph
+    order = autograd_order(graph)
+    ops = {op.name: op for op in graph.ops}
+    crossing = simulate(lowered_plan(graph, order)).crossing
+    pinned = pinned_tensors(graph)
+    tensor = next(t for t in crossing.needed if t in crossing.resident and t not in pinned)
+    made = order.index(next(t.producer for t in graph.tensors if t.name == tensor))
+    first_backward = next(i for i, name in enumerate(order) if ops[name].phase == "backward")
+    moved = lowered_plan(graph, order, transfers=(Transfer(tensor, made, first_backward - 1, first_backward),))
+    lines = [(i.verb, i.target) for i in moved.forward]
+    at = lines.index(("compute", order[made]))
+    assert lines[at + 1] == ("offload", tensor) and ("wait", tensor) in lines[at + 2 :]
+    assert lines[-2:] == [("wait", tensor), ("delete", tensor)]  # after the last forward op and its deletes
+    assert (moved.backward[0].verb, moved.backward[0].target) == ("prefetch", tensor)
+    use = next(
+        k for k, i in enumerate(moved.backward) if i.verb == "compute" and tensor in op_uses(ops[i.target], {tensor})
+    )
+    assert (moved.backward[use - 1].verb, moved.backward[use - 1].target) == ("wait", tensor)
+    assert simulate(moved).host_peak_bytes > 0
+    with pytest.raises(ValueError, match="out of order"):
+        lowered_plan(graph, order, transfers=(Transfer(tensor, made, made, made),))
+
+
+# --- whole tensors (thesis section 4.6) ------------------------------------------------
+
+
+TENSORS = [("a", 64), ("b", 64), ("c", 256), ("d", 1024), ("e", 16)]
+
+
+@pytest.mark.parametrize("target", [0, 1, 16, 17, 100, 300, 1024, 1100, 1424, 5000])
+def test_select_at_least_reaches_the_target_closely(target):
+    chosen = select_at_least(TENSORS, target)
+    total = sum(n for _, n in chosen)
+    if target > sum(n for _, n in TENSORS):
+        assert chosen == sorted(TENSORS, key=lambda t: (-t[1], t[0]))
+        return
+    assert total >= target
+    assert all(total - n < target for _, n in chosen) or target == 0  # no tensor could be left out
+    assert select_at_least(list(reversed(TENSORS)), target) == chosen  # deterministic
+
+
+def test_prefetch_steps_stay_within_the_ilp_cumulative_bytes():
+    # block 2 of 5: the ILP prefetches 300 bytes at B_5, 100 at B_4, nothing at B_3, the rest at B_2
+    steps = prefetch_steps(TENSORS, {5: 300.0, 4: 100.0, 3: 0.0, 2: 1024.0}, last=2)
+    assert set(steps) == {name for name, _ in TENSORS}
+    size = dict(TENSORS)
+    cumulative = 0
+    for k, ilp in ((5, 300), (4, 400), (3, 400)):
+        cumulative += sum(size[t] for t, step in steps.items() if step == k)
+        assert cumulative <= ilp
+    assert steps["d"] == 2 and steps["c"] == 5
+
+
+# --- examples/gpt2.py against recomputation alone (slow) -------------------------------
+
+
+def header_of(path: Path):
+    return parse_file(str(path)).header
+
+
+@pytest.mark.slow
+def test_gpt2_example_offmate_against_recomputation(tmp_path):
+    """Issue 11's acceptance on examples/gpt2.py with a 25 GB/s host link, one profile for
+    every solver: at 50% of the autograd peak offmate predicts less time than rockmate
+    and hiremate; at 30% and at the smallest budget it is never worse (NOTE: [Never worse
+    than recomputation]; whether it is better there depends on how slow the profiled ops
+    are next to the link: README, "Offload (offmate)")."""
+    profile = tmp_path / "gpt2.profile"
+    assert shell(f"{shlex.quote(str(REMAT))} profile examples/gpt2.py -o {shlex.quote(str(profile))}").returncode == 0
+    example = "examples/gpt2.py"
+    for budget in ("50%", "30%"):
+        offmate = header_of(plan_with_shell(tmp_path, example, budget, "offmate", "--profile", str(profile)))
+        for other in ("rockmate", "hiremate"):
+            recompute = header_of(plan_with_shell(tmp_path, example, budget, other, "--profile", str(profile)))
+            assert offmate.time_us < recompute.time_us if budget == "50%" else offmate.time_us <= recompute.time_us
+
+    def smallest(solver: str) -> int:
+        refused = shell(
+            f"{shlex.quote(str(REMAT))} plan {example} --solver {solver} --bandwidth 25GB --budget 1% --profile {profile}"
+        )
+        assert refused.returncode == 2
+        return int(re.search(r"smallest feasible budget is .*?\((\d+) B\)", refused.stderr).group(1))
+
+    lowest = smallest("offmate")
+    assert lowest <= smallest("rockmate")
+    path = plan_with_shell(tmp_path, example, str(lowest), "offmate", "--profile", str(profile))
+    assert header_of(path).peak_bytes <= lowest
+    assert shell(f"{shlex.quote(str(REMAT))} check {path}").returncode == 0
+
+
+@pytest.mark.slow
+def test_a_host_budget_of_zero_offloads_nothing(tmp_path):
+    model, budget = MODELS["gpt2"]
+    path = plan_with_shell(tmp_path, model, "90%", "offmate", "--repeats", "1", "--host-budget", "0")
+    plan = parse_file(str(path))
+    assert "host-budget=0B" in plan.header.solver
+    assert not transfers(plan)["offload"]
+
+
+@pytest.mark.slow
+def test_offmate_honours_no_offload_constraints(tmp_path):
+    model, budget = MODELS["gpt2"]
+    constraints = tmp_path / "c.constraints"
+    constraints.write_text('no-offload "transformer.h.0.*"\n')
+    path = plan_with_shell(tmp_path, model, budget, "offmate", "--repeats", "1", "--constraints", str(constraints))
+    offloaded = transfers(parse_file(str(path)))["offload"]
+    assert offloaded and not [t for t in offloaded if t.startswith("transformer.h.0.")]
+    assert shell(f"{shlex.quote(str(REMAT))} check {shlex.quote(str(path))}").returncode == 0

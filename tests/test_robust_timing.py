@@ -1,0 +1,145 @@
+"""Op timings that do not depend on the machine's load (NOTE: [Robust timing] in
+remat_dsl.capture.profile; issue 13 part 4).
+
+The stalls are real: a real torch custom operator sleeps on some of its calls, as an op
+does when another job takes the core while it runs, and `profile_step` times it like any
+other op of a captured training step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from remat_dsl.capture.fx import capture
+from remat_dsl.capture.model_file import Inputs
+from remat_dsl.capture.profile import MAX_PASSES, PASSES, SPREAD_LIMIT, profile_step
+
+STALLS: dict[str, object] = {"calls": 0, "sleep": None}
+
+
+@torch.library.custom_op("remat_test::stalling_scale", mutates_args=())
+def stalling_scale(x: torch.Tensor) -> torch.Tensor:
+    """x * 2, sleeping STALLS["sleep"](call number) seconds first."""
+    call = STALLS["calls"]
+    STALLS["calls"] = call + 1
+    if STALLS["sleep"] is not None:
+        time.sleep(STALLS["sleep"](call))
+    return x * 2
+
+
+@stalling_scale.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+stalling_scale.register_autograd(lambda ctx, grad: grad * 2)
+
+
+class Stalling(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        return stalling_scale(self.fc(x)).sum()
+
+
+RUNS = -(-5 // PASSES)  # timed runs per pass with --repeats 5
+FIRST = 1 + RUNS  # the first pass: a warm-up, then its runs
+
+
+def pass_of(call: int) -> int:
+    """Which timing pass the op's `call`-th call (0: the capture's untimed run) is in."""
+    return 0 if call <= FIRST else 1 + (call - FIRST - 1) // RUNS
+
+
+@pytest.fixture(autouse=True)
+def no_stalls_after():
+    yield
+    STALLS.update(calls=0, sleep=None)
+
+
+def test_a_stall_over_a_whole_pass_is_not_the_ops_time():
+    """Every run of the first timing pass stalls 20 ms (a median of its runs would be
+    20 ms): the second pass disagrees, a third agrees with it, the op's time is its own."""
+    captured = capture(Stalling(), Inputs((torch.randn(8, 16),)))
+    STALLS.update(calls=0, sleep=lambda call: 0.02 if call and pass_of(call) == 0 else 0.0)
+    step = profile_step(captured, captured.example_primals, 5)
+    (node,) = [n for n in step.forward if "stalling_scale" in str(n.target)]
+    assert step.forward[node].time_us < 5_000  # not the 20 ms stall
+    assert STALLS["calls"] == 1 + FIRST + RUNS * PASSES  # timed once more, then settled
+    assert step.noisy == 0
+
+
+def test_timings_that_never_settle_are_reported():
+    """Each pass runs twice as slow as the one before: no two passes agree within
+    SPREAD_LIMIT, so after MAX_PASSES the op is counted noisy (and `remat plan` says so)."""
+    assert SPREAD_LIMIT < 2
+    captured = capture(Stalling(), Inputs((torch.randn(8, 16),)))
+    STALLS.update(calls=0, sleep=lambda call: 0.001 * 2 ** pass_of(call) if call else 0.0)
+    step = profile_step(captured, captured.example_primals, 5)
+    (node,) = [n for n in step.forward if "stalling_scale" in str(n.target)]
+    assert STALLS["calls"] == 1 + FIRST + RUNS * (MAX_PASSES - 1)
+    assert step.noisy == 1
+    assert 1_000 <= step.forward[node].time_us < 2_000  # the least of its runs: the first pass's
+
+
+def test_a_quiet_op_is_timed_in_two_passes():
+    captured = capture(Stalling(), Inputs((torch.randn(8, 16),)))
+    STALLS.update(calls=0, sleep=lambda call: 0.002 if call else 0.0)
+    step = profile_step(captured, captured.example_primals, 5)
+    (node,) = [n for n in step.forward if "stalling_scale" in str(n.target)]
+    assert STALLS["calls"] == 1 + FIRST + RUNS * (PASSES - 1)
+    assert 2_000 <= step.forward[node].time_us < 4_000
+    assert step.noisy == 0
+
+
+def test_remat_profile_warns_when_the_machine_was_busy(tmp_path):
+    """As a user runs it: a model whose op never times alike twice gets a warning on
+    stderr, and the profile is still written."""
+    model = tmp_path / "busy.py"
+    model.write_text(
+        textwrap.dedent("""
+        import time
+        import torch
+
+        CALLS = [0]
+
+        @torch.library.custom_op("remat_busy::scale", mutates_args=())
+        def scale(x: torch.Tensor) -> torch.Tensor:
+            CALLS[0] += 1
+            time.sleep(0.0 if CALLS[0] <= 1 else 0.001 * 2 ** (0 if CALLS[0] <= 5 else 1 + (CALLS[0] - 6) // 3))
+            return x * 2
+
+        scale.register_fake(lambda x: torch.empty_like(x))
+        scale.register_autograd(lambda ctx, grad: grad * 2)
+
+        class Busy(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = torch.nn.Linear(16, 16)
+
+            def forward(self, x):
+                return scale(self.fc(x)).sum()
+
+        def build_model():
+            return Busy()
+
+        def sample_inputs():
+            return (torch.randn(8, 16),)
+    """)
+    )
+    remat = Path(sys.executable).parent / "remat"
+    result = subprocess.run(
+        f"{remat} profile busy.py -o busy.profile", shell=True, cwd=tmp_path, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert "warning: the timings of 1 of" in result.stderr and "did not settle" in result.stderr
+    assert (tmp_path / "busy.profile").read_text().startswith("remat-profile 1")
