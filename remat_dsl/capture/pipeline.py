@@ -170,7 +170,7 @@ def capture_graph(
     needs a device model (the caller passes the `cpu` one for this machine).  kind: the
     device kind the plan is for (default: the device model's, else the model's).
     cache: a remat_dsl.plan.cache.Cache: measured op times are taken from it when this
-    graph was measured here before, and stored in it when they settled (NOTE: [Solution
+    graph was measured here before, and stored in it (NOTE: [Solution
     cache]); `Captured.cached` says which.
     The model file's `autocast` (torch.bfloat16, torch.float16, None) is the autocast
     state it is captured under (NOTE: [Autocast] in capture/fx.py); `dataclasses.replace`
@@ -209,7 +209,7 @@ def capture_graph(
                 captured, captured.example_primals, repeats, progress.advance if progress else None, measure_time, device_model,
             )  # fmt: skip
         graph, noisy = build_graph(captured, step, inputs, device_kinds), step.noisy
-        if cache is not None and cache.enabled and measure_time and device_model is None and not noisy:
+        if cache is not None and cache.enabled and measure_time and device_model is None:
             cache.put("profiles", _profile_key(replace(graph, ops=tuple(replace(op, time_us=0) for op in graph.ops)), repeats), {op.name: op.time_us for op in graph.ops})
     costs = None
     if device_model is not None:

@@ -7,8 +7,10 @@ plan's solve time), although neither depends on the budget.  Both are now kept h
 
 * `profiles`: the op times measured for a captured graph, keyed by everything they depend
   on (the graph's ops, arguments and shapes, the torch version, this machine's processor,
-  core count and torch threads, `--repeats`).  A profile whose timings did not settle
-  (NOTE: [Robust timing] in remat_dsl.capture.profile) is not kept;
+  core count and torch threads, `--repeats`), kept even when some ops' timings did not
+  settle (NOTE: [Robust timing] in remat_dsl.capture.profile: the run that measured them
+  said so): on this 2-core machine a few of a Llama decoder's 1,834 ops often disagree
+  between passes even idle, and a cache that kept only settled profiles kept none;
 * `blocks`: a block class's RK-Checkmate schedules and the MILP statuses that made them,
   keyed by the block's whole H-graph (ops, costs, sizes), the grid, the MILP settings and
   the versions of pulp and HiGHS.  A solve under a time limit depends on the machine's
