@@ -189,6 +189,7 @@ def capture_graph(
     with _fake_warnings_silenced():
         captured = capture(model, inputs, portable=kind != captured_on, autocast=autocast)
     device_kinds = {captured_on: kind}
+    calls = sum(1 for g in (captured.forward, captured.backward) for n in g.graph.nodes if is_call(n))
     cached = None
     if cache is not None and cache.enabled and measure_time and device_model is None:
         with mode, _fake_warnings_silenced():
@@ -199,11 +200,12 @@ def capture_graph(
             cached = replace(untimed, ops=tuple(replace(op, time_us=int(times[op.name])) for op in untimed.ops))
     if cached is not None:
         graph, noisy = cached, 0
+        if progress:  # every op sized by the untimed run, none timed
+            progress.start(calls)
+            progress.advance(calls)
     else:
-        calls = sum(1 for g in (captured.forward, captured.backward) for n in g.graph.nodes if is_call(n))
-        total = calls * timing_passes(measure_time, device_model)
         if progress:
-            progress.start(total)
+            progress.start(calls * timing_passes(measure_time, device_model))
         with mode, _fake_warnings_silenced():
             step = profile_step(
                 captured, captured.example_primals, repeats, progress.advance if progress else None, measure_time, device_model,

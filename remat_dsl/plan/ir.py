@@ -445,6 +445,15 @@ def refs_in(arg: Arg) -> list[str]:
     return [ref.name for ref in iter_refs(arg)]
 
 
+def op_predecessors(graph: Graph) -> list[list[int]]:
+    """For each op (graph order), the sorted indices of the ops whose outputs it reads: the
+    edges of the FB-graph as a DAG over ops (whole-graph solvers: twremat, moccasin)."""
+    index = {op.name: i for i, op in enumerate(graph.ops)}
+    producer = {t.name: index[t.producer] for t in graph.tensors}
+    names = set(producer)
+    return [sorted({producer[t] for t in op_uses(op, names)}) for op in graph.ops]
+
+
 def op_uses(op: Op, tensors: set[str]) -> list[str]:
     """Tensor names (allocations, not parameters/inputs) that `op` reads, in order, unique."""
     return list(dict.fromkeys(ref.name for ref in op_refs(op) if ref.name in tensors))

@@ -152,6 +152,17 @@ class Solver(Protocol):
     def info(self) -> SolverInfo: ...
 
 
+def refuse_above(graph: ir.Graph, limit: int, solver: str, what: str, hint: str) -> None:
+    """Raise RematError when a whole-graph solver (`what`: what it builds over every op)
+    gets a graph of more than `limit` ops."""
+    if len(graph.ops) > limit:
+        raise RematError(
+            f"error: the {solver} solver builds {what} over all {len(graph.ops)} ops; "
+            f"it is meant for graphs of at most {limit} ops",
+            hint=hint,
+        )
+
+
 def fallbacks(solver):
     """The solver's fallbacks, an iterator (built as they are asked for; empty when none)."""
     method = getattr(solver, "fallbacks", None)

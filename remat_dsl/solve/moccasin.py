@@ -69,9 +69,9 @@ from collections import defaultdict
 from remat_dsl.plan import ir
 from remat_dsl.plan.constraints import matching
 from remat_dsl.plan.errors import RematError
-from remat_dsl.plan.ir import op_uses, pinned_tensors
+from remat_dsl.plan.ir import op_predecessors, pinned_tensors
 from remat_dsl.plan.units import format_bytes
-from remat_dsl.solve.api import BudgetError, Decision, Problem, SolverInfo, SolverResult, Status
+from remat_dsl.solve.api import BudgetError, Decision, Problem, SolverInfo, SolverResult, Status, refuse_above
 
 NUM_WORKERS = 1  # CP-SAT workers: one, so that a proven solve is deterministic
 RANDOM_SEED = 0
@@ -103,18 +103,14 @@ class Moccasin:
 
     def __init__(self, problem: Problem):
         graph = problem.graph
-        if len(graph.ops) > self.MAX_OPS:
-            raise RematError(
-                f"error: the moccasin solver builds one constraint program over all {len(graph.ops)} ops; "
-                f"it finds good plans in minutes only for graphs of at most {self.MAX_OPS} ops",
-                hint="use --solver twremat (any size) or --solver hiremate, which solve small pieces",
-            )
+        refuse_above(
+            graph, self.MAX_OPS, self.name, "one constraint program",
+            hint="use --solver twremat (any size) or --solver hiremate, which solve small pieces",
+        )  # fmt: skip
         self.problem = problem
         self.ops = graph.ops
         self.index = {op.name: i for i, op in enumerate(self.ops)}
-        producer = {t.name: self.index[t.producer] for t in graph.tensors}
-        names = set(producer)
-        self.preds = [sorted({producer[t] for t in op_uses(op, names)}) for op in self.ops]
+        self.preds = op_predecessors(graph)
         sizes = {t.name: t.nbytes for t in graph.tensors}
         pinned = pinned_tensors(graph)
         self.free_bytes = [sum(sizes[t] for t in op.outputs if t not in pinned) for op in self.ops]

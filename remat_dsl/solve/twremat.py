@@ -43,7 +43,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from remat_dsl.plan import ir
-from remat_dsl.plan.ir import op_uses, pinned_tensors
+from remat_dsl.plan.ir import op_predecessors, op_uses, pinned_tensors
 from remat_dsl.plan.units import format_bytes
 from remat_dsl.solve.api import BudgetError, Decision, Problem, SolverInfo, SolverResult, Status
 
@@ -258,10 +258,7 @@ class TWRemat:
         self.problem = problem
         graph = problem.graph
         self.ops = graph.ops
-        index = {op.name: i for i, op in enumerate(self.ops)}
-        producer = {t.name: index[t.producer] for t in graph.tensors}
-        names = set(producer)
-        self.preds = [sorted({producer[t] for t in op_uses(op, names)}) for op in self.ops]
+        self.preds = op_predecessors(graph)
         adjacency: list[set[int]] = [set() for _ in self.ops]
         for v, ps in enumerate(self.preds):
             for u in ps:
@@ -269,9 +266,9 @@ class TWRemat:
                 adjacency[v].add(u)
         self.decomposition = tree_decomposition(adjacency)
         self.backward = [i for i, op in enumerate(self.ops) if op.phase == ir.BACKWARD]
-        self.index = index
+        self.index = {op.name: i for i, op in enumerate(self.ops)}
         self.sizes = {t.name: t.nbytes for t in graph.tensors}
-        self.reads = [op_uses(op, names) for op in self.ops]
+        self.reads = [op_uses(op, set(self.sizes)) for op in self.ops]
         self.out_bytes = [sum(self.sizes[t] for t in op.outputs) for op in self.ops]
         self.pinned = pinned_tensors(graph)
 

@@ -14,9 +14,8 @@ from __future__ import annotations
 import time
 
 from remat_dsl.plan import ir
-from remat_dsl.plan.errors import RematError
 from remat_dsl.plan.ir import op_uses, pinned_tensors
-from remat_dsl.solve.api import Problem
+from remat_dsl.solve.api import Problem, refuse_above
 from remat_dsl.solve.ilp.hilp import HILP, CNode, HGraph, Option, TargetSolver, Value, ops_of
 
 
@@ -72,12 +71,10 @@ class Checkmate(TargetSolver):
 
     def __init__(self, problem: Problem):
         graph = problem.graph
-        if len(graph.ops) > self.MAX_OPS:
-            raise RematError(
-                f"error: the checkmate solver builds one ILP over all {len(graph.ops)} ops; "
-                f"it is meant for graphs of at most {self.MAX_OPS} ops",
-                hint="use --solver rockmate or --solver hiremate (or auto), which solve small pieces",
-            )
+        refuse_above(
+            graph, self.MAX_OPS, self.name, "one ILP",
+            hint="use --solver rockmate or --solver hiremate (or auto), which solve small pieces",
+        )  # fmt: skip
         start = time.perf_counter()
         forward = tuple(op.name for op in graph.ops if op.phase == ir.FORWARD)
         backward = tuple(op.name for op in graph.ops if op.phase == ir.BACKWARD)

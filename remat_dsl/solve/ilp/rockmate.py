@@ -169,12 +169,13 @@ def rockmate_chain(graph: ir.Graph, part: ChainPartition, time_limit: float | No
         cls = by_class.setdefault(signature, l)
         keys.append(cls)
         if cls not in solved:
+            key, hit = _cached_block(hg, time_limit, cache)
             if report and 0 < hg.boundary < len(hg.nodes):
                 same = f", solved once for {members[signature]} identical blocks" if members[signature] > 1 else ""
-                same += " (from the cache)" if _cached_block(hg, time_limit, cache) is not None else ""
+                same += " (from the cache)" if hit is not None else ""
                 reported += 1
                 report(f"solving block class {reported} of {with_ilps}: {block_name(part, l + 1)}, {len(hg.nodes)} ops{same}")
-            solved[cls] = _solve_block(hg, time_limit, results, cache)
+            solved[cls] = _solve_block(hg, time_limit, results, cache, key, hit)
         names = ops.forward + ops.backward
         schedules = pareto_schedules(hg, [tuple(range(hg.boundary, len(hg.nodes)))] + solved[cls])
         blocks.append(_block_with_options(part.chain.blocks[l], part.chain.delta_bytes(l), hg, schedules))
@@ -183,16 +184,15 @@ def rockmate_chain(graph: ir.Graph, part: ChainPartition, time_limit: float | No
     return RockmateChain(chain, tuple(options), len(solved), len(results), tuple(results), tuple(keys))
 
 
-def _solve_block(hg: HGraph, time_limit: float | None, results: list[milp.MilpResult], cache=None) -> list[tuple[int, ...]]:
-    """Distinct backward schedules (node indices) found over the budget grid, from `cache`
-    when this H-graph was solved with these settings before (NOTE: [Solution cache])."""
+def _solve_block(hg: HGraph, time_limit: float | None, results: list[milp.MilpResult], cache=None, key=None, hit=None) -> list[tuple[int, ...]]:
+    """Distinct backward schedules (node indices) found over the budget grid; `key` and
+    `hit` from `_cached_block`: the cached solution is returned, or the new one stored
+    under `key` (NOTE: [Solution cache])."""
     if hg.boundary == len(hg.nodes) or hg.boundary == 0:
         return []
-    hit = _cached_block(hg, time_limit, cache)
     if hit is not None:
         results.extend(milp.MilpResult(*r) for r in hit["results"])
         return [tuple(s) for s in hit["schedules"]]
-    key = _block_key(hg) if cache is not None and cache.enabled and time_limit is None else None
     first = len(results)
     store_all = replay(hg, tuple(range(hg.boundary, len(hg.nodes))))
     model = HILP(hg)
@@ -218,13 +218,15 @@ def _block_key(hg: HGraph) -> str:
     return Cache.key("rockmate-block", PEAK_STEPS, SAVE_STEPS, milp.REL_GAP, milp.MAX_NODES, milp.backend_versions(), hg)
 
 
-def _cached_block(hg: HGraph, time_limit: float | None, cache) -> dict | None:
-    """The cached solution of `hg` (schedules, MILP results), or None; nothing is cached
-    under a time limit, whose result depends on the machine's load."""
+def _cached_block(hg: HGraph, time_limit: float | None, cache) -> tuple[str | None, dict | None]:
+    """(the key `hg`'s solution is stored under, the cached solution or None); no key when
+    nothing is cached: no cache, no ILP to solve, or a time limit, whose result depends on
+    the machine's load."""
     if cache is None or not cache.enabled or time_limit is not None or hg.boundary in (0, len(hg.nodes)):
-        return None
-    hit = cache.get("blocks", _block_key(hg))
-    return hit if isinstance(hit, dict) and {"schedules", "results"} <= set(hit) else None
+        return None, None
+    key = _block_key(hg)
+    hit = cache.get("blocks", key)
+    return key, hit if isinstance(hit, dict) and {"schedules", "results"} <= set(hit) else None
 
 
 MAX_OPTIONS = 6  # options per block beyond store-all, after the Pareto filter
