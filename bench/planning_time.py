@@ -3,8 +3,12 @@
 For each model file it runs, as subprocesses through the shell, `remat plan MODEL --budget
 1%` (refused: the error names the smallest feasible budget), then `remat plan MODEL
 --budget 100%` and `remat plan MODEL --budget B` with B 110% of that smallest budget, and
-prints the wall time of each, the solver the header names and the predicted peak.  Run it
-on an idle machine: on 2 cores another job slows every solve.
+prints the wall time of each, the solver the header names and the predicted peak.  The
+three share a cache directory made empty for each model (REMAT_CACHE_DIR, as a user's
+sweep shares ~/.cache/remat-dsl), so the refusal is a first, cold plan and the others reuse
+its measured op times and block solutions; the last column plans 110% again with
+`--no-cache`: that budget as a user's first plan.  Run it on an idle machine: on 2 cores
+another job slows every solve.
 
 Usage: python bench/planning_time.py [MODEL.py ...]   (default: tests/models/hf_*.py)
 """
@@ -24,7 +28,12 @@ BIN = ROOT / ".venv" / "bin"
 
 
 def run(command: str, cwd: str) -> tuple[float, subprocess.CompletedProcess]:
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "HF_HUB_OFFLINE": "1"}
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+        "HF_HUB_OFFLINE": "1",
+        "REMAT_CACHE_DIR": str(Path(cwd) / "cache"),
+    }
     start = time.perf_counter()
     result = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True)
     return time.perf_counter() - start, result
@@ -39,7 +48,9 @@ def main() -> int:
     models = [str(Path(m).resolve()) for m in sys.argv[1:]] or sorted(
         str(p) for p in (ROOT / "tests" / "models").glob("hf_*.py")
     )
-    print(f"{'model':<28} {'smallest':>12} {'refusal':>8} {'100%':>8} {'110% min':>9}  solver at 110% of the smallest")
+    print(
+        f"{'model':<28} {'smallest':>12} {'refusal':>8} {'100%':>8} {'110% min':>9} {'cold':>8}  solver at 110% of the smallest"
+    )
     for model in models:
         with tempfile.TemporaryDirectory() as cwd:
             refusal_s, refused = run(f"remat plan {model} --budget 1% > refused.plan", cwd)
@@ -50,12 +61,13 @@ def main() -> int:
             smallest = int(found.group(1))
             full_s, full = run(f"remat plan {model} --budget 100% > full.plan", cwd)
             min_s, near = run(f"remat plan {model} --budget {smallest * 11 // 10} > near.plan", cwd)
-            if full.returncode or near.returncode:
-                print(f"{Path(model).stem:<28} plan failed: {(full.stderr + near.stderr)[-500:]}")
+            cold_s, cold = run(f"remat plan {model} --budget {smallest * 11 // 10} --no-cache > cold.plan", cwd)
+            if full.returncode or near.returncode or cold.returncode:
+                print(f"{Path(model).stem:<28} plan failed: {(full.stderr + near.stderr + cold.stderr)[-500:]}")
                 continue
             plan = (Path(cwd) / "near.plan").read_text()
             print(
-                f"{Path(model).stem:<28} {smallest / 2**20:>8.2f} MiB {refusal_s:>7.1f}s {full_s:>7.1f}s {min_s:>8.1f}s  "
+                f"{Path(model).stem:<28} {smallest / 2**20:>8.2f} MiB {refusal_s:>7.1f}s {full_s:>7.1f}s {min_s:>8.1f}s {cold_s:>7.1f}s  "
                 f"{header(plan, 'solver')}",
                 flush=True,
             )

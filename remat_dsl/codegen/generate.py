@@ -58,7 +58,7 @@ class _Namespace:
     long lists of parameters are written once."""
 
     def __init__(self, graph: ir.Graph):
-        self.used: set[str] = {"ctx", "torch", "buffers", "tensors", "outputs", "p", "b", "_", "aten", "device", "releases", "anchor", "operator", "pool"}
+        self.used: set[str] = {"ctx", "torch", "buffers", "tensors", "outputs", "p", "b", "_", "aten", "device", "releases", "sharded", "anchor", "operator", "pool", "_shards"}
         self.used.add("pool")  # the step's host buffer (NOTE: [Streams] in the template)
         self.attrs: set[str] = set()
         self.var: dict[str, str] = {}
@@ -198,9 +198,10 @@ class _Renderer:
     def context(self) -> dict:
         graph, header = self.plan.graph, self.plan.header
         steps = iter(self.sim.timeline)
-        forward_body = self._body(self.plan.forward, steps)
+        uses, gathers = self._parameter_uses()
+        forward_body = self._body(self.plan.forward, steps, before=gathers[0])
         releases = self._releases()
-        backward_body = self._body(self.plan.backward, steps, {at: lines for at, _, lines in releases})
+        backward_body = self._body(self.plan.backward, steps, {at: lines for at, _, lines in releases}, gathers[1])
         flat = _flatten(graph.outputs)
         saved, saved_pack = self._saved()
         gradients = {g.parameter for g in graph.gradients if g.value is not None}
@@ -228,6 +229,7 @@ class _Renderer:
             backward_body=backward_body,
             backward_return=self._backward_return({i for _, group, _ in releases for i in group}),
             releases=[tuple(group) for _, group, _ in releases],
+            parameter_uses=uses,
             backward_return_where=self._gradients_where(),
             rebuild=_rebuild(graph.outputs, len(flat)),
             output_types=output_types(graph.outputs),
@@ -255,15 +257,19 @@ class _Renderer:
         first, last = min(lines), max(lines)
         return f"{self.source}:{first}{'' if first == last else f'-{last}'} (gradients)"
 
-    def _body(self, instructions, steps, after=None) -> list[str]:
-        """The statements of a section; `after`: more lines after the instruction at a
-        1-based index (the gradient releases of the backward)."""
-        after = after or {}
+    def _body(self, instructions, steps, after=None, before=None) -> list[str]:
+        """The statements of a section; `after` and `before`: more lines after or before the
+        instruction at a 1-based index (the gradient releases of the backward, the FSDP2
+        gathers and frees of both)."""
+        after, before = after or {}, before or {}
         lines: list[str] = []
         deletes: list[tuple[str, str]] = []  # (variable, plan line) of consecutive deletes
         for index, ins in enumerate(instructions, 1):
             step = next(steps)
             where = self._where(ins, step.section, index)
+            if index in before:
+                lines += self._deletes(deletes) + before[index]
+                deletes = []
             if ins.verb == "delete":
                 deletes.append((self.var[ins.target], where))
                 continue
@@ -379,13 +385,40 @@ class _Renderer:
         return [tangents.get(f"grad_output.{i}", f"_unused_grad_{i}") for i in range(len(flat))]
 
     def _backward_return(self, released: set[int] = frozenset()) -> str:
-        """The gradients the plan's node returns: None for the releases argument, the
-        buffers and the inputs, then each parameter's (NOTE: [Gradient release]: a released
+        """The gradients the plan's node returns: None for the releases and sharded
+        arguments, the buffers and the inputs, then each parameter's (NOTE: [Gradient release]: a released
         one only when nothing was released, i.e. compiled)."""
         grads = {g.parameter: render_arg(g.value, self.var) for g in self.plan.graph.gradients}
         params = [grads.get(p.name, "None") for p in self.plan.graph.parameters]
         params = [f"(None if releases is not None else {g})" if i in released else g for i, g in enumerate(params)]
-        return "(" + ", ".join(["None", "None"] + ["None"] * len(self.plan.graph.inputs) + params) + ")"
+        return "(" + ", ".join(["None", "None", "None"] + ["None"] * len(self.plan.graph.inputs) + params) + ")"
+
+    def _parameter_uses(self) -> tuple[list[tuple], tuple[dict[int, list[str]], dict[int, list[str]]]]:
+        """NOTE: [FSDP2] in templates/module.py.jinja: for each parameter, the first and last
+        instruction of the forward and of the backward that read it (numbered through both
+        sections: the backward's first is len(forward) + 1; None where none reads it), and
+        per section the lines `_shards(sharded, N)` before instruction N (1-based in that
+        section) where some parameter's first read is N or its last read was N - 1: there a
+        sharded model gathers and frees its blocks' parameters."""
+        index = {p.name: k for k, p in enumerate(self.plan.graph.parameters)}
+        uses: list[list[int | None]] = [[None] * 4 for _ in index]
+        points: tuple[dict[int, list[str]], dict[int, list[str]]] = ({}, {})
+        offset = 0
+        for section, instructions in enumerate((self.plan.forward, self.plan.backward)):
+            for number, ins in enumerate(instructions, 1):
+                if ins.verb not in ("compute", "recompute"):
+                    continue
+                for ref in ir.op_refs(self.ops[ins.target]):
+                    if ref.name in index:
+                        use = uses[index[ref.name]]
+                        if use[2 * section] is None:
+                            use[2 * section] = offset + number
+                        use[2 * section + 1] = offset + number
+            marks = {use[2 * section] for use in uses} | {use[2 * section + 1] + 1 for use in uses if use[2 * section + 1]}
+            for mark in sorted(m for m in marks if m is not None and m - offset <= len(instructions)):
+                points[section][mark - offset] = [f"_shards(sharded, {mark})  # NOTE: [FSDP2]"]
+            offset += len(instructions)
+        return [tuple(use) for use in uses], points
 
     def _releases(self) -> list[tuple[int, list[int], list[str]]]:
         """NOTE: [Gradient release]: (backward instruction index, parameter indices, lines)
