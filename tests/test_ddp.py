@@ -62,7 +62,7 @@ def test_fsdp2_gradients_and_steps_equal_fsdp2_over_the_eager_model(model, budge
 
 FSDP_PART_SCRIPT = """
 import importlib.util, os, sys, torch, torch.distributed as dist
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[3])
 dist.init_process_group("gloo", rank=0, world_size=1)
 def load(path, name):
@@ -79,12 +79,24 @@ try:
     print("ran")
 except NotImplementedError as error:
     print("refused:", error)
+model = model_file.build_model()
+policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+for block in model.transformer.h:
+    fully_shard(block, mp_policy=policy)
+fully_shard(model, mp_policy=policy)
+try:
+    generated.FastModel(model)(*model_file.sample_inputs())
+    print("ran")
+except NotImplementedError as error:
+    print("refused:", error)
 dist.destroy_process_group()
 """
 
 
-def test_fsdp2_without_the_root_sharded_is_refused(fast_gpt2, tmp_path):
-    """fully_shard on the blocks only: FSDP2 has no root whose hooks can run the step."""
+def test_fsdp2_it_cannot_run_is_refused(fast_gpt2, tmp_path):
+    """fully_shard on the blocks only (FSDP2 has no root whose hooks can run the step), and
+    a MixedPrecisionPolicy that gathers bf16 parameters for a plan made in float32."""
     (tmp_path / "fsdp.py").write_text(FSDP_PART_SCRIPT)
     lines = run(f"{sys.executable} fsdp.py {MODEL} {fast_gpt2} 29571", tmp_path).stdout.splitlines()
-    assert lines[-1].startswith("refused: fully_shard was applied to some of the model's modules but not to"), lines
+    assert lines[-2].startswith("refused: fully_shard was applied to some of the model's modules but not to"), lines
+    assert lines[-1].startswith("refused: FSDP2 gathers parameter 'transformer.wte.weight' as torch.bfloat16"), lines
