@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -132,6 +133,8 @@ def test_infeasible_budget_states_the_smallest(tmp_path):
     assert "Traceback" not in result.stderr
     assert "smallest feasible budget is" in result.stderr
     assert result.stdout == ""
+    found = re.search(r"is (\S+ \S+) \((\d+) B\) for this solver; proven bound: no plan that keeps its tensors on the device peaks below \S+ \S+ \((\d+) B\) \(", result.stderr)
+    assert found and 0 < int(found[3]) <= int(found[2]), result.stderr
 
 
 def test_bad_budget_text():

@@ -102,6 +102,16 @@ def test_plan_trains_identically_within_budget(example, solver, label, tmp_path)
     assert abs(measured - h.peak_bytes) <= 0.05 * h.peak_bytes
 
 
+def test_peak_lower_bound_is_below_the_smallest_plans(example):
+    """The refusal's proven bound (driver.peak_lower_bound) is at or below the smallest
+    budget every solver reaches, and at least the parameter gradients."""
+    _, captured, planner, smallest = example
+    bound, why = planner.peak_lower_bound
+    assert planner.gradient_bytes <= bound <= planner.autograd_peak and why
+    for solver in SOLVERS:
+        assert bound <= budget_of("min", solver, planner, smallest)
+
+
 def test_rockmate_needs_no_more_memory_than_rotor(example):
     model_file, captured, planner, smallest = example
     if "gpt2" not in model_file.spec:

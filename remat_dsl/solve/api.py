@@ -122,14 +122,21 @@ class SolverResult:
 
 class BudgetError(RematError):
     """No plan of this solver fits the budget; `smallest` is the smallest budget that does
-    (bytes), `solver` the solver's name, `reason` (optional) why no plan of any solver can."""
+    (bytes), `solver` the solver's name, `reason` (optional) why no plan of any solver can,
+    `bound` (optional) a proven lower bound on any plan's peak (bytes, why), as
+    `driver.peak_lower_bound` gives it."""
 
-    def __init__(self, budget: int, smallest: int, solver: str, reason: str | None = None):
-        self.budget, self.smallest, self.solver = budget, smallest, solver
+    def __init__(self, budget: int, smallest: int, solver: str, reason: str | None = None, bound: tuple[int, str] | None = None):
+        self.budget, self.smallest, self.solver, self.bound = budget, smallest, solver, bound
         why = f" ({reason})" if reason else ""
+        proof = ""
+        if bound is not None and bound[0] >= smallest:
+            proof = f", and no plan can peak lower ({bound[1]})"
+        elif bound is not None:
+            proof = f" for this solver; proven bound: no plan that keeps its tensors on the device peaks below {format_bytes(bound[0])} ({bound[1]})"
         super().__init__(
             f"error: budget {format_bytes(budget)} is infeasible for solver {solver}{why}: "
-            f"the smallest feasible budget is {format_bytes(smallest)}",
+            f"the smallest feasible budget is {format_bytes(smallest)}{proof}",
             hint=f"plan with --budget {smallest} or more" + ("" if reason else ", or choose another solver"),
         )
 

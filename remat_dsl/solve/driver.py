@@ -30,6 +30,7 @@ from dataclasses import replace
 
 from remat_dsl.check.replay import value_nbytes
 from remat_dsl.plan import ir
+from remat_dsl.plan.ir import op_uses, pinned_tensors
 from remat_dsl.plan.constraints import check_conflicts, constraint_lines
 from remat_dsl.plan.errors import RematError
 from remat_dsl.plan.units import format_bytes
@@ -103,6 +104,11 @@ class Planner:
         with_gradient = {g.parameter for g in graph.gradients if g.value is not None}
         return sum(value_nbytes(p) for p in graph.parameters if p.name in with_gradient)
 
+    @functools.cached_property
+    def peak_lower_bound(self) -> tuple[int, str]:
+        """`peak_lower_bound` of the graph: (bytes, why)."""
+        return peak_lower_bound(self.problem.graph)
+
     def plan(self, budget: int, solver: str = "auto") -> ir.Plan:
         """A plan whose simulated peak is at most `budget` bytes, by `solver` (a registry
         name or `auto`).  Its header records the solver and its settings, the status, the
@@ -118,10 +124,10 @@ class Planner:
         try:
             plan, info = self._first_fitting(self.solver(name), budget)
         except BudgetError as error:
-            gradients = self.gradient_bytes
+            gradients, reason = self.gradient_bytes, None
             if budget < gradients:  # no schedule of any solver: the step ends holding them all
                 reason = f"the parameter gradients alone take {format_bytes(gradients)}, and the budget counts them"
-                error = BudgetError(error.budget, error.smallest, error.solver, reason)
+            error = BudgetError(error.budget, error.smallest, error.solver, reason, self.peak_lower_bound)
             raise self._constraints_error(error, budget, solver) from None
         label = f"auto: {plan.header.solver}" if solver == "auto" else plan.header.solver
         header = replace(plan.header, solver=label, gap=info.gap, solve_seconds=time.perf_counter() - start)
@@ -249,6 +255,46 @@ def make_plan(graph: ir.Graph, *, model: str, device: str, budget: int, solver: 
 def autograd_peak(graph: ir.Graph, device: str) -> int:
     """Simulated peak of the autograd plan (bytes): what a percentage budget refers to."""
     return Planner(graph, device=device).autograd_peak
+
+
+def peak_lower_bound(graph: ir.Graph) -> tuple[int, str]:
+    """A proven lower bound on the simulated peak (bytes) of any plan of `graph` that keeps
+    its tensors on the device, and why, for the refusal's message (issue 13 part 3).
+
+    Every plan runs every op at least once, and while op k runs, its input tensors, its
+    outputs and its temporaries are resident (remat_dsl.check.replay counts them so), and
+    so is every tensor a plan may never delete (parameter gradients, model outputs:
+    `ir.pinned_tensors`) that an op upstream of k made: that op ran before k and its
+    output stays.  At the end of the step all pinned tensors are resident.  The bound is
+    the largest of these sums."""
+    sizes = {t.name: t.nbytes for t in graph.tensors}
+    pinned = sorted(t for t in pinned_tensors(graph) if t in sizes)
+    bit = {t: i for i, t in enumerate(pinned)}
+    predecessors = ir.op_predecessors(graph)
+    made = [sum(1 << bit[t] for t in op.outputs if t in bit) for op in graph.ops]
+    upstream = [0] * len(graph.ops)  # pinned tensors made by ops upstream of each op, as a bit set
+    sums: dict[int, int] = {}
+
+    def total(mask: int) -> int:
+        if mask not in sums:
+            sums[mask] = sum(sizes[t] for i, t in enumerate(pinned) if mask >> i & 1)
+        return sums[mask]
+
+    best = (sum(sizes[t] for t in pinned), "the step ends holding its parameter gradients and outputs")
+    names = set(sizes)
+    for k, op in enumerate(graph.ops):
+        for j in predecessors[k]:
+            upstream[k] |= upstream[j] | made[j]
+        held = set(op_uses(op, names)) | set(op.outputs)
+        own = sum(sizes[t] for t in held) + op.temp_bytes
+        before = total(upstream[k] & ~sum(1 << bit[t] for t in held if t in bit))
+        if own + before > best[0]:
+            best = (
+                own + before,
+                f"{op.name} runs with {format_bytes(own)} of inputs, outputs and temporaries, beside "
+                f"{format_bytes(before)} of gradients and outputs made before it",
+            )
+    return best
 
 
 def smallest_budget(graph: ir.Graph, device: str, solver: str = "rotor", constraints: tuple[ir.Constraint, ...] = ()) -> int:
