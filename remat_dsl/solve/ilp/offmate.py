@@ -12,8 +12,9 @@ section 4.4 beside Rockmate's RK-Checkmate options (remat_dsl.solve.ilp.rockmate
                          prefetch their outputs at the host bandwidth; keep the rest;
 
 and any option's saved activations (alive at the block's forward/backward boundary, read
-only by the block's own backward) are OFFLOADABLE.  Interface activations (a block's
-outputs, read by later blocks) are never offloaded in this version.  Every option's costs
+only by the block's own backward) are OFFLOADABLE, and so are a block's outputs read by
+the next block only (NOTE: [Offloaded block outputs]), which the thesis keeps on the
+device (A_t of section 4.5.1).  Every option's costs
 (forward and backward time, bytes kept at the boundary, peaks) come from the exact
 `rockmate.replay` (NOTE: [Option costs] in rockmate.py), never from estimates.
 
@@ -62,6 +63,32 @@ prefetch comes early: among plans of equal time, fewer transfers and later prefe
 which leave room for what no model sees).  Bytes are MiB and times milliseconds inside the
 ILP (HiGHS's tolerances suit numbers near 1); the solution goes back to bytes.
 
+NOTE: [Offloaded block outputs] Beyond the thesis: A_t of eq. 4.17 holds the interface
+activations, every block's outputs until the backward of the block that reads them: on
+examples/gpt2.py's 12 layers (26 Rockmate blocks, 0.25 MiB of outputs each) about 6 MiB,
+a sixth of a 30% budget, which Rockmate's chain DP may forget and recompute instead.  Block j's
+outputs that only block j+1 reads, its forward among them and a backward op of block j
+or j+1 (so they stay on the device from F_j to B_{j+1} in every option; `interface_tensors`)
+get two more continuous variables, as the thesis's Ofl and Prf:
+
+    OflI[j] in [0, bytes of those outputs] (MiB): copied to the host while F_{j+1} runs
+        (they are made at the end of F_j) and deleted at the end of F_{j+1}, their last
+        forward reader;
+    PrfI[j,k] >= 0, k > j: back at the start of B_k; sum_k PrfI[j,k] = OflI[j] (4.9):
+        all of them by B_{j+1}, the first backward step that reads them.
+
+Memory: F_l subtracts sum_{j <= l-2} OflI[j]; B_l subtracts sum_{j < l} OflI[j] and adds
+back sum_{j < l, k >= l} PrfI[j,k] (so B_{j+1} holds all of them).  Time: F_l's copy
+(4.22) is Ofl[l] + OflI[l-1]; B_l's incoming copies (4.21) add sum_j PrfI[j,l], and
+PrfI[l-1,l], read first by B_l, adds to its compute as Prf[l,l] does (4.20).  The host
+budget (4.18) counts OflI too.  Whole tensors as below, the prefetch steps from B_L down
+to B_{j+1}.  On examples/gpt2.py at 30% of the autograd peak this is what lets the O-ILP
+plan at all (over rotor's finer blocks: its floor 13.02 MiB; without them it had no plan
+at 13.13 MiB, nor over Rockmate's blocks, floor 13.52 MiB): 35.8 ms predicted where
+Rockmate's plan takes 82.2 ms (README, "Offload (offmate)").
+A tensor only recomputations read again is left out: the lowering deletes it after
+F_{j+1} in the store-all plan already, and the O-ILP would count its bytes twice.
+
 NOTE: [Whole tensors] (section 4.6, Algorithm 8 for activations) The ILP offloads bytes; a
 plan offloads tensors.  For each block, the smallest-greedy set of its option's
 offloadable tensors whose size is at least Ofl[i] is offloaded (`select_at_least`; sorted
@@ -76,7 +103,10 @@ NOTE: [Never worse than recomputation] At each target, the RK-Rotor plan of the 
 blocks and options (what `--solver rockmate` plans) is lowered and simulated too; when it
 predicts less time with a peak no higher (than the O-ILP plan's, or the target), or the
 O-ILP has no solution, it is returned instead, and the first decision of the plan says
-which one was kept.  (RK-Rotor's targets are in rotor's chain model, which misses what
+which one was kept.  Either plan is first shaved to the target by more offloads where
+its exact peak is above it (NOTE: [Shaving the peak]); Rockmate's is kept over the
+O-ILP's when it is faster with a peak no higher (or within the target), or when it alone
+comes nearer the target.  (RK-Rotor's targets are in rotor's chain model, which misses what
 NOTE: [A_t from the simulation] adds, so its plan at a target usually peaks higher.)
 """
 
@@ -93,7 +123,8 @@ import pulp
 from remat_dsl.check.replay import transfer_us
 from remat_dsl.plan import ir
 from remat_dsl.plan.constraints import matching
-from remat_dsl.plan.ir import pinned_tensors
+from remat_dsl.plan.errors import PlanError
+from remat_dsl.plan.ir import op_uses, pinned_tensors
 from remat_dsl.plan.units import format_duration, human_bytes
 from remat_dsl.solve.api import FLOOR_SWEEP, BudgetError, Decision, Problem, SolverInfo, SolverResult, Status, Transfer
 from remat_dsl.solve.chain.model import Chain
@@ -199,6 +230,43 @@ def offloadable(hg: HGraph, backward: tuple[int, ...], excluded: set[str]) -> tu
     return tuple(sorted(result, key=lambda item: (item[1], item[0])))
 
 
+def interface_tensors(
+    graph: ir.Graph, part: ChainPartition, excluded: set[str]
+) -> tuple[tuple[tuple[str, int], ...], ...]:
+    """NOTE: [Offloaded block outputs] For each block l, (tensor, bytes) of its interface
+    activations that may go to the host: made by F_l, read outside block l by ops of block
+    l+1 only, its forward among them (so the device copy is needed until the end of F_{l+1}),
+    and read by a backward op of block l or l+1 (so it stays on the device to B_{l+1}
+    whatever the options: a tensor only a recomputation reads again is deleted after F_{l+1}
+    in some options, and moving it would save nothing there), not pinned, not `excluded`,
+    not empty; sorted by size then name.  The last block's outputs are the model's: none."""
+    ops = {op.name: op for op in graph.ops}
+    names = {t.name for t in graph.tensors}
+    block_of = {name: l for l, b in enumerate(part.blocks, 1) for name in (*b.forward, *b.backward)}
+    readers: dict[str, set] = defaultdict(set)
+    for op in graph.ops:
+        for t in op_uses(op, names):
+            readers[t].add((block_of.get(op.name), op.phase == ir.FORWARD))
+    size = {t.name: t.nbytes for t in graph.tensors}
+    result = []
+    for l, block in enumerate(part.blocks, 1):
+        found = []
+        for name in block.forward:
+            for t in ops[name].outputs:
+                outside = {r for r in readers[t] if r[0] != l}
+                if (
+                    l < len(part.blocks)
+                    and (l + 1, True) in outside
+                    and all(b == l + 1 for b, _ in outside)
+                    and ((l, False) in readers[t] or (l + 1, False) in outside)
+                    and t not in excluded
+                    and size[t] > 0
+                ):
+                    found.append((t, size[t]))
+        result.append(tuple(sorted(found, key=lambda item: (item[1], item[0]))))
+    return tuple(result)
+
+
 def block_plans(graph: ir.Graph, part: ChainPartition, rockmate_options, bandwidth: int, excluded: set[str]):
     """(chain with every block's options costed by `replay`, one BlockPlan per block):
     Rockmate's options (`rockmate_options[l].backward`, option 0 is as PyTorch) plus
@@ -245,15 +313,23 @@ class OilpSolution:
     prefetched: tuple[dict[int, float], ...]
     time_us: float
     result: milp.MilpResult
+    # NOTE: [Offloaded block outputs]: OflI[l-1], bytes of block l's outputs offloaded, and PrfI[l-1],
+    # {k: bytes of them prefetched at the start of B_k}, k > l
+    outputs_offloaded: tuple[float, ...] = ()
+    outputs_prefetched: tuple[dict[int, float], ...] = ()
 
 
 class Oilp:
     """The O-ILP of NOTE: [O-ILP for activations] for `chain` and `plans`; `solve(target)`
     at a device budget (bytes), `floor()` the least budget it accepts (bytes)."""
 
-    def __init__(self, chain: Chain, plans, bandwidth: int, host_budget: int | None, unseen: dict | None = None):
+    def __init__(
+        self, chain: Chain, plans, bandwidth: int, host_budget: int | None, unseen: dict | None = None, outputs=None
+    ):
         self.chain, self.plans, self.bandwidth, self.host_budget = chain, plans, bandwidth, host_budget
         self.L = chain.length
+        # outputs[l-1]: bytes of block l's offloadable outputs (NOTE: [Offloaded block outputs]); none by default
+        self.outputs = tuple(outputs) if outputs is not None else (0,) * self.L
         # ("F" | "B", l, o) -> bytes the chain model misses in that step when block l runs option o
         # (NOTE: [A_t from the simulation])
         self.unseen = unseen or {}
@@ -273,8 +349,8 @@ class Oilp:
         return result
 
     def _model(self, target: int | None):
-        """(problem, Comp, Ofl, Prf, M): minimize sum Time at M = target MiB, or, when
-        target is None, minimize M itself (the floor)."""
+        """(problem, Comp, Ofl, Prf, M, Time, OflI, PrfI): minimize sum Time at M = target
+        MiB, or, when target is None, minimize M itself (the floor)."""
         chain, L = self.chain, self.L
         problem = pulp.LpProblem("oilp", pulp.LpMinimize)
         n = [1 + len(b.options) for b in chain.blocks]
@@ -283,6 +359,10 @@ class Oilp:
         }
         ofl = {l: pulp.LpVariable(f"Ofl_{l}", lowBound=0) for l in range(1, L + 1)}
         prf = {(j, k): pulp.LpVariable(f"Prf_{j}_{k}", lowBound=0) for j in range(1, L + 1) for k in range(j, L + 1)}
+        # NOTE: [Offloaded block outputs]: OflI[j] MiB of block j's outputs, PrfI[j, k] of them back at B_k, k > j
+        movable = [j for j in range(1, L) if self.outputs[j - 1] > 0]
+        ofl_i = {j: pulp.LpVariable(f"OflI_{j}", lowBound=0, upBound=self.outputs[j - 1] / MIB) for j in movable}
+        prf_i = {(j, k): pulp.LpVariable(f"PrfI_{j}_{k}", lowBound=0) for j in movable for k in range(j + 1, L + 1)}
         steps = [("F", l) for l in range(1, L + 1)] + [("B", l) for l in range(L, 0, -1)]
         times = {s: pulp.LpVariable(f"Time_{s[0]}_{s[1]}", lowBound=0) for s in steps}
         memory = pulp.LpVariable("M", lowBound=0) if target is None else target / MIB
@@ -303,35 +383,43 @@ class Oilp:
             )
             problem += ofl[l] <= capacity, f"offloadable_{l}"
             problem += pulp.lpSum(prf[l, k] for k in range(l, L + 1)) == ofl[l], f"back_by_B_{l}"  # (4.9)
+            if l in ofl_i:
+                problem += pulp.lpSum(prf_i[l, k] for k in range(l + 1, L + 1)) == ofl_i[l], f"output_back_by_B_{l + 1}"
         base = (chain.input_bytes + chain.delta_bytes(L)) / MIB
         for l in range(1, L + 1):  # (4.16, 4.17)
             earlier = pulp.lpSum(x(j) - ofl[j] for j in range(1, l))
             unseen_f, unseen_b = unseen("F", l), unseen("B", l)
-            problem += base + unseen_f + earlier + x(l) + (1 / MIB) * cost(l, 1) <= memory, f"memory_F_{l}"
+            gone_f = pulp.lpSum(ofl_i[j] for j in range(1, l - 1) if j in ofl_i)  # block l reads block l-1's outputs
+            problem += base + unseen_f + earlier - gone_f + x(l) + (1 / MIB) * cost(l, 1) <= memory, f"memory_F_{l}"
             back = pulp.lpSum(prf[j, k] for j in range(1, l) for k in range(l, L + 1))
+            back += pulp.lpSum(
+                prf_i[j, k] - (ofl_i[j] if k == l else 0) for j in range(1, l) if j in ofl_i for k in range(l, L + 1)
+            )
             deltas = (chain.delta_bytes(l) + chain.delta_bytes(l - 1)) / MIB + unseen_b
             problem += earlier + back + x(l) + deltas + (1 / MIB) * cost(l, 3) <= memory, f"memory_B_{l}"
         if self.host_budget is not None:  # (4.18)
-            problem += pulp.lpSum(ofl.values()) <= self.host_budget / MIB, "host_memory"
+            problem += pulp.lpSum([*ofl.values(), *ofl_i.values()]) <= self.host_budget / MIB, "host_memory"
         per_ms = MIB / self.bandwidth * 1000  # ms to move one MiB
         for l in range(1, L + 1):
             problem += times["F", l] >= chain.blocks[l - 1].fwd_us / MS, f"compute_F_{l}"  # (4.19)
-            problem += times["F", l] >= per_ms * ofl[l], f"offload_F_{l}"  # (4.22)
-            problem += times["B", l] >= (1 / MS) * cost(l, 2) + per_ms * prf[l, l], f"compute_B_{l}"  # (4.20)
-            problem += (
-                times["B", l] >= per_ms * pulp.lpSum(prf[j, l] for j in range(1, l + 1)),
-                f"prefetch_B_{l}",
-            )  # (4.21)
+            # block l-1's outputs are copied while F_l runs and deleted at its end
+            copied = ofl[l] + (ofl_i[l - 1] if l - 1 in ofl_i else 0)
+            problem += times["F", l] >= per_ms * copied, f"offload_F_{l}"  # (4.22)
+            own = prf[l, l] + (prf_i[l - 1, l] if l - 1 in ofl_i else 0)  # what B_l reads first: not overlapped
+            problem += times["B", l] >= (1 / MS) * cost(l, 2) + per_ms * own, f"compute_B_{l}"  # (4.20)
+            incoming = [prf[j, l] for j in range(1, l + 1)] + [prf_i[j, l] for j in range(1, l) if j in ofl_i]
+            problem += times["B", l] >= per_ms * pulp.lpSum(incoming), f"prefetch_B_{l}"  # (4.21)
         # Ties (time equal) go to fewer offloaded bytes and later prefetches: less memory the ILP does not see
         # (parameter gradients) and fewer transfers; TIE is far below one microsecond per MiB.
-        late = pulp.lpSum((k - j) * var for (j, k), var in prf.items())
-        problem += memory if target is None else pulp.lpSum(times.values()) + TIE * (pulp.lpSum(ofl.values()) + late)
-        return problem, comp, ofl, prf, memory, times
+        late = pulp.lpSum((k - j) * var for (j, k), var in [*prf.items(), *prf_i.items()])
+        moved = pulp.lpSum([*ofl.values(), *ofl_i.values()])
+        problem += memory if target is None else pulp.lpSum(times.values()) + TIE * (moved + late)
+        return problem, comp, ofl, prf, memory, times, ofl_i, prf_i
 
     @functools.cached_property
     def floor(self) -> int:
         """The least budget (bytes) with a solution: every offloadable byte offloaded where it pays."""
-        problem, *_, memory, _ = self._model(None)
+        problem, _, _, _, memory, *_ = self._model(None)
         result = milp.solve(problem, rel_gap=milp.OPTIMAL_GAP)
         self.results.append(result)
         if not result.has_solution:
@@ -340,7 +428,7 @@ class Oilp:
 
     def solve(self, target: int, time_limit: float | None = None) -> OilpSolution | None:
         """The O-ILP at budget `target` (bytes); None when it has no solution."""
-        problem, comp, ofl, prf, _, times = self._model(target)
+        problem, comp, ofl, prf, _, times, ofl_i, prf_i = self._model(target)
         result = milp.solve(problem, time_limit)
         self.results.append(result)
         if not result.has_solution:
@@ -354,7 +442,14 @@ class Oilp:
             {k: max(0.0, prf[l, k].value() or 0.0) * MIB for k in range(l, L + 1)} for l in range(1, L + 1)
         )
         total = sum(t.value() or 0.0 for t in times.values()) * MS
-        return OilpSolution(options, offloaded, prefetched, total, result)
+        outputs_offloaded = tuple(
+            max(0.0, ofl_i[l].value() or 0.0) * MIB if l in ofl_i else 0.0 for l in range(1, L + 1)
+        )
+        outputs_prefetched = tuple(
+            {k: max(0.0, prf_i[l, k].value() or 0.0) * MIB for k in range(l + 1, L + 1)} if l in ofl_i else {}
+            for l in range(1, L + 1)
+        )
+        return OilpSolution(options, offloaded, prefetched, total, result, outputs_offloaded, outputs_prefetched)
 
 
 # ---------------------------------------------------------------------------
@@ -410,6 +505,163 @@ def prefetch_steps(tensors, prefetched: dict[int, float], last: int) -> dict[str
 
 
 # ---------------------------------------------------------------------------
+# Shaving the peak (a post-pass on the exact simulation)
+# ---------------------------------------------------------------------------
+
+MAX_SHAVES = 64  # transfers the post-pass may add to one plan
+
+
+def shaved(
+    graph: ir.Graph, order, transfers, target: int, simulated, excluded: set[str], bandwidth: int, host_budget=None
+):
+    """NOTE: [Shaving the peak] (transfers, plan): `transfers` and more, one saved tensor at
+    a time, while the exact simulation of (`order`, transfers) peaks above `target` bytes.
+
+    The O-ILP sees a step as a whole (a prefetch counts from its step's start, a block's
+    saved activations from the start of its backward step), and Rockmate's plans move
+    nothing; inside a step, a tensor that waits on the device for a later use is what the
+    exact peak often holds besides the running op's working set (on examples/gpt2.py at
+    its smallest budget: the attention block's input and layer norm output, waiting for
+    the block's last backward ops).  Each round takes the peak instruction of the plan
+    simulated so far (`simulated(order, transfers)`, the one lowering and checker) and,
+    among the tensors live there that were made in the forward, stay resident to the
+    peak without any use in the backward before it, are not read or made by it, and are
+    neither pinned nor `excluded` nor moved already, offloads the one whose copy back can
+    hide behind the compute before its use, then the largest (ties by name): right after
+    it is made, its device copy deleted once its last forward read and its copy are done
+    (before a forward peak), prefetched after the peak as late as the compute before its
+    next use still hides the copy (NOTE: [Solver transfers] in remat_dsl.solve.lowering
+    places the waits).  A tensor already moved whose prefetch comes before a backward peak
+    and its first use after it (the O-ILP prefetches at the start of a step) competes too:
+    its prefetch goes after the peak, placed the same way.  A tensor absent over an
+    interval where it was resident lowers memory there and nowhere raises it, so the peak
+    never rises; the round is kept when the peak fell (or moved), and the pass stops at
+    `target`, after MAX_SHAVES rounds, or when no tensor qualifies; it returns the plan
+    given when its peak did not fall at all.  The bytes offloaded stay within
+    `host_budget` (eq. 4.18; None: unlimited).  The time may grow by the copies the
+    compute does not hide: callers
+    compare plans by time among those that fit.  Deterministic: no clock, ties by name."""
+    from remat_dsl.check.replay import simulate
+
+    transfers = tuple(transfers)
+    plan = simulated(order, transfers)
+    if plan.header.peak_bytes <= target:
+        return transfers, plan
+    given = transfers, plan
+    ops = {op.name: op for op in graph.ops}
+    names = {t.name for t in graph.tensors}
+    producers = {t.name: t.producer for t in graph.tensors}
+    nbytes = {t.name: t.nbytes for t in graph.tensors}
+    first_run = {name: i for i, name in reversed(list(enumerate(order)))}
+    n_forward = next((i for i, name in enumerate(order) if ops[name].phase == ir.BACKWARD), len(order))
+    reads = [set(op_uses(ops[name], names)) for name in order]
+    room = None if host_budget is None else host_budget - sum(nbytes[t.tensor] for t in transfers)
+    makes = [set(ops[name].outputs) for name in order]
+    for _ in range(MAX_SHAVES):
+        sim = simulate(plan)
+        instructions = (*plan.forward, *plan.backward)
+        peak = next(k for k, step in enumerate(sim.timeline) if step.mem_peak == sim.peak_bytes)
+        at = _order_positions(instructions, order)
+        if at is None:
+            break
+        before = max((at[k] for k in range(peak + 1) if at[k] is not None), default=-1)  # the op at or before the peak
+        running = at[peak]  # the op the peak instruction runs, or None
+        in_backward = peak >= len(plan.forward)
+        moved = {t.tensor: k for k, t in enumerate(transfers)}
+        best = None
+        for name, _ in sim.timeline[peak].live:
+            if name in moved and in_backward and name not in excluded:  # a prefetch before the peak: later
+                old = transfers[moved[name]]
+                uses = [i for i in range(old.prefetch_before, len(order)) if name in reads[i] or name in makes[i]]
+                if old.prefetch_before > before or not uses or uses[0] <= before or name in makes[uses[0]]:
+                    continue
+                fetch, hidden = _latest_fetch(order, ops, before + 1, uses[0], transfer_us(nbytes[name], bandwidth))
+                key = (hidden < transfer_us(nbytes[name], bandwidth), -nbytes[name], name)
+                if best is None or key < best[0]:
+                    best = (key, replace(old, prefetch_before=fetch), moved[name])
+                continue
+            if name not in names or name in moved or name in excluded or name not in sim.crossing.resident:
+                continue
+            if room is not None and nbytes[name] > room:
+                continue
+            made = first_run.get(producers[name])
+            if made is None or made >= n_forward or sum(name in makes[i] for i in range(n_forward)) != 1:
+                continue  # made once in the forward, the copy the peak holds
+            if running is not None and (name in reads[running] or name in makes[running]):
+                continue
+            later = [i for i in range(n_forward, len(order)) if name in reads[i] or name in makes[i]]
+            if not later or name in makes[later[0]]:
+                continue
+            last_forward = max([i for i in range(made, n_forward) if name in reads[i]], default=made)
+            if in_backward:
+                if later[0] <= before:  # read in the backward before the peak: its device copy is needed there
+                    continue
+                start, limit = max(before + 1, n_forward), later[0]
+                wait_limit = n_forward - 1
+            else:
+                if last_forward >= before:
+                    continue
+                start, limit = n_forward, later[0]
+                wait_limit = before - 1
+            copy = transfer_us(nbytes[name], bandwidth)
+            wait = last_forward
+            while wait < wait_limit and sum(ops[order[i]].time_us for i in range(made + 1, wait + 1)) < copy:
+                wait += 1
+            fetch, hidden = _latest_fetch(order, ops, start, limit, copy)
+            key = (hidden < copy, -nbytes[name], name)
+            if best is None or key < best[0]:
+                best = (key, Transfer(name, made, wait, fetch), None)
+        if best is None:
+            break
+        _, transfer, index = best
+        edited = (*transfers, transfer) if index is None else (*transfers[:index], transfer, *transfers[index + 1 :])
+        try:
+            candidate = simulated(order, edited)
+        except (PlanError, ValueError):  # a rule of the checker, or a transfer out of order: not this tensor
+            excluded = excluded | {transfer.tensor}
+            continue
+        if candidate.header.peak_bytes > plan.header.peak_bytes:
+            break
+        transfers, plan = edited, candidate
+        room = None if room is None or index is not None else room - nbytes[transfer.tensor]
+        if plan.header.peak_bytes <= target:
+            break
+    return (transfers, plan) if plan.header.peak_bytes < given[1].header.peak_bytes else given
+
+
+def _latest_fetch(order, ops, start: int, limit: int, copy: int) -> tuple[int, int]:
+    """(position, microseconds): the latest op position in [start, limit] to prefetch before
+    so that the ops from it up to the use at `limit` take `copy` microseconds (`start` when
+    none does), and how long they take."""
+    fetch, hidden = limit, 0
+    while fetch > start and hidden < copy:
+        fetch -= 1
+        hidden += ops[order[fetch]].time_us
+    return fetch, hidden
+
+
+def _order_positions(instructions, order) -> list[int | None] | None:
+    """For each instruction, the position in `order` of the op it runs (None for other
+    verbs); None when a run is not in `order` (the constraints edited it)."""
+    position, count = {}, defaultdict(int)
+    for i, name in enumerate(order):
+        position[name, count[name]] = i
+        count[name] += 1
+    seen: dict[str, int] = defaultdict(int)
+    result = []
+    for ins in instructions:
+        if ins.verb in ("compute", "recompute"):
+            at = position.get((ins.target, seen[ins.target]))
+            if at is None:
+                return None
+            seen[ins.target] += 1
+            result.append(at)
+        else:
+            result.append(None)
+    return result
+
+
+# ---------------------------------------------------------------------------
 # The solver
 # ---------------------------------------------------------------------------
 
@@ -441,7 +693,15 @@ class Offmate:
         for kind in ("offload", "no-offload", "recompute"):
             excluded |= set(matching(graph, problem.constraints, kind))
         self.chain, self.plans = block_plans(graph, self.part, self.rc.options, problem.bandwidth, excluded)
-        self.oilp = Oilp(self.chain, self.plans, problem.bandwidth, problem.host_budget)
+        self.outputs = interface_tensors(graph, self.part, excluded)
+        self.excluded = excluded
+        self.oilp = Oilp(
+            self.chain,
+            self.plans,
+            problem.bandwidth,
+            problem.host_budget,
+            outputs=[sum(b for _, b in o) for o in self.outputs],
+        )
         self.oilp.unseen = self._unseen()
         self.seconds = time.perf_counter() - start
 
@@ -484,30 +744,63 @@ class Offmate:
 
     def solve(self, target: int) -> SolverResult:
         """The O-ILP's plan at `target` bytes, or Rockmate's when it predicts less time or
-        the O-ILP has none (NOTE: [Never worse than recomputation]).  Raises BudgetError
-        when neither has a plan."""
+        the O-ILP has none (NOTE: [Never worse than recomputation]), each shaved to the
+        target by more offloads where its exact peak is above it (NOTE: [Shaving the
+        peak]); at or below the O-ILP's floor, where no plan of the O-ILP is cheaper, as
+        far as the shaving goes (the driver's smallest budget is the least peak of the
+        plans at the floor targets).  Raises BudgetError when neither has a plan."""
         solution = self.oilp.solve(target, self.problem.time_limit)
         theirs = self._rockmate(target)
-        if solution is None:
-            if theirs is None:
-                raise BudgetError(target, self.floor(), self.name)
-            note = "offmate: kept Rockmate's plan (the O-ILP has none at this target)"
-            return SolverResult(theirs[0], self.info, (Decision(0, note), *theirs[1]))
-        order, decisions, transfers = self._lowerable(solution)
-        ours = self._simulated(order, transfers)
+        goal = 0 if target <= self.oilp.floor else target  # at the floor: as low as the shaving goes
+        if solution is None and theirs is None:
+            raise BudgetError(target, self.floor(), self.name)
         if theirs is not None:
-            plan = self._simulated(theirs[0], ())
-            if plan.header.time_us < ours.header.time_us and plan.header.peak_bytes <= max(
-                ours.header.peak_bytes, target
-            ):
-                note = (
-                    f"offmate: kept Rockmate's plan ({format_duration(plan.header.time_us)}) over the O-ILP's "
-                    f"({format_duration(ours.header.time_us)}) at this target"
-                )
-                return SolverResult(theirs[0], self.info, (Decision(0, note), *theirs[1]))
+            their_transfers, plan = self._shaved(theirs[0], (), goal)
+        if solution is None:
+            note = "offmate: kept Rockmate's plan (the O-ILP has none at this target)" + _moved(their_transfers)
+            return self._result(theirs[0], note, theirs[1], their_transfers)
+        order, decisions, transfers = self._lowerable(solution)
+        planned = len(transfers)
+        transfers, ours = self._shaved(order, transfers, goal)
+        if theirs is not None and _better(plan.header, ours.header, target):
+            note = (
+                f"offmate: kept Rockmate's plan ({format_duration(plan.header.time_us)}) over the O-ILP's "
+                f"({format_duration(ours.header.time_us)}) at this target{_moved(their_transfers)}"
+            )
+            return self._result(theirs[0], note, theirs[1], their_transfers)
         other = f", Rockmate's {format_duration(plan.header.time_us)}" if theirs is not None else ""
         note = f"offmate: O-ILP plan kept (predicted {format_duration(ours.header.time_us)}{other})"
-        return SolverResult(order, self.info, (Decision(0, note), *decisions), transfers)
+        return self._result(order, note, decisions, transfers, len(transfers) - planned)
+
+    def _result(self, order, note: str, decisions, transfers, shaved: int | None = None) -> SolverResult:
+        """The SolverResult, with a comment above the compute of each tensor the shaving
+        added (the last `shaved` transfers, all of them when None)."""
+        transfers = tuple(transfers)
+        added = transfers[len(transfers) - (len(transfers) if shaved is None else shaved) :]
+        words = [Decision(t.offload_after, self._shave_words(order, t)) for t in added]
+        return SolverResult(order, self.info, (Decision(0, note), *decisions, *words), transfers)
+
+    def _shave_words(self, order, transfer: Transfer) -> str:
+        """`offload 1 tensors, 256.00 KiB, prefetched during transformer.h.0.attn's
+        backward`, above the compute that makes a tensor the shaving moved, within
+        TEXT_WIDTH characters."""
+        size = human_bytes(next(t.nbytes for t in self.problem.graph.tensors if t.name == transfer.tensor))
+        op = order[transfer.prefetch_before]
+        l = next((l for l, b in enumerate(self.part.blocks, 1) if op in b.backward), None)
+        for children in (3, 2, 1, 0):
+            name = "the" if l is None else block_name(self.part, l, children) + "'s" if children else f"block {l}'s"
+            text = f"offload 1 tensors, {size}, prefetched during {name} backward"
+            if len(text) <= TEXT_WIDTH:
+                break
+        return text
+
+    def _shaved(self, order, transfers, target: int):
+        """(transfers, plan): NOTE: [Shaving the peak], none where keep or recompute
+        constraints edit the order (the instructions' runs would not be the order's)."""
+        if any(c.kind in ("keep", "recompute") for c in self.problem.constraints):
+            return tuple(transfers), self._simulated(order, transfers)
+        p = self.problem
+        return shaved(p.graph, order, transfers, target, self._simulated, self.excluded, p.bandwidth, p.host_budget)
 
     def _unseen(self) -> dict[tuple[str, int, int], int]:
         """NOTE: [A_t from the simulation] ("F" | "B", l, o) -> bytes: the exact peak of
@@ -598,14 +891,25 @@ class Offmate:
         transfers, words = [], {}
         for l in range(1, L + 1):
             o = solution.options[l - 1]
-            if solution.offloaded[l - 1] < NEGLIGIBLE * MIB:
-                continue
-            chosen = select_at_least(self.plans[l - 1].offloadable[o], solution.offloaded[l - 1])
-            steps = prefetch_steps(chosen, solution.prefetched[l - 1], l)
-            end = position[self.part.blocks[l - 1].forward[-1]]
-            for name, _ in chosen:
-                transfers.append(Transfer(name, position[producers[name]], end, starts["B", steps[name]]))
-            words[l] = self._offload_words(l, o, chosen, steps)
+            moved, steps = [], {}
+            if solution.offloaded[l - 1] >= NEGLIGIBLE * MIB:
+                chosen = select_at_least(self.plans[l - 1].offloadable[o], solution.offloaded[l - 1])
+                steps = prefetch_steps(chosen, solution.prefetched[l - 1], l)
+                end = position[self.part.blocks[l - 1].forward[-1]]
+                for name, _ in chosen:
+                    transfers.append(Transfer(name, position[producers[name]], end, starts["B", steps[name]]))
+                moved += chosen
+            if solution.outputs_offloaded and solution.outputs_offloaded[l - 1] >= NEGLIGIBLE * MIB:
+                # NOTE: [Offloaded block outputs]: deleted at the end of F_{l+1}, back by B_{l+1}
+                chosen = select_at_least(self.outputs[l - 1], solution.outputs_offloaded[l - 1])
+                out_steps = prefetch_steps(chosen, solution.outputs_prefetched[l - 1], l + 1)
+                end = position[self.part.blocks[l].forward[-1]]
+                for name, _ in chosen:
+                    transfers.append(Transfer(name, position[producers[name]], end, starts["B", out_steps[name]]))
+                moved += chosen
+                steps = {**steps, **out_steps}
+            if moved:
+                words[l] = self._offload_words(l, o, moved, steps)
         steps_run = [step for step in ops if _nonempty(self.part, step, options)]
         worded: list[Decision] = []
         for decision, (kind, l, _) in zip(decisions, steps_run):
@@ -631,6 +935,21 @@ class Offmate:
             if len(text) <= TEXT_WIDTH:
                 break
         return text
+
+
+def _moved(transfers) -> str:
+    """What the first comment adds when the shaving moved tensors of Rockmate's plan."""
+    return f", {len(transfers)} tensors offloaded at its exact peaks" if transfers else ""
+
+
+def _better(theirs, ours, target: int) -> bool:
+    """Whether the plan of header `theirs` (Rockmate's) is kept over `ours` (the O-ILP's):
+    faster with a peak within `target` bytes or no higher; or a lower peak when ours is
+    above `target`."""
+    fits = theirs.peak_bytes <= max(ours.peak_bytes, target)
+    if theirs.time_us < ours.time_us and fits:
+        return True
+    return ours.peak_bytes > target and theirs.peak_bytes < ours.peak_bytes
 
 
 def _nonempty(part: ChainPartition, step, options) -> bool:
