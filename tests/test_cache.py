@@ -61,3 +61,53 @@ def test_a_second_budget_reuses_times_and_block_solutions(tmp_path):
     assert "op times from the cache" in other and "(from the cache)" in other
     fresh = plan(tmp_path, "700000", "d.plan", "--no-cache")
     assert "from the cache" not in fresh
+
+
+TOKENS = '''"""An embedding and a classifier, weights not seeded; the token ids come from $IDS_SEED."""
+import os
+
+import torch
+from torch import nn
+
+
+def build_model():
+    return nn.Sequential(nn.Embedding(16, 8), nn.Linear(8, 16))
+
+
+def sample_inputs():
+    return (torch.randint(0, 16, (2, 8), generator=torch.Generator().manual_seed(int(os.environ["IDS_SEED"]))),)
+'''
+
+
+def test_the_profile_key_holds_the_token_ids_not_the_weights(tmp_path):
+    """NOTE: [Profile key] in capture/pipeline.py: a warm run takes the whole step profile
+    from the cache without running an op, whatever the (unseeded) weights; other token ids
+    of the same shape are another profile."""
+    (tmp_path / "tokens.py").write_text(TOKENS)
+
+    def run(seed: str, name: str) -> str:
+        command = f"{REMAT} plan tokens.py --budget 100% > {name}"
+        env = {**os.environ, "IDS_SEED": seed}
+        result = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        return result.stderr
+
+    assert "op times from the cache" not in run("1", "a.plan")
+    assert "op times from the cache" in run("1", "b.plan")
+    assert (tmp_path / "a.plan").read_bytes() == (tmp_path / "b.plan").read_bytes()
+    assert "op times from the cache" not in run("2", "c.plan")
+
+
+def test_a_forward_that_updates_buffers_still_runs_when_captured():
+    """NOTE: [Capture without running] in capture/fx.py: BatchNorm's running statistics
+    are updated in the captured copy, whose buffers are then profiled, as before."""
+    from remat_dsl.capture.fx import capture
+    from remat_dsl.capture.model_file import load_model_file
+
+    model_file = load_model_file(str(ROOT / "tests" / "models" / "tiny_cnn.py"))
+    model = model_file.build_model()
+    captured = capture(model, model_file.sample_inputs())
+    named = dict(zip(captured.primal_names, captured.example_primals))
+    mean = named["buffer", "1.running_mean"]
+    assert mean.abs().sum() > 0 and model.get_buffer("1.running_mean").abs().sum() == 0
+    assert named["buffer", "1.num_batches_tracked"].item() == 1

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,9 @@ from remat_dsl.codegen.compare import compare_training, load_generated
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "tests" / "models"
-BIN = ROOT / ".venv" / "bin"
+# The `remat` of the interpreter running pytest (.venv/bin under `make test`; another
+# virtualenv's where torchvision imports), not always /work/main/.venv/bin.
+BIN = Path(sys.executable).parent
 
 
 def shell(script: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -78,7 +81,7 @@ def run_stock(name: str, tmp_path: Path, budgets=("100%", "min")) -> None:
             assert re.search(r"^  use_cache = False$", text, re.M)
 
 
-@pytest.mark.parametrize("name, budgets", [("hf_gpt2", ("100%", "min")), ("hf_bert", ("100%",))])
+@pytest.mark.parametrize("name, budgets", [("hf_gpt2", ("100%", "min")), ("hf_bert", ("100%",)), ("hf_llama_gqa", ("100%",))])
 def test_stock_hugging_face_models(name, budgets, tmp_path):
     run_stock(name, tmp_path, budgets)
 

@@ -7,8 +7,8 @@ and the saved tensors; the backward graph takes the saved tensors and the output
 gradients (tangents) and returns one gradient per forward input.  This is the "autograd"
 FB-graph: it saves what eager PyTorch saves (../shared/notes/capture-probe.md).
 
-The model is deep-copied and the RNG state restored, so capture changes neither the
-model's buffers nor the random stream.
+The model is deep-copied (unless the caller built it for the capture alone) and the RNG
+state restored, so capture changes neither the model's buffers nor the random stream.
 
 NOTE: [Stock models]
 Models come as their libraries ship them (Hugging Face, torchvision), so capture takes
@@ -70,7 +70,13 @@ class Captured:
     none_leaves: list[bool] = field(default_factory=list)  # per output leaf: is it None
 
 
-def capture(model: torch.nn.Module, inputs: Inputs, portable: bool = False, autocast: torch.dtype | None = None) -> Captured:
+def capture(
+    model: torch.nn.Module,
+    inputs: Inputs,
+    portable: bool = False,
+    autocast: torch.dtype | None = None,
+    copy_model: bool = True,
+) -> Captured:
     """Trace `model(*inputs.args, **inputs.kwargs)` and its backward into two FX graphs
     (NOTE: [Stock models]).
 
@@ -79,11 +85,14 @@ def capture(model: torch.nn.Module, inputs: Inputs, portable: bool = False, auto
     (matmuls and a softmax, which every device runs), not as this device's fused kernel
     (`_scaled_dot_product_flash_attention_for_cpu` has no CUDA kernel).
     autocast: the forward runs under `torch.autocast(device, autocast)` (NOTE: [Autocast]).
+    copy_model: False captures `model` itself, not a deep copy: for a caller that built
+    the model for this capture alone (its buffers may then hold a forward's updates, and the
+    example primals are its own tensors); it saves copying every parameter.
 
     Raises RematError when the model cannot be captured as one graph (graph breaks,
     unsupported outputs or arguments), with the reason PyTorch gave.
     """
-    model = copy.deepcopy(model)
+    model = copy.deepcopy(model) if copy_model else model
     inputs = _training_defaults(model, inputs)
     named = _distinct_tensors(model, _named_arguments(model, inputs))
     constants = [(name, value) for name, value in named if not isinstance(value, torch.Tensor)]
@@ -92,7 +101,8 @@ def capture(model: torch.nn.Module, inputs: Inputs, portable: bool = False, auto
     record: dict = {}
     with torch.random.fork_rng(devices=_cuda_devices(call.leaves())):
         with _math_attention() if portable else contextlib.nullcontext(), _autocast(call.leaves(), model, autocast):
-            out = _compile_and_run(model, call, record, eager_dropout=not portable)
+            with _eager_branches(model, named):
+                out = _compile_and_run(model, call, record, eager_dropout=not portable)
     _check_output_leaves(out)
     flat, spec = pytree.tree_flatten(out)
     if "backward" not in record:
@@ -164,6 +174,47 @@ def _training_defaults(model, inputs: Inputs) -> Inputs:
     if bound is not None and "use_cache" in bound.arguments:
         return inputs
     return Inputs(inputs.args, {**inputs.kwargs, "use_cache": False})
+
+
+# NOTE: [Eager branches]
+# A library may take another path while it is traced than when it runs eagerly, where the
+# eager path reads tensor values that a trace cannot.  The plan must compute what eager
+# PyTorch computes, bit for bit, so capture takes the eager path where it knows it without
+# the values.  One case so far: Hugging Face's masking utilities (transformers 5) look for
+# packed sequences in `position_ids` when no attention mask is given; eagerly they find
+# none in positions the model made itself (consecutive: an arange) and leave the causal
+# mask to SDPA (`is_causal`, and key/value heads shared inside the kernel, `enable_gqa`),
+# while traced they keep an explicit mask and repeat the key/value heads, which sums the
+# shared heads' gradients in another order: a Llama with grouped-query attention (4 x 128
+# tokens) trained with gradients differing in the last bits.  So when the forward takes
+# `position_ids` and the inputs do not give them, `find_packed_sequence_indices` answers
+# None during capture, as it does eagerly for those positions (the generated module
+# refuses a call that passes `position_ids`: the plan was made without that argument).
+
+
+@contextlib.contextmanager
+def _eager_branches(model, named: list[tuple[str, object]]):
+    """NOTE: [Eager branches]: during capture, the eager answers of library checks that read
+    tensor values, where they do not depend on the inputs' values."""
+    import sys
+
+    masking = sys.modules.get("transformers.masking_utils")
+    try:
+        takes_positions = "position_ids" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        takes_positions = False
+    if masking is None or not takes_positions or any(name == "position_ids" for name, _ in named):
+        yield
+        return
+    original = getattr(masking, "find_packed_sequence_indices", None)
+    if original is None:
+        yield
+        return
+    masking.find_packed_sequence_indices = lambda position_ids: None  # consecutive positions: no packing
+    try:
+        yield
+    finally:
+        masking.find_packed_sequence_indices = original
 
 
 def _bind(model, inputs: Inputs):
@@ -353,6 +404,7 @@ def _cuda_devices(values) -> list[int]:
 
 def _compile_and_run(model, inputs, record, eager_dropout: bool = True):
     from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch._aot_autograd.schemas import MutationType
     from torch._functorch.partitioners import default_partition
 
     def partition(joint, joint_inputs, **kwargs):
@@ -365,8 +417,9 @@ def _compile_and_run(model, inputs, record, eager_dropout: bool = True):
     def forward_compiler(gm, example_inputs):
         from torch._guards import TracingContext
 
-        record["meta"] = TracingContext.try_get().fw_metadata
-        return gm
+        meta = record["meta"] = TracingContext.try_get().fw_metadata
+        mutates = any(info.mutation_type != MutationType.NOT_MUTATED for info in meta.input_info)
+        return gm if mutates else _outputs_only(gm)  # NOTE: [Capture without running]
 
     aot = aot_autograd(fw_compiler=forward_compiler, bw_compiler=lambda gm, ex: gm, partition_fn=partition)
 
@@ -388,6 +441,46 @@ def _compile_and_run(model, inputs, record, eager_dropout: bool = True):
         raise _capture_error(exc) from None
     finally:
         torch._dynamo.reset()
+
+
+# NOTE: [Capture without running]
+# torch.compile traces the forward and backward on fake tensors, then runs the compiled
+# forward on the real ones: a whole forward pass (1.5 s of a Llama decoder on this 2-core
+# CPU, a fifth of a warm `remat plan`) whose values nobody reads, since capture keeps the
+# graphs and only the structure of the output (its pytree, which leaves are None).  So the
+# compiled forward returns, instead of computing them, empty tensors with each output's
+# shape, strides, dtype and device (`_outputs_only`); the model's output is built from them
+# as from the real ones.  The graphs, their inputs and the example primals are the same;
+# what the run did besides is kept where it matters: a forward that updates an input in
+# place (BatchNorm's running statistics, its `num_batches_tracked`) still runs for real,
+# so the buffers later profiled hold the updated values as before, and a fake capture
+# (NOTE: [Fake capture] in pipeline.py) runs its fake forward, which costs nothing.  An
+# error that only running shows (an index out of range) now surfaces when the ops are
+# profiled, in `profile_step`.
+
+
+def _outputs_only(gm: fx.GraphModule):
+    """The compiled forward of NOTE: [Capture without running]: `gm`'s outputs as empty
+    tensors of their traced shapes, strides, dtypes and devices (their values undefined);
+    on fake tensors it runs `gm`."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    outputs = gm.graph.output_node().args[0]
+
+    def empty(value):
+        if not isinstance(value, fx.Node):
+            return value
+        traced = value.meta["val"]
+        if not isinstance(traced, torch.Tensor):
+            return traced
+        return torch.empty_strided(traced.shape, traced.stride(), dtype=traced.dtype, device=traced.device)
+
+    def run(*args):
+        if any(isinstance(arg, FakeTensor) for arg in args):
+            return gm(*args)
+        return type(outputs)(empty(value) for value in outputs)
+
+    return run
 
 
 def _logging_functions() -> set:

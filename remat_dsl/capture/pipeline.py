@@ -14,7 +14,7 @@ from remat_dsl.plan import ir
 from remat_dsl.capture.fx import capture
 from remat_dsl.capture.fbgraph import build_graph
 from remat_dsl.capture.model_file import Inputs, ModelFile
-from remat_dsl.capture.profile import is_call, profile_step, timing_passes
+from remat_dsl.capture.profile import NodeProfile, OutputInfo, StepProfile, is_call, profile_step, timing_passes
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class Captured:
     device: str
     costs: str | None = None
     noisy: int = 0
-    cached: bool = False  # op times from the cache (NOTE: [Solution cache])
+    cached: bool = False  # the step profile from the cache (NOTE: [Profile key])
 
 
 def device_of(inputs, model: torch.nn.Module) -> str:
@@ -169,9 +169,10 @@ def capture_graph(
     the plan names its kind.  fake: capture with fake tensors (NOTE: [Fake capture]);
     needs a device model (the caller passes the `cpu` one for this machine).  kind: the
     device kind the plan is for (default: the device model's, else the model's).
-    cache: a remat_dsl.plan.cache.Cache: measured op times are taken from it when this
-    graph was measured here before, and stored in it (NOTE: [Solution
-    cache]); `Captured.cached` says which.
+    cache: a remat_dsl.plan.cache.Cache: the step profile (every op's sizes, temporary
+    bytes and measured time) is taken from it, without running any op, when this graph
+    was profiled here before, and stored in it otherwise (NOTE: [Solution cache], NOTE:
+    [Profile key]); `Captured.cached` says which.
     The model file's `autocast` (torch.bfloat16, torch.float16, None) is the autocast
     state it is captured under (NOTE: [Autocast] in capture/fx.py); `dataclasses.replace`
     the ModelFile to override it.
@@ -187,20 +188,16 @@ def capture_graph(
     kind = kind or (device_model.kind if device_model is not None else captured_on)
     autocast = model_file.autocast
     with _fake_warnings_silenced():
-        captured = capture(model, inputs, portable=kind != captured_on, autocast=autocast)
+        # the model was built for this capture alone: no copy of it
+        captured = capture(model, inputs, portable=kind != captured_on, autocast=autocast, copy_model=False)
     device_kinds = {captured_on: kind}
     calls = sum(1 for g in (captured.forward, captured.backward) for n in g.graph.nodes if is_call(n))
-    cached = None
-    if cache is not None and cache.enabled and measure_time and device_model is None:
-        with mode, _fake_warnings_silenced():
-            untimed = build_graph(captured, profile_step(captured, captured.example_primals, repeats, None, False), inputs, device_kinds)
-        key = _profile_key(untimed, repeats)
-        times = cache.get("profiles", key)
-        if isinstance(times, dict) and set(times) == {op.name for op in untimed.ops}:
-            cached = replace(untimed, ops=tuple(replace(op, time_us=int(times[op.name])) for op in untimed.ops))
-    if cached is not None:
-        graph, noisy = cached, 0
-        if progress:  # every op sized by the untimed run, none timed
+    use_cache = cache is not None and cache.enabled and measure_time and device_model is None
+    key = _profile_key(captured, device_kinds, repeats) if use_cache else None  # NOTE: [Profile key]
+    step = _step_of(cache.get("profiles", key), captured) if key is not None else None
+    cached = step is not None
+    if cached:
+        if progress:  # no op runs: sizes, temporaries and times all come from the cache
             progress.start(calls)
             progress.advance(calls)
     else:
@@ -210,27 +207,154 @@ def capture_graph(
             step = profile_step(
                 captured, captured.example_primals, repeats, progress.advance if progress else None, measure_time, device_model,
             )  # fmt: skip
-        graph, noisy = build_graph(captured, step, inputs, device_kinds), step.noisy
-        if cache is not None and cache.enabled and measure_time and device_model is None:
-            cache.put("profiles", _profile_key(replace(graph, ops=tuple(replace(op, time_us=0) for op in graph.ops)), repeats), {op.name: op.time_us for op in graph.ops})
+        if key is not None:
+            cache.put("profiles", key, _step_entry(step))
+    graph, noisy = build_graph(captured, step, inputs, device_kinds), step.noisy
     costs = None
     if device_model is not None:
         costs = f"roofline {device_model.name}" + (FAKE_COSTS if fake else "")
     if autocast is not None:
         graph = replace(graph, autocast=ir.Autocast(str(autocast).removeprefix("torch.")))
-    return Captured(graph, kind, costs, noisy, cached is not None)
+    return Captured(graph, kind, costs, noisy, cached)
 
 
-def _profile_key(untimed: ir.Graph, repeats: int) -> str:
-    """NOTE: [Solution cache]: what measured op times depend on: the graph (ops, arguments,
-    shapes, temporaries measured in the untimed run), torch, this machine, `repeats`."""
+# NOTE: [Profile key]
+# A cached profile was first found by the graph of an untimed run (every op run once
+# under the memory profiler to measure sizes and temporaries), which cost a training step
+# under the profiler, seconds on a Llama decoder, in every warm `remat plan`.  The key is
+# now made from the captured FX graphs without running any op, and the entry holds the
+# whole step profile (each call node's outputs with their sizes and aliasing, temporary
+# bytes, time, randomness), so a hit runs nothing and builds the same graph as the run
+# that filled it.  What a profile depends on is in the key: every node of both graphs
+# (name, op, target, arguments, the module stacks the op names come from, the shape,
+# strides, dtype, device and storage offset of its value), the example primals' shapes,
+# strides, dtypes, devices and shared storages, the rest of `Captured` that build_graph
+# reads, the device kinds it renames, and, as before, torch, this machine and `repeats`.
+# Values are in it only for integer and bool primals (token ids, labels, masks): kernels
+# take their branches and index their allocations from those, while a static-shape op's
+# sizes and temporaries do not depend on floating values (op times never did: the old key
+# held no values either), and hashing weights would cost time and make the cache miss for
+# every model file whose weights are not seeded.  A graph with a size that is not a
+# number (dynamic or data-dependent shapes) gets no key and is measured every time.
+
+
+class _NotStatic(Exception):
+    """A value whose shape is not known without running the graph."""
+
+
+def _profile_key(captured, device_kinds: dict[str, str], repeats: int) -> str | None:
+    """NOTE: [Profile key]: the cache key of the step profile of `captured`, or None when a
+    shape in its graphs is not a number (nothing is cached then)."""
     import os
     import platform
 
     from remat_dsl.plan.cache import Cache
 
+    try:
+        nodes = [tuple(_node_key(node) for node in gm.graph.nodes) for gm in (captured.forward, captured.backward)]
+        first: dict[int, int] = {}  # storage -> the first primal holding it
+        primals = tuple(
+            _primal_key(t, first.setdefault(t.untyped_storage()._cdata, i))
+            for i, t in enumerate(captured.example_primals)
+        )
+    except _NotStatic:
+        return None
+    structure = (
+        captured.primal_names, captured.mutated, captured.num_outputs, captured.tangent_of, repr(captured.out_spec),
+        repr(captured.constants), captured.none_leaves, sorted(device_kinds.items()),
+    )  # fmt: skip
     machine = (platform.machine(), platform.processor(), _cpu_model(), os.cpu_count(), torch.get_num_threads())
-    return Cache.key("profile", torch.__version__, machine, repeats, untimed)
+    return Cache.key("step profile", torch.__version__, machine, repeats, structure, primals, nodes)
+
+
+def _node_key(node) -> tuple:
+    stacks = tuple(
+        tuple(str(v[0]) for v in (node.meta.get(name) or {}).values())
+        for name in ("nn_module_stack", "fwd_nn_module_stack")
+    )
+    return (
+        node.op,
+        node.name,
+        str(node.target),
+        repr(node.args),
+        repr(node.kwargs),
+        stacks,
+        _value_key(node.meta.get("val")),
+    )
+
+
+def _value_key(value):
+    """Shape, strides, dtype, device and storage offset of a tensor (of each, in a tuple or
+    list).  Raises _NotStatic for a size that is not a number."""
+    if isinstance(value, torch.Tensor):
+        sizes = (*value.shape, *value.stride(), value.storage_offset())
+        if not all(type(n) is int for n in sizes):
+            raise _NotStatic
+        return (tuple(value.shape), value.stride(), str(value.dtype), value.device.type, value.storage_offset())
+    if isinstance(value, (tuple, list)):
+        return tuple(_value_key(v) for v in value)
+    if value is None or type(value) in (bool, int, float):
+        return value
+    raise _NotStatic  # a SymInt, or something else a run would have to tell
+
+
+def _primal_key(t: torch.Tensor, shared: int) -> tuple:
+    """What a profile depends on of one example primal (NOTE: [Profile key]): its layout,
+    `shared` (the index of the first primal holding its storage), and the SHA-256 of its
+    bytes when it holds integers or bools."""
+    import hashlib
+
+    digest = None
+    if not (t.is_floating_point() or t.is_complex()):
+        data = t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy()
+        digest = hashlib.sha256(data).hexdigest()
+    return (_value_key(t), t.requires_grad, shared, digest)
+
+
+def _step_entry(step) -> dict:
+    """A StepProfile as JSON: per phase, each call node's [name, outputs, multi, time_us,
+    temp_bytes, random] in graph order; an output is [shape, dtype, nbytes, alias] or None."""
+    return {
+        phase: [
+            [
+                node.name,
+                [None if o is None else [list(o.shape), o.dtype, o.nbytes, o.alias] for o in info.outputs],
+                info.multi,
+                info.time_us,
+                info.temp_bytes,
+                info.random,
+            ]
+            for node, info in profiles.items()
+        ]
+        for phase, profiles in (("forward", step.forward), ("backward", step.backward))
+    }
+
+
+def _step_of(entry, captured) -> StepProfile | None:
+    """The StepProfile of a `_step_entry` for `captured`'s call nodes, or None when the entry
+    is missing or does not name those nodes in their order."""
+    if not isinstance(entry, dict):
+        return None
+    step = StepProfile()
+    try:
+        for phase, gm, profiles in (
+            ("forward", captured.forward, step.forward),
+            ("backward", captured.backward, step.backward),
+        ):
+            nodes, rows = [n for n in gm.graph.nodes if is_call(n)], entry[phase]
+            if len(nodes) != len(rows):
+                return None
+            for node, (name, outputs, multi, time_us, temp_bytes, random) in zip(nodes, rows):
+                if name != node.name:
+                    return None
+                described = [
+                    None if o is None else OutputInfo(tuple(int(n) for n in o[0]), str(o[1]), int(o[2]), bool(o[3]))
+                    for o in outputs
+                ]
+                profiles[node] = NodeProfile(described, bool(multi), int(time_us), int(temp_bytes), bool(random))
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+    return step
 
 
 def _cpu_model() -> str:

@@ -39,8 +39,10 @@ The RNG state is restored afterwards, so profiling draws nothing from the user's
 from __future__ import annotations
 
 import operator
+import re
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.fx as fx
@@ -229,12 +231,30 @@ def _interpret(gm: fx.GraphModule, args: list, env: dict[str, object]):
             fn_args, fn_kwargs = _materialize(node, env)
             if is_call(node):
                 with record_function(f"remat::{count}"):
-                    value = node.target(*fn_args, **fn_kwargs)
+                    value = _first_run(node, fn_args, fn_kwargs)
                 count += 1
                 env[node.name] = value
                 yield node, fn_args, fn_kwargs, value
             else:
                 env[node.name] = node.target(*fn_args, **fn_kwargs)
+
+
+def _first_run(node: fx.Node, args, kwargs):
+    """The node's call on the sample inputs' values.  Raises RematError, at the model's line
+    that made the op, when it fails: the first run of the captured ops on real values is
+    here (NOTE: [Capture without running] in capture/fx.py), so a value that is wrong for
+    the model (a token id out of the vocabulary) shows here."""
+    try:
+        return node.target(*args, **kwargs)
+    except Exception as exc:
+        lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+        frames = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
+        frames = [f for f in frames if not f[0].startswith(str(Path(torch.__file__).parent))]
+        where = f"{frames[-1][0]}:{frames[-1][1]}: " if frames else ""
+        raise RematError(
+            f"{where}error: operation {node.target} fails on the sample inputs: {lines[0] if lines else type(exc).__name__}",
+            hint="the model's forward and backward must run in eager PyTorch on sample_inputs() (token ids within the vocabulary, matching shapes)",
+        ) from None
 
 
 def _materialize(node: fx.Node, env: dict[str, object]):

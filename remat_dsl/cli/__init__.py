@@ -11,6 +11,7 @@ the plan and nothing else, or nothing at all.
 from __future__ import annotations
 
 import argparse
+import gc
 import io
 import sys
 
@@ -25,6 +26,7 @@ COMMANDS = (plan, check, codegen, profile, fmt, diff, git, show)  # each registe
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     args.out = io.StringIO()
+    args.whole_process = argv is None  # the `remat` program (NOTE: [Garbage collection] in cli/plan.py)
     try:
         with stdout_to_stderr():
             code = args.run(args)
@@ -35,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     write_stdout(args.out.getvalue())
+    if args.whole_process:
+        gc.freeze()  # exiting need not traverse what the command made (NOTE: [Garbage collection])
     return code
 
 

@@ -9,7 +9,9 @@ imports the model file, so a typo costs a second, not a capture.
 from __future__ import annotations
 
 import argparse
+import gc
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -172,7 +174,8 @@ def run(args) -> int:
 
     request = read_request(args)
     autocast = autocast_dtype(args.autocast) if args.autocast is not None else None  # NOTE: [Fail fast]
-    model_file = load_model_file(args.model)
+    with imports_without_collection(getattr(args, "whole_process", False)):  # NOTE: [Garbage collection]
+        model_file = load_model_file(args.model)
     if args.autocast is not None:  # overrides the model file's `autocast`
         model_file = replace(model_file, autocast=autocast)
     graph, device, costs = _captured(model_file, args, request)
@@ -205,6 +208,44 @@ def run(args) -> int:
     h = replace(plan.header, solve_seconds=seconds)
     status(f"predicted peak {format_bytes(h.peak_bytes)} at {h.peak_at}, time {format_duration(h.time_us)}; {solver_status(h)}")
     return 0
+
+
+# NOTE: [Garbage collection]
+# Importing a model file imports torch and its libraries (transformers): hundreds of
+# thousands of objects that live as long as the process.  Python's cyclic collector
+# traversed them all at every full collection, during the imports, then while dynamo
+# traced the model, and once more when the interpreter exited: 2 s of a warm `remat plan`
+# on a Llama decoder (1 s of it at exit).  So in a `remat` process (`main()` run as the
+# program, `args.whole_process`) the collector is paused while the model file is
+# imported, what the imports made is then frozen (`gc.freeze`: kept out of every later
+# collection), and `main` freezes everything again before it returns, so that exiting
+# does not traverse it.  Garbage made later (the capture's) is collected as before, only
+# less often (every GC_THRESHOLD allocations, not 700: dynamo makes millions of objects
+# while it traces); nothing a plan holds depends on when objects are collected.
+# `main(argv)` called inside another program (the tests) leaves its collector alone:
+# frozen objects that became cyclic garbage there would never be freed.
+
+
+GC_THRESHOLD = 10_000  # allocations between two collections of the youngest generation
+
+
+@contextmanager
+def imports_without_collection(whole_process: bool):
+    """NOTE: [Garbage collection]: in a `remat` process (`whole_process`), the cyclic
+    garbage collector paused inside the block (if it was running), the objects made until
+    its end frozen, and the collector then run every GC_THRESHOLD allocations; otherwise
+    nothing."""
+    enabled = gc.isenabled()
+    if whole_process:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if whole_process:
+            gc.freeze()
+            gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
+            if enabled:
+                gc.enable()
 
 
 def _captured(model_file, args, request: PlanRequest):

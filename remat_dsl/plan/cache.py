@@ -5,9 +5,11 @@ A budget sweep re-ran the same work at every budget: each `remat plan` timed eve
 (seconds to a minute) and solved every block class's RK-Checkmate grid again (most of a
 plan's solve time), although neither depends on the budget.  Both are now kept here:
 
-* `profiles`: the op times measured for a captured graph, keyed by everything they depend
-  on (the graph's ops, arguments and shapes, the torch version, this machine's processor,
-  core count and torch threads, `--repeats`), kept even when some ops' timings did not
+* `profiles`: the step profile measured for a captured graph (every op's output sizes,
+  aliasing, temporary bytes and time), keyed by everything it depends on (the graph's ops,
+  arguments and shapes, the integer inputs' values, the torch version, this machine's
+  processor, core count and torch threads, `--repeats`) and found without running any op
+  (NOTE: [Profile key] in remat_dsl.capture.pipeline), kept even when some ops' timings did not
   settle (NOTE: [Robust timing] in remat_dsl.capture.profile: the run that measured them
   said so): on this 2-core machine a few of a Llama decoder's 1,834 ops often disagree
   between passes even idle, and a cache that kept only settled profiles kept none;
