@@ -98,13 +98,18 @@ def test_block_comments_say_what_each_block_offloads(planned):
 
 def test_offmate_plan_trains_bit_exactly_with_the_predicted_peak(planned, tmp_path):
     model_file, path, plan = planned
-    module_path = tmp_path / "fast.py"
-    module_path.write_text(generate(verify(plan), path.name))
+    assert_trains_exactly_at_its_peak(model_file, plan, path.name, tmp_path / "fast.py")
+
+
+def assert_trains_exactly_at_its_peak(model_file, plan, plan_name: str, module_path) -> None:
+    """The plan's generated module trains two SGD steps bit for bit like eager, and its
+    measured device peak (the host buffer left out by its address) is the predicted one."""
+    module_path.write_text(generate(verify(plan), plan_name))
     module = load_generated(module_path)
     comparison = compare_training(model_file, module, steps=2)
     assert comparison.identical, comparison.mismatched
     fast = module.FastModel(model_file.build_model())
-    _, device_peak = measured(fast, model_file)  # the host buffer left out by its address
+    _, device_peak = measured(fast, model_file)
     assert device_peak == plan.header.peak_bytes
 
 
@@ -244,13 +249,7 @@ def trains_bit_exactly(path: Path, module_path: Path) -> None:
     like eager PyTorch with a measured CPU device peak equal to the prediction."""
     assert shell(f"{shlex.quote(str(REMAT))} check {shlex.quote(str(path))}").returncode == 0
     plan = parse_file(str(path))
-    model_file = load_model_file(str(ROOT / "examples/gpt2.py"))
-    module_path.write_text(generate(verify(plan), path.name))
-    module = load_generated(module_path)
-    comparison = compare_training(model_file, module, steps=2)
-    assert comparison.identical, comparison.mismatched
-    _, device_peak = measured(module.FastModel(model_file.build_model()), model_file)
-    assert device_peak == plan.header.peak_bytes
+    assert_trains_exactly_at_its_peak(load_model_file(str(ROOT / "examples/gpt2.py")), plan, path.name, module_path)
 
 
 @pytest.mark.slow
@@ -324,14 +323,8 @@ def test_shaving_lowers_the_store_all_peak_and_trains_bit_exactly(planned, tmp_p
     reparsed = parse_file(str(path))
     assert simulate(reparsed).peak_bytes == shaved_plan.header.peak_bytes
     assert sorted(transfers(reparsed)["offload"]) == sorted(t.tensor for t in moved)
-    module_path = tmp_path / "shaved.py"
-    module_path.write_text(generate(verify(reparsed), path.name))
-    module = load_generated(module_path)
-    comparison = compare_training(model_file, module, steps=2)
-    assert comparison.identical, comparison.mismatched
-    fast = module.FastModel(model_file.build_model())
-    _, device_peak = measured(fast, model_file)
-    assert device_peak == shaved_plan.header.peak_bytes
+    assert reparsed.header.peak_bytes == shaved_plan.header.peak_bytes
+    assert_trains_exactly_at_its_peak(model_file, reparsed, path.name, tmp_path / "shaved.py")
 
 
 def test_shaving_postpones_prefetches_that_come_before_the_peak(planned):
