@@ -62,8 +62,8 @@ class CheckpointEveryBlock(torch.nn.Module):
         for block in repeated_blocks(model):
             block.forward = checkpointed(block.forward)
 
-    def forward(self, *inputs):
-        return self.model(*inputs)
+    def forward(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
 
 
 def checkpointed(forward):

@@ -111,3 +111,97 @@ def test_a_forward_that_updates_buffers_still_runs_when_captured():
     mean = named["buffer", "1.running_mean"]
     assert mean.abs().sum() > 0 and model.get_buffer("1.running_mean").abs().sum() == 0
     assert named["buffer", "1.num_batches_tracked"].item() == 1
+
+
+def test_a_warm_capture_recalls_the_profiled_graph_before_aot_autograd(tmp_path):
+    """NOTE: [Capture key] in capture/fx.py: the second capture of a model finds its whole
+    profiled FB-graph by dynamo's graph, so AOTAutograd never traces it; the graph equals
+    the first one and one captured without the cache."""
+    import torch._dynamo.backends.common as common  # where the backend calls AOTAutograd
+
+    from remat_dsl.capture.model_file import load_model_file
+    from remat_dsl.capture.pipeline import capture_graph
+
+    model_file = load_model_file(str(ROOT / "tests" / "models" / "hf_llama.py"))
+    cache = Cache(tmp_path)
+    traced = []
+    original = common.aot_module_simplified
+    common.aot_module_simplified = lambda *a, **k: traced.append(1) or original(*a, **k)
+    try:
+        first = capture_graph(model_file, cache=cache)
+        assert not first.cached and traced == [1] and list((tmp_path / "graphs").rglob("*.json"))
+        again = capture_graph(model_file, cache=cache)
+    finally:
+        common.aot_module_simplified = original
+    assert again.cached and traced == [1] and again.graph == first.graph and again.noisy == first.noisy
+    fresh = capture_graph(model_file, cache=NO_CACHE)
+    assert [op.name for op in fresh.graph.ops] == [op.name for op in again.graph.ops]
+    assert fresh.graph.outputs == again.graph.outputs and fresh.graph.tensors == again.graph.tensors
+
+
+OUTPUTS = '''"""One linear layer; its output returned as STRUCTURE."""
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return STRUCTURE
+
+
+def build_model():
+    torch.manual_seed(0)
+    return Model()
+
+
+def sample_inputs():
+    return (torch.randn(4, 8),)
+'''
+
+
+def test_the_same_graph_returned_in_another_structure_is_not_recalled(tmp_path):
+    """Dynamo builds the output object outside its graph, so two models with one graph but
+    another output structure share the key of NOTE: [Capture key]: the structure stored
+    with the entry is compared, and the second model is captured again."""
+
+    def run(structure: str, name: str, *extra: str) -> str:
+        (tmp_path / "model.py").write_text(OUTPUTS.replace("STRUCTURE", structure))
+        command = f"{REMAT} plan model.py --budget 100% {' '.join(extra)} > {name}"
+        result = subprocess.run(command, shell=True, cwd=tmp_path, env=dict(os.environ), capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        return (tmp_path / name).read_text()
+
+    def outputs(text: str) -> str:
+        return text[text.index("\noutputs\n") : text.index("\ngradients\n")]
+
+    as_tuple = run("(y,)", "a.plan")
+    as_dict = run('{"out": y}', "b.plan")
+    assert "dict(out=" in outputs(as_dict) and "dict(out=" not in outputs(as_tuple)
+    assert outputs(as_dict) == outputs(run('{"out": y}', "c.plan", "--no-cache"))
+
+
+def test_ir_values_round_trip_through_json(tmp_path):
+    """encode_ir / decode_ir (NOTE: [Capture key]): dataclasses, tuples, infinities; spans
+    are not kept; what is not an ir value is refused."""
+    import json
+
+    import pytest
+
+    from remat_dsl.plan import ir
+    from remat_dsl.plan.cache import decode_ir, encode_ir
+
+    op = ir.Op(
+        "fwd.masked_fill", "forward", "aten.masked_fill.Scalar", (ir.Ref("x", span=ir.Span(3, 4)), ir.Ref("mask"), float("-inf")),
+        (("value", ir.ListArg((1, 2.5, None, True, "s", ir.Sym("torch.float32")))),), ("t",), 12, 4, False, ("a comment",),
+    )  # fmt: skip
+    back = decode_ir(json.loads(json.dumps(encode_ir(op))))
+    assert back == op and back.args[0].span is None and isinstance(back.kwargs[0][1].items, tuple)
+    with pytest.raises(TypeError):
+        encode_ir({"a": 1})
+    with pytest.raises(ValueError):
+        decode_ir({"$": "Path", "x": 1})

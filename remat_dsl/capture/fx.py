@@ -29,16 +29,19 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import inspect
 import logging
 import operator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from remat_dsl.capture.keys import NotStatic, node_key, primal_key, primal_keys
 from remat_dsl.capture.model_file import Inputs
 from remat_dsl.plan.errors import RematError
 from remat_dsl.plan.ir import plan_name
@@ -68,6 +71,7 @@ class Captured:
     example_primals: list[torch.Tensor]
     constants: list[tuple[str, object]] = field(default_factory=list)
     none_leaves: list[bool] = field(default_factory=list)  # per output leaf: is it None
+    graph_key: tuple | None = None  # NOTE: [Capture key]: None when a shape is not static
 
 
 def capture(
@@ -76,7 +80,8 @@ def capture(
     portable: bool = False,
     autocast: torch.dtype | None = None,
     copy_model: bool = True,
-) -> Captured:
+    recall: Callable[[tuple], object] | None = None,
+) -> Captured | Recalled:
     """Trace `model(*inputs.args, **inputs.kwargs)` and its backward into two FX graphs
     (NOTE: [Stock models]).
 
@@ -88,6 +93,9 @@ def capture(
     copy_model: False captures `model` itself, not a deep copy: for a caller that built
     the model for this capture alone (its buffers may then hold a forward's updates, and the
     example primals are its own tensors); it saves copying every parameter.
+    recall: NOTE: [Capture key]: called with the key of dynamo's graph (`Captured.graph_key`)
+    before AOTAutograd runs; what it returns, unless None, is returned as `Recalled`
+    without tracing the backward (nothing is run either).
 
     Raises RematError when the model cannot be captured as one graph (graph breaks,
     unsupported outputs or arguments), with the reason PyTorch gave.
@@ -98,16 +106,27 @@ def capture(
     constants = [(name, value) for name, value in named if not isinstance(value, torch.Tensor)]
     count = len(inputs.args)
     call = Inputs(tuple(value for _, value in named[:count]), dict(named[count:]))
+    tensors = {id(value): name for name, value in named if isinstance(value, torch.Tensor)}
     record: dict = {}
+
+    def graph_key(gm, example_inputs):  # NOTE: [Capture key]
+        try:
+            names = _primal_names(model, example_inputs, tensors)
+        except RematError:  # raised again, as the capture's error, once AOTAutograd has run
+            return None
+        record["graph_key"] = _graph_key(gm, example_inputs, names, constants, portable, autocast)
+        return record["graph_key"]
+
     with torch.random.fork_rng(devices=_cuda_devices(call.leaves())):
         with _math_attention() if portable else contextlib.nullcontext(), _autocast(call.leaves(), model, autocast):
             with _eager_branches(model, named):
-                out = _compile_and_run(model, call, record, eager_dropout=not portable)
+                out = _compile_and_run(model, call, record, not portable, graph_key if recall is not None else None, recall)
     _check_output_leaves(out)
     flat, spec = pytree.tree_flatten(out)
+    if "recalled" in record:
+        return Recalled(record["recalled"], repr(spec), [leaf is None for leaf in flat])
     if "backward" not in record:
         raise RematError("error: the model has no parameter that requires a gradient", hint="nothing to plan")
-    tensors = {id(value): name for name, value in named if isinstance(value, torch.Tensor)}
     names = _primal_names(model, record["example_inputs"], tensors)
     meta = record["meta"]
     mutated = [i for i, info in enumerate(meta.input_info) if info.mutates_data]
@@ -126,7 +145,55 @@ def capture(
         example_primals=list(record["example_inputs"]),
         constants=constants,
         none_leaves=[leaf is None for leaf in flat],
+        graph_key=record.get("graph_key"),
     )
+
+
+@dataclass(frozen=True)
+class Recalled:
+    """What `capture`'s `recall` returned for dynamo's graph (NOTE: [Capture key]), with
+    the model output's structure as this run made it (`repr` of its pytree spec, and per
+    leaf whether it is None): the caller compares them with what it stored."""
+
+    value: object
+    out_spec: str
+    none_leaves: list[bool]
+
+
+# NOTE: [Capture key]
+# A warm `remat plan` (another budget, the profile and block solutions in the cache) still
+# traced the model with dynamo and then its joint forward and backward with AOTAutograd:
+# 1 s of the 5 s a Llama decoder took, the rest being torch's and transformers' imports
+# and dynamo.  AOTAutograd's graphs are a function of dynamo's graph, its example inputs
+# and our settings, so the key of the whole FB-graph can be made before AOTAutograd runs:
+# every node of dynamo's graph (op, name, target, arguments, module stacks, the layout of
+# its example value), the example inputs' layouts, `requires_grad`, shared storages and
+# integer values (as NOTE: [Profile key] in pipeline.py takes them), the bytes of the
+# graph's tensor attributes (constants it folds in), the names plan inputs get, the
+# non-tensor arguments, and the capture settings (portable attention, autocast).  The
+# caller (`capture_graph`) adds what else the built graph depends on (torch, the machine,
+# this package's capture code) and looks the key up: on a hit, dynamo's compiled forward
+# returns empty outputs of the traced layouts (as NOTE: [Capture without running] does)
+# and capture returns `Recalled` without running AOTAutograd.  The output object's
+# structure is built by dynamo outside the graph, so it comes back with the hit and is
+# compared with the stored one.  Dynamic or data-dependent shapes give no key.
+
+
+def _graph_key(gm: fx.GraphModule, example_inputs, names, constants, portable: bool, autocast) -> tuple | None:
+    """NOTE: [Capture key]: what AOTAutograd's graphs of dynamo's `gm` depend on, as a
+    tuple with a canonical repr, or None when a shape is not static."""
+    try:
+        nodes = tuple(node_key(node, "example_value") for node in gm.graph.nodes)
+        primals = primal_keys(example_inputs)
+        attributes = []
+        for node in gm.graph.nodes:
+            if node.op == "get_attr":
+                value = functools.reduce(getattr, node.target.split("."), gm)
+                held = primal_key(value, 0, values=True) if isinstance(value, torch.Tensor) else repr(value)
+                attributes.append((node.target, held))
+    except NotStatic:
+        return None
+    return ("dynamo graph", names, repr(constants), portable, str(autocast), primals, nodes, tuple(attributes))
 
 
 def named_inputs(model, inputs: Inputs) -> list[tuple[str, object]]:
@@ -402,7 +469,11 @@ def _cuda_devices(values) -> list[int]:
     return sorted({t.device.index or 0 for t in values if isinstance(t, torch.Tensor) and t.is_cuda})
 
 
-def _compile_and_run(model, inputs, record, eager_dropout: bool = True):
+def _compile_and_run(model, inputs, record, eager_dropout: bool = True, graph_key=None, recall=None):
+    """Run `inputs.call` on `model` compiled with dynamo and our AOTAutograd backend, which
+    leaves the forward and backward graphs in `record`.  `graph_key(gm, example_inputs)`
+    gives NOTE: [Capture key] for dynamo's graph, `recall(key)` what to return instead of
+    tracing (None: trace)."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch._aot_autograd.schemas import MutationType
     from torch._functorch.partitioners import default_partition
@@ -425,6 +496,11 @@ def _compile_and_run(model, inputs, record, eager_dropout: bool = True):
 
     def backend(gm, example_inputs):
         record["example_inputs"] = example_inputs
+        key = graph_key(gm, example_inputs) if graph_key is not None else None
+        found = recall(key) if key is not None and recall is not None else None
+        if found is not None:  # NOTE: [Capture key]
+            record["recalled"] = found
+            return _outputs_only(gm, "example_value")
         return aot(gm, example_inputs)
 
     torch._dynamo.reset()
@@ -459,18 +535,18 @@ def _compile_and_run(model, inputs, record, eager_dropout: bool = True):
 # profiled, in `profile_step`.
 
 
-def _outputs_only(gm: fx.GraphModule):
+def _outputs_only(gm: fx.GraphModule, value: str = "val"):
     """The compiled forward of NOTE: [Capture without running]: `gm`'s outputs as empty
-    tensors of their traced shapes, strides, dtypes and devices (their values undefined);
-    on fake tensors it runs `gm`."""
+    tensors of their traced shapes, strides, dtypes and devices (their values undefined;
+    the layouts from `node.meta[value]`); on fake tensors it runs `gm`."""
     from torch._subclasses.fake_tensor import FakeTensor
 
     outputs = gm.graph.output_node().args[0]
 
-    def empty(value):
-        if not isinstance(value, fx.Node):
-            return value
-        traced = value.meta["val"]
+    def empty(node):
+        if not isinstance(node, fx.Node):
+            return node
+        traced = node.meta[value]
         if not isinstance(traced, torch.Tensor):
             return traced
         return torch.empty_strided(traced.shape, traced.stride(), dtype=traced.dtype, device=traced.device)

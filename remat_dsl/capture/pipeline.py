@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -11,8 +13,9 @@ import torch
 import torch.utils._pytree as pytree
 
 from remat_dsl.plan import ir
-from remat_dsl.capture.fx import capture
+from remat_dsl.capture.fx import Recalled, capture
 from remat_dsl.capture.fbgraph import build_graph
+from remat_dsl.capture.keys import NotStatic, node_key, primal_keys
 from remat_dsl.capture.model_file import Inputs, ModelFile
 from remat_dsl.capture.profile import NodeProfile, OutputInfo, StepProfile, is_call, profile_step, timing_passes
 
@@ -187,12 +190,28 @@ def capture_graph(
     captured_on = device_of(inputs, model)
     kind = kind or (device_model.kind if device_model is not None else captured_on)
     autocast = model_file.autocast
+    device_kinds = {captured_on: kind}
+    use_cache = cache is not None and cache.enabled and measure_time and device_model is None
+    graph_keys: list[str] = []  # NOTE: [Capture key]: the cache key of the whole profiled graph
+
+    def recall(parts: tuple):
+        graph_keys.append(_graph_cache_key(parts, device_kinds, repeats))
+        return cache.get("graphs", graph_keys[-1])
+
     with _fake_warnings_silenced():
         # the model was built for this capture alone: no copy of it
-        captured = capture(model, inputs, portable=kind != captured_on, autocast=autocast, copy_model=False)
-    device_kinds = {captured_on: kind}
+        captured = capture(model, inputs, kind != captured_on, autocast, copy_model=False, recall=recall if use_cache else None)
+    if isinstance(captured, Recalled):
+        recalled = _graph_of(captured)
+        if recalled is not None:
+            graph, noisy = recalled
+            if progress:  # nothing runs, nothing is traced further
+                progress.start(len(graph.ops))
+                progress.advance(len(graph.ops))
+            return Captured(graph, kind, None, noisy, cached=True)
+        with _fake_warnings_silenced():  # the output's structure changed: capture it all
+            captured = capture(model, inputs, kind != captured_on, autocast, copy_model=False)
     calls = sum(1 for g in (captured.forward, captured.backward) for n in g.graph.nodes if is_call(n))
-    use_cache = cache is not None and cache.enabled and measure_time and device_model is None
     key = _profile_key(captured, device_kinds, repeats) if use_cache else None  # NOTE: [Profile key]
     step = _step_of(cache.get("profiles", key), captured) if key is not None else None
     cached = step is not None
@@ -215,7 +234,74 @@ def capture_graph(
         costs = f"roofline {device_model.name}" + (FAKE_COSTS if fake else "")
     if autocast is not None:
         graph = replace(graph, autocast=ir.Autocast(str(autocast).removeprefix("torch.")))
+    if use_cache and graph_keys and captured.graph_key is not None:
+        _keep_graph(cache, graph_keys[-1], graph, noisy, captured)
     return Captured(graph, kind, costs, noisy, cached)
+
+
+def _graph_cache_key(parts: tuple, device_kinds: dict[str, str], repeats: int) -> str:
+    """NOTE: [Capture key]: fx's key of dynamo's graph, with what the profiled FB-graph
+    also depends on: torch and its AOTAutograd settings, this machine and `repeats` (op
+    times), the device kinds, and the source of this package's capture code."""
+    from remat_dsl.plan.cache import Cache
+
+    return Cache.key("profiled graph", torch.__version__, _functorch_settings(), _machine(), repeats, sorted(device_kinds.items()), _code_digest(), parts)
+
+
+def _keep_graph(cache, key: str, graph: ir.Graph, noisy: int, captured) -> None:
+    """Store the profiled graph under NOTE: [Capture key], with the output structure to
+    compare on a hit; a graph whose JSON does not read back equal is not stored."""
+    from remat_dsl.plan.cache import decode_ir, encode_ir
+
+    encoded = encode_ir(graph)
+    if decode_ir(json.loads(json.dumps(encoded))) != graph:
+        return
+    cache.put("graphs", key, {"graph": encoded, "noisy": noisy, "out_spec": repr(captured.out_spec), "none_leaves": captured.none_leaves})
+
+
+def _graph_of(recalled: Recalled) -> tuple[ir.Graph, int] | None:
+    """(graph, noisy) of a cache entry found by NOTE: [Capture key], or None when the entry
+    is not one or the model's output is now built into another structure."""
+    from remat_dsl.plan.cache import decode_ir
+
+    entry = recalled.value
+    try:
+        if entry["out_spec"] != recalled.out_spec or entry["none_leaves"] != recalled.none_leaves:
+            return None
+        graph = decode_ir(entry["graph"])
+        return (graph, int(entry["noisy"])) if isinstance(graph, ir.Graph) else None
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+@functools.cache
+def _code_digest() -> str:
+    """SHA-256 of the source of remat_dsl.capture and remat_dsl.plan.ir: what turns the
+    traced graphs into the FB-graph (NOTE: [Capture key])."""
+    import hashlib
+
+    here = Path(__file__).resolve().parent
+    files = sorted(here.glob("*.py")) + [here.parent / "plan" / "ir.py"]
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def _functorch_settings() -> tuple:
+    """AOTAutograd's settings that are plain values (a model file may patch them)."""
+    import torch._functorch.config as config
+
+    plain = (bool, int, float, str, type(None))
+    return tuple(sorted((k, v) for k, v in config.get_config_copy().items() if isinstance(v, plain)))
+
+
+def _machine() -> tuple:
+    """What op times depend on of this machine: architecture, processor, cores, torch threads."""
+    import os
+    import platform
+
+    return (platform.machine(), platform.processor(), _cpu_model(), os.cpu_count(), torch.get_num_threads())
 
 
 # NOTE: [Profile key]
@@ -238,77 +324,21 @@ def capture_graph(
 # number (dynamic or data-dependent shapes) gets no key and is measured every time.
 
 
-class _NotStatic(Exception):
-    """A value whose shape is not known without running the graph."""
-
-
 def _profile_key(captured, device_kinds: dict[str, str], repeats: int) -> str | None:
     """NOTE: [Profile key]: the cache key of the step profile of `captured`, or None when a
     shape in its graphs is not a number (nothing is cached then)."""
-    import os
-    import platform
-
     from remat_dsl.plan.cache import Cache
 
     try:
-        nodes = [tuple(_node_key(node) for node in gm.graph.nodes) for gm in (captured.forward, captured.backward)]
-        first: dict[int, int] = {}  # storage -> the first primal holding it
-        primals = tuple(
-            _primal_key(t, first.setdefault(t.untyped_storage()._cdata, i))
-            for i, t in enumerate(captured.example_primals)
-        )
-    except _NotStatic:
+        nodes = [tuple(node_key(node) for node in gm.graph.nodes) for gm in (captured.forward, captured.backward)]
+        primals = primal_keys(captured.example_primals)
+    except NotStatic:
         return None
     structure = (
         captured.primal_names, captured.mutated, captured.num_outputs, captured.tangent_of, repr(captured.out_spec),
         repr(captured.constants), captured.none_leaves, sorted(device_kinds.items()),
     )  # fmt: skip
-    machine = (platform.machine(), platform.processor(), _cpu_model(), os.cpu_count(), torch.get_num_threads())
-    return Cache.key("step profile", torch.__version__, machine, repeats, structure, primals, nodes)
-
-
-def _node_key(node) -> tuple:
-    stacks = tuple(
-        tuple(str(v[0]) for v in (node.meta.get(name) or {}).values())
-        for name in ("nn_module_stack", "fwd_nn_module_stack")
-    )
-    return (
-        node.op,
-        node.name,
-        str(node.target),
-        repr(node.args),
-        repr(node.kwargs),
-        stacks,
-        _value_key(node.meta.get("val")),
-    )
-
-
-def _value_key(value):
-    """Shape, strides, dtype, device and storage offset of a tensor (of each, in a tuple or
-    list).  Raises _NotStatic for a size that is not a number."""
-    if isinstance(value, torch.Tensor):
-        sizes = (*value.shape, *value.stride(), value.storage_offset())
-        if not all(type(n) is int for n in sizes):
-            raise _NotStatic
-        return (tuple(value.shape), value.stride(), str(value.dtype), value.device.type, value.storage_offset())
-    if isinstance(value, (tuple, list)):
-        return tuple(_value_key(v) for v in value)
-    if value is None or type(value) in (bool, int, float):
-        return value
-    raise _NotStatic  # a SymInt, or something else a run would have to tell
-
-
-def _primal_key(t: torch.Tensor, shared: int) -> tuple:
-    """What a profile depends on of one example primal (NOTE: [Profile key]): its layout,
-    `shared` (the index of the first primal holding its storage), and the SHA-256 of its
-    bytes when it holds integers or bools."""
-    import hashlib
-
-    digest = None
-    if not (t.is_floating_point() or t.is_complex()):
-        data = t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy()
-        digest = hashlib.sha256(data).hexdigest()
-    return (_value_key(t), t.requires_grad, shared, digest)
+    return Cache.key("step profile", torch.__version__, _machine(), repeats, structure, primals, nodes)
 
 
 def _step_entry(step) -> dict:

@@ -13,6 +13,10 @@ plan's solve time), although neither depends on the budget.  Both are now kept h
   settle (NOTE: [Robust timing] in remat_dsl.capture.profile: the run that measured them
   said so): on this 2-core machine a few of a Llama decoder's 1,834 ops often disagree
   between passes even idle, and a cache that kept only settled profiles kept none;
+* `graphs`: the whole profiled FB-graph (the plan's graph sections, op times included),
+  keyed by dynamo's graph before AOTAutograd traces the backward, so that a warm run skips
+  that trace as well as the profile (NOTE: [Capture key] in remat_dsl.capture.fx), stored
+  as JSON by `encode_ir` only when it reads back equal;
 * `blocks`: a block class's RK-Checkmate schedules and the MILP statuses that made them,
   keyed by the block's whole H-graph (ops, costs, sizes), the grid, the MILP settings and
   the versions of pulp and HiGHS.  A solve under a time limit depends on the machine's
@@ -32,8 +36,10 @@ directory is always safe.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -88,6 +94,42 @@ class Cache:
 
 
 NO_CACHE = Cache(None)
+
+
+def encode_ir(value):
+    """A value of remat_dsl.plan.ir (a Graph, an Op, an argument) as JSON: a dataclass as
+    an object with its class name under `$` and its compared fields (spans are left out),
+    a tuple as a list, a float that is not finite as `{"float": "inf"}`.  For the
+    `graphs` entries of NOTE: [Capture key] in remat_dsl.capture.fx."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: encode_ir(getattr(value, f.name)) for f in dataclasses.fields(value) if f.compare}
+        return {"$": type(value).__name__, **fields}
+    if isinstance(value, tuple):
+        return [encode_ir(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"float": repr(value)}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"not a value of remat_dsl.plan.ir: {type(value).__name__}")
+
+
+def decode_ir(value):
+    """The value `encode_ir` encoded.  Raises ValueError for what it does not make."""
+    from remat_dsl.plan import ir
+
+    if isinstance(value, list):
+        return tuple(decode_ir(item) for item in value)
+    if isinstance(value, dict):
+        if set(value) == {"float"}:
+            return float(value["float"])
+        cls = getattr(ir, str(value.get("$")), None)
+        if not (dataclasses.is_dataclass(cls) and isinstance(cls, type)):
+            raise ValueError(f"not a class of remat_dsl.plan.ir: {value.get('$')!r}")
+        try:
+            return cls(**{name: decode_ir(item) for name, item in value.items() if name != "$"})
+        except TypeError as error:
+            raise ValueError(str(error)) from None
+    return value
 
 
 def default_cache() -> Cache:

@@ -1,0 +1,89 @@
+"""The Llama-style decoder at 40% of the autograd peak (issue 13 acceptance): the default
+solver's measured time over eager's, side by side in one process, on one thread.
+
+For bench/models/llama_d512.py (stock Hugging Face LlamaForCausalLM, d=512, 4 layers,
+batch 4 x 256) with torch.set_num_threads(1): captures and profiles the step on that one
+thread (so the plan is made from the costs it runs at), plans it with `--solver auto` at
+each budget, generates the module, and times, interleaved round by round:
+
+* eager PyTorch (the baseline of every ratio);
+* the generated module;
+* torch.utils.checkpoint (non-reentrant) around every decoder layer.
+
+It prints each one's median step time over eager's, and its measured peak (the profiler's
+allocator events, as the budget counts it) over eager's.  A budget below the default
+solver's smallest is reported and planned at that smallest budget.  Goal: at most 1.10x eager at 40%.
+
+Usage: python bench/decoder.py [--rounds 11] [--budgets 40] [MODEL.py]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from overhead import CheckpointEveryBlock, interleaved_medians  # noqa: E402
+
+from remat_dsl.capture.measure import step_peak  # noqa: E402
+from remat_dsl.capture.model_file import load_model_file  # noqa: E402
+from remat_dsl.capture.pipeline import capture_graph  # noqa: E402
+from remat_dsl.check.verify import verify  # noqa: E402
+from remat_dsl.codegen.compare import load_generated  # noqa: E402
+from remat_dsl.codegen.generate import generate  # noqa: E402
+from remat_dsl.plan.units import human_bytes  # noqa: E402
+from remat_dsl.solve.api import BudgetError  # noqa: E402
+from remat_dsl.solve.driver import Planner  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", nargs="?", default=str(ROOT / "bench" / "models" / "llama_d512.py"))
+    parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--budgets", default="40", help="comma-separated percentages of the autograd peak")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    model_file = load_model_file(args.model)
+    captured = capture_graph(model_file)
+    planner = Planner(captured.graph, model=model_file.spec, device=captured.device)
+    inputs = model_file.sample_inputs()
+    eager = model_file.build_model()
+    modules = {"eager": eager, "checkpoint": CheckpointEveryBlock(model_file.build_model())}
+    predicted = {}
+    with tempfile.TemporaryDirectory() as workdir:
+        for percent in (int(p) for p in args.budgets.split(",")):
+            try:
+                plan = planner.plan(planner.autograd_peak * percent // 100, "auto")
+            except BudgetError as error:  # below the default solver's smallest budget: plan at it
+                print(
+                    f"{percent}%: {error.args[0]}; planned at the smallest ({error.smallest / planner.autograd_peak:.1%})"
+                )
+                plan = planner.plan(error.smallest, "auto")
+            path = Path(workdir) / f"fast_{percent}.py"
+            path.write_text(generate(verify(plan, within_budget=False)))
+            name = f"{plan.header.solver} {percent}%"
+            modules[name] = load_generated(path).FastModel(model_file.build_model())
+            predicted[name] = plan.header
+        times = interleaved_medians(modules, inputs, args.rounds)
+    eager_peak = step_peak(eager, inputs)
+    print(
+        f"{Path(args.model).name}, one thread, {args.rounds} interleaved rounds; eager step {times['eager'] * 1000:.1f} ms, peak {human_bytes(eager_peak)}"
+    )
+    print(f"{'module':<44} {'time / eager':>12} {'peak / eager':>12} {'predicted time':>15}")
+    for name, module in modules.items():
+        peak = step_peak(module, inputs)
+        header = predicted.get(name)
+        guess = f"{header.time_us / 1000:.1f} ms" if header is not None else ""
+        print(f"{name:<44} {times[name] / times['eager']:>12.3f} {peak / eager_peak:>12.3f} {guess:>15}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
