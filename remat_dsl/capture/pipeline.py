@@ -241,11 +241,18 @@ def capture_graph(
 
 def _graph_cache_key(parts: tuple, device_kinds: dict[str, str], repeats: int) -> str:
     """NOTE: [Capture key]: fx's key of dynamo's graph, with what the profiled FB-graph
-    also depends on: torch and its AOTAutograd settings, this machine and `repeats` (op
-    times), the device kinds, and the source of this package's capture code."""
+    also depends on: torch, its AOTAutograd settings and the flags that choose kernels,
+    this machine and `repeats` (op times), the device kinds, and the source of this
+    package's capture code."""
     from remat_dsl.plan.cache import Cache
 
-    return Cache.key("profiled graph", torch.__version__, _functorch_settings(), _machine(), repeats, sorted(device_kinds.items()), _code_digest(), parts)
+    dispatch = (
+        torch.are_deterministic_algorithms_enabled(), torch.backends.cuda.flash_sdp_enabled(),
+        torch.backends.cuda.mem_efficient_sdp_enabled(), torch.backends.cuda.math_sdp_enabled(),
+        torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.mkldnn.is_available(),
+    )  # fmt: skip  # which kernels AOTAutograd's dispatch picks (scaled-dot-product attention's)
+    settings = (torch.__version__, _functorch_settings(), dispatch)
+    return Cache.key("profiled graph", settings, _machine(), repeats, sorted(device_kinds.items()), _code_digest(), parts)
 
 
 def _keep_graph(cache, key: str, graph: ir.Graph, noisy: int, captured) -> None:
