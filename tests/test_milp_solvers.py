@@ -320,3 +320,21 @@ def test_hiremate_hierarchy_on_a_deeper_encoder_decoder(tmp_path):
     assert plan.header.solver.startswith("auto: hiremate levels=")
     assert int(plan.header.solver.split("levels=")[1].split()[0]) > 2
     assert trained_peak(model_file, print_plan(plan), tmp_path, steps=2) == plan.header.peak_bytes <= budget
+
+
+def test_hiremate_frees_a_childs_saved_tensors_through_its_options(tmp_path):
+    """NOTE: [Saved tensors are phantoms] in hiremate.py: what a child saves for its own
+    backward is its options' phantom, not an aNode of the level.  When it was an aNode,
+    hiremate's smallest budget for this DenseNet (its 6 dense layers one block) was 91% of
+    the autograd peak on the CPU device model's costs (deterministic, unlike measured
+    ones); it is now 65%, rockmate's, and the default solver's plan at 70% fits and trains
+    bit for bit at its predicted peak."""
+    from remat_dsl.capture.cost import load_device
+
+    model_file = load_model_file(str(ROOT / "tests/models/tiny_densenet.py"))
+    captured = capture_graph(model_file, device_model=load_device("cpu"))
+    budget = autograd_peak(captured.graph, captured.device) * 70 // 100
+    plan = make_plan(captured.graph, model=model_file.spec, device=captured.device, budget=budget, solver="auto")
+    assert plan.header.solver.startswith("auto: hiremate")
+    # the device model predicts temporaries above the real ones: the measured peak is lower
+    assert trained_peak(model_file, print_plan(plan), tmp_path, steps=2) <= plan.header.peak_bytes <= budget
