@@ -3,8 +3,8 @@ under 20 s cold, under 5 s warm, on a Llama-style decoder).
 
 Runs, as a user types them, through the shell, with REMAT_CACHE_DIR set to a fresh
 directory: `remat plan MODEL --budget 60%` (cold: profiles every op and solves every block
-class), then `--budget 70%` and `--budget 60%` again (warm: op times and block solutions
-from the cache), then `--budget 60% --no-cache`; prints each wall time and whether the
+class), then `--budget 70%` and `--budget 60%` again (warm: the profiled graph, found by
+dynamo's graph before AOTAutograd runs, and the block solutions from the cache), then `--budget 60% --no-cache`; prints each wall time and whether the
 warm 60% plan is byte-identical to the cold one.
 
 Usage: python bench/plan_cache.py [MODEL.py]   (default bench/models/llama_d512.py)
