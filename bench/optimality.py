@@ -14,7 +14,10 @@ solve gets `--time-limit` seconds (default 600): with a time limit the figures d
 the machine's speed.
 
 Usage: python bench/optimality.py [MODEL ...] [--time-limit S] [--max-ops N]
-       (default models: examples/transformer.py examples/gpt2.py, the latter 4 layers)
+           [--fractions 0.5,0.3] [--solvers auto,rockmate] [--no-smallest]
+       (default models: examples/transformer.py examples/gpt2.py, the latter 4 layers;
+       --solvers: those compared with moccasin, `auto` included when named;
+       --no-smallest: only the fractions, not each solver's smallest budget)
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ def ratio(plan, reference) -> str:
     return f"x{plan.header.time_us / bound:.3f} over bound (x{r:.3f} over its plan)"
 
 
-def bench(model: str, time_limit: float) -> None:
+def bench(model: str, time_limit: float, fractions=FRACTIONS, solvers=SOLVERS[:-1], smallest=True) -> None:
     model_file = load_model_file(model)
     start = time.perf_counter()
     captured = capture_graph(model_file, repeats=3)
@@ -65,8 +68,8 @@ def bench(model: str, time_limit: float) -> None:
         f"\n== {model}: {len(captured.graph.ops)} ops, autograd peak {peak} B (capture {time.perf_counter() - start:.0f} s)",
         flush=True,
     )
-    budgets = [(f"{f:.0%}", int(peak * f)) for f in FRACTIONS]
-    for solver in SOLVERS:
+    budgets = [(f"{f:.0%}", int(peak * f)) for f in fractions]
+    for solver in [*solvers, "moccasin"] if smallest else ():
         try:
             budgets.append((f"min {solver}", planner.smallest_budget(solver)))
         except RematError as error:
@@ -81,7 +84,7 @@ def bench(model: str, time_limit: float) -> None:
             print(
                 f"  {label:>14} {budget:>10} B  moccasin {h.time_us} us, {h.status}{gap}, {seconds:.0f} s", flush=True
             )
-        for solver in SOLVERS[:-1]:
+        for solver in solvers:
             plan, seconds = plan_or_none(planner, budget, solver)
             if plan is None:
                 print(f"  {'':>14} {solver:>10}: {seconds}", flush=True)
@@ -99,11 +102,16 @@ def main() -> int:
     )
     parser.add_argument("--time-limit", type=float, default=600.0, help="seconds per CP-SAT solve")
     parser.add_argument("--max-ops", type=int, default=None, help="lift moccasin's size limit to this many ops")
+    parser.add_argument("--fractions", default=",".join(map(str, FRACTIONS)), help="budgets, fractions of the autograd peak")
+    parser.add_argument("--solvers", default=",".join(SOLVERS[:-1]), help="solvers compared with moccasin (auto allowed)")
+    parser.add_argument("--no-smallest", action="store_true", help="skip each solver's smallest budget")
     args = parser.parse_args()
     if args.max_ops:
         Moccasin.MAX_OPS = args.max_ops
+    fractions = tuple(float(f) for f in args.fractions.split(","))
+    solvers = tuple(s for s in args.solvers.split(",") if s and s != "moccasin")
     for model in args.models:
-        bench(model, args.time_limit)
+        bench(model, args.time_limit, fractions, solvers, not args.no_smallest)
     return 0
 
 

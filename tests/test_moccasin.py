@@ -17,6 +17,7 @@ from remat_dsl.capture.pipeline import capture_graph
 from remat_dsl.plan.printer import print_plan
 from remat_dsl.solve.api import BudgetError
 from remat_dsl.solve.driver import Planner
+from remat_dsl.solve.lowering import lowered_plan
 from test_end_to_end import trained_peak
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,6 +44,22 @@ def test_moccasin_proves_the_optimum_checkmate_finds(tiny_cnn, fraction):
     if moccasin.header.status == "optimal":
         assert moccasin.header.time_us <= 1.01 * checkmate.header.time_us
     assert planner.solver("moccasin").info.status.value == "optimal"
+
+
+def test_moccasin_memory_model_is_the_simulation(tiny_cnn):
+    """NOTE: [Tensor ends], [RNG states]: the model's peak of every schedule moccasin knows
+    (rockmate's plans mapped onto its time axis, its own solutions) is the simulated peak
+    of its order, so the driver's first target fits (NOTE: [Budget correction])."""
+    _, planner = tiny_cnn
+    budget = int(planner.autograd_peak * 0.9)
+    plan = planner.plan(budget, "moccasin")
+    moccasin = planner.solver("moccasin")
+    assert moccasin.offset == 0 and plan.header.peak_bytes <= budget
+    assert len(moccasin._schedules) >= 2  # a hint from rockmate, and the solution
+    graph, device = planner.problem.graph, planner.problem.device
+    for peak, time_us, runs in moccasin._schedules:
+        simulated = lowered_plan(graph, moccasin._order(runs), device=device).header
+        assert (simulated.peak_bytes, simulated.time_us) == (peak, time_us)
 
 
 def test_moccasin_recomputes_below_store_all_and_refuses_below_its_floor(tiny_cnn):

@@ -18,7 +18,10 @@ here because they were not checked against the paper):
 * "memory budget": Cumulative(intervals, demand = output bytes, capacity = the target);
 * objective "min_runtime": the total compute time sum_v sum_i t_v a_v^i (microseconds).
 
-O(C n) interval variables, where Checkmate's ILP has O(n^2) Booleans.
+O(C n) interval variables, where Checkmate's ILP has O(n^2) Booleans.  Ours beyond cp.py:
+an interval per output of a node (NOTE: [Tensor ends]), the tangents and saved RNG states
+(NOTE: [RNG states]) in the "memory budget", redundant rows for CP-SAT's LP relaxation
+(NOTE: [Stage memory]) and the default solver's plan as the first solution (NOTE: [Hints]).
 
 NOTE: [Moccasin on an FB-graph]
 Nodes are the FB-graph's ops (an edge u -> v when v reads an output of u, as in
@@ -30,26 +33,70 @@ time f (f = 0..F-1); backward stage b (b = 0..B-1, backward ops in graph order) 
 F + 1 times F + b (F + 1) + k: k = 0..F-1 a slot where forward op k may be recomputed,
 k = F the backward op's own run.  Only forward ops get intervals 2..C (recomputations),
 only in backward stages whose op needs them (directly or through other recomputations).
-Memory (bytes): an op's outputs over its intervals, minus the pinned ones (model outputs,
-parameter gradients: remat_dsl.plan.ir.pinned_tensors), which get one interval from the
-op's first run to the end of the axis; its temp_bytes over [s, s + 1) of each run.  What
-the graph does not make (parameters, inputs) is left out: the driver simulates the order
-exactly and corrects the target (NOTE: [Budget correction] in remat_dsl.solve.driver).
+Memory (bytes) is what remat_dsl.check.replay counts (its NOTE: [Memory model]): each
+output of an op over its own interval per run (NOTE: [Tensor ends]), except the pinned
+ones (model outputs, parameter gradients: remat_dsl.plan.ir.pinned_tensors), which get one
+interval from the op's first run to the end of the axis; its temp_bytes over [s, s + 1)
+of each run; the tangents from the backward's first time (F) to the end; the RNG states of
+recomputed random ops (NOTE: [RNG states]).  Parameters and inputs are counted by neither.
+Measured 2026-11-24: the model's peak equals the simulated peak of the order for every
+schedule checked (examples/gpt2.py, rockmate's plans and CP-SAT's solutions at 50% and 30%
+of the autograd peak; tests/models/tiny_cnn.py at its floor), so the driver's first target
+fits and no solve is wasted on NOTE: [Budget correction] (remat_dsl.solve.driver).  Should
+a graph still differ, `offset` (NOTE: [Model offset]) lowers each target by what the
+store-all order is simulated above the model, and the driver corrects the rest.
 Outputs a `keep` line names are never recomputed; the one lowering applies the other
 constraint lines (remat_dsl.plan.constraints).  The solution becomes an op order by
 sorting present intervals by start: a forward op's first run is its compute, later ones
 are recomputes.
 
 NOTE: [Size limit]
-Measured on this 2-core machine (shared), one worker: tests/models/tiny_cnn.py (22 ops)
-proves its optimum in under a second at every budget; tests/models/hf_gpt2.py (188 ops)
+Measured on this 2-core machine (shared with other work), one worker.  Before 2026-11-24
+(memory per op, no tangents, no hints, no stage rows): tests/models/tiny_cnn.py (22 ops)
+proved its optimum in under a second at every budget; tests/models/hf_gpt2.py (188 ops)
 stopped at 60 s per solve with gaps of 2% (smallest peak) and 10% (70% of the autograd
-peak), its plan 8% faster than rockmate's and its smallest budget 7% below rockmate's;
-examples/transformer.py (331 ops) found no lower bound in 120 s (gap 100%) and no plan
-below 69% of the autograd peak, where rockmate reaches 27%; examples/gpt2.py (4 layers,
-310 ops, 20 s per solve) planned 70% 3.7% slower than rockmate (gap 7.7%) and nothing
-below 83%.  So graphs above MAX_OPS = 200 ops are refused (bench/optimality.py lifts the
-limit to measure).
+peak); examples/transformer.py (331 ops) found no lower bound in 120 s and no plan below
+69% of the autograd peak, where rockmate reaches 27%; examples/gpt2.py (4 layers, 310
+ops, 20 s per solve) planned 70% 3.7% slower than rockmate (gap 7.7%) and nothing below
+83%: hence a limit of 200 ops then.
+On 2026-11-24, with NOTE: [Hints], [Tensor ends], [RNG states] and [Stage memory],
+`bench/optimality.py examples/gpt2.py --max-ops 400 --time-limit 600 --fractions 0.5,0.3
+--solvers auto,rockmate --no-smallest` (one capture; its profile put the step near 95 ms):
+at 50% moccasin planned 94990 us, gap 3.23% after 605 s, rockmate (`auto`) 95522 us, x1.006
+over moccasin's plan and at most x1.039 over the optimum; at 30% moccasin 190706 us, gap
+48.75% after 604 s, rockmate 197708 us, x1.037 over moccasin's plan (x2.023 over the
+bound).  Each budget took one solve (the model's peak is the simulated one).  Not proven:
+the bound rises slowly (60 s at 50% on an earlier capture: 35532 us against a no-recompute
+time of 34129 us and a best plan of 38217 us).  Tried at 60 s and not kept, each with a
+lower bound than the default: optimize_with_core, linearization_level=2,
+optimize_with_lb_tree_search, the cumulative's overload checker and timetable edge
+finding, and NOTE: [Stage memory] extended to the inputs of recomputations (recursively).
+A solve starts from Rockmate's plan, so where that plan fits the model (both budgets
+above) it returns it or a faster one within its time limit, where before it did worse
+than Rockmate; so MAX_OPS = 310 takes GPT-2 (4 layers), with the gap in the header.
+bench/optimality.py lifts the limit to measure larger graphs.
+
+NOTE: [Tensor ends]
+cp.py keeps a node's whole output until its last reader.  A node here is an op whose
+outputs may die at different times (a dropout's output is read by the next op, its mask
+by the backward; a layer norm's mean and rstd only by the backward), and the simulation
+frees each output after its own last reader.  So each output T of a run has its own end
+e_T^i <= e_v^i, its own interval [s_v^i, e_T^i) in the "memory budget", and the
+"precedence constraint" also asks e_T^i > s_w for each output T the reader w reads.
+Before this, GPT-2 (4 layers) at 50% had its model peak 0.4 MB below or above the
+simulated one, depending on the order, and every solve was corrected at least once.
+
+NOTE: [Hints]
+CP-SAT starts from a complete solution hint (each variable's value): the fastest schedule
+known that fits the capacity in the model, among earlier solutions and the driver's
+Rockmate plans (the default solver's, fallbacks and budget correction included) at this
+target, mapped onto the time axis (`_schedule`: a recomputation moves to its slot in the
+first stage at or after it where it is useful; one in the forward section is left out),
+each interval ending one past its last reader.  The number of intervals C of a solve is
+at least that of the hint (Rockmate recomputes some GPT-2 ops five times at 30% of the
+autograd peak).  So where Rockmate's plan fits the capacity, a solve returns it or a
+faster one, and CP-SAT's time goes to improving it and to the bound.  Without a fitting
+hint (below Rockmate's smallest budget) CP-SAT searches from nothing, as before.
 
 NOTE: [Honest CP status]
 CP-SAT runs with NUM_WORKERS workers and a fixed RANDOM_SEED, so a solve that ends by
@@ -69,7 +116,8 @@ from collections import defaultdict
 from remat_dsl.plan import ir
 from remat_dsl.plan.constraints import matching
 from remat_dsl.plan.errors import RematError
-from remat_dsl.plan.ir import op_predecessors, pinned_tensors
+from remat_dsl.check.replay import rng_state_bytes, value_nbytes
+from remat_dsl.plan.ir import op_predecessors, op_uses, pinned_tensors
 from remat_dsl.plan.units import format_bytes
 from remat_dsl.solve.api import BudgetError, Decision, Problem, SolverInfo, SolverResult, Status, refuse_above
 
@@ -77,6 +125,8 @@ NUM_WORKERS = 1  # CP-SAT workers: one, so that a proven solve is deterministic
 RANDOM_SEED = 0
 TIME_LIMIT = 600.0  # seconds per CP-SAT solve when the problem gives none
 GAP_OPTIMAL = 1e-4  # a relative gap at most this is reported as optimal (as the MILPs do)
+PARAMETERS: dict[str, object] = {}  # further CP-SAT parameters, for measuring (none kept: NOTE: [Size limit])
+HINT_ROUNDS = 6  # Rockmate targets tried for a hint that fits (NOTE: [Hints])
 
 
 def _cp_model():
@@ -92,13 +142,14 @@ def _cp_model():
 class Moccasin:
     """`--solver moccasin`: the CP model of Moccasin (see the module docstring) over the
     whole FB-graph, solved by CP-SAT at the target (bytes), minimizing the predicted time
-    (microseconds).  `intervals`: C, retention intervals per forward op (C - 1
-    recomputations).  Refused above MAX_OPS ops (RematError); never picked by `auto`."""
+    (microseconds).  `intervals`: the least C, retention intervals per forward op (C - 1
+    recomputations); a solve takes more when its hint needs them (NOTE: [Hints]).
+    Refused above MAX_OPS ops (RematError); never picked by `auto`."""
 
     name = "moccasin"
     auto_rank = None
     optimizes = True
-    MAX_OPS = 200  # measured: NOTE: [Size limit]
+    MAX_OPS = 310  # measured: NOTE: [Size limit]
     intervals = 2
 
     def __init__(self, problem: Problem):
@@ -115,6 +166,11 @@ class Moccasin:
         pinned = pinned_tensors(graph)
         self.free_bytes = [sum(sizes[t] for t in op.outputs if t not in pinned) for op in self.ops]
         self.pinned_bytes = [sum(sizes[t] for t in op.outputs if t in pinned) for op in self.ops]
+        # NOTE: [Tensor ends] each output of an op has its own end
+        self.outs = [[(t, sizes[t]) for t in op.outputs if t not in pinned and sizes[t]] for op in self.ops]
+        self.reads = [set(op_uses(op, set(sizes))) for op in self.ops]
+        self.tangent_bytes = sum(value_nbytes(t) for t in graph.tangents)
+        self.rng_bytes = rng_state_bytes(problem.device)  # NOTE: [RNG states]
         self.forward = [i for i, op in enumerate(self.ops) if op.phase == ir.FORWARD]
         self.backward = [i for i, op in enumerate(self.ops) if op.phase == ir.BACKWARD]
         F, B = len(self.forward), len(self.backward)
@@ -126,11 +182,14 @@ class Moccasin:
         self.seconds = 0.0
         self._status: list[tuple[Status, float | None]] = []
         self._solved: dict[int, tuple[tuple[str, ...], int, Status, float | None] | None] = {}
-        self._solutions: list[tuple[int, int, list[int]]] = []  # (capacity, time_us, values): NOTE: [Hints]
+        self._schedules: list[tuple[int, int, dict[int, list[int]]]] = []  # (peak, time_us, runs): NOTE: [Hints]
+        self._rockmate = None  # a Planner for Rockmate's plans: NOTE: [Hints]
+        self._rockmate_capacities: set[int] = set()
         self._floor_proven = False
+        self.used_intervals = self.intervals
 
     def describe(self) -> str:
-        return f"ops={len(self.ops)} intervals={self.intervals}"
+        return f"ops={len(self.ops)} intervals={self.used_intervals}"
 
     # --- the time axis (NOTE: [Moccasin on an FB-graph]) ------------------------------
 
@@ -160,26 +219,33 @@ class Moccasin:
 
     # --- the CP model (paper section 3; constraint names from cp.py) ----------------------------------
 
-    def _model(self, capacity: int | None):
+    def _model(self, capacity: int | None, intervals: int):
         """The CP model at `capacity` (scaled bytes; None: the capacity is a variable
-        to minimize).  Returns (model, cp_model, starts, presences, objective, peak, unit)."""
+        to minimize) with `intervals` retention intervals per forward op.  Returns
+        (model, cp_model, variables, objective, peak); `variables` holds every variable
+        by kind (starts, ends, tensor ends, presences, lengths, precedence Booleans, stage
+        rows' Booleans, RNG state ends), for the hints (NOTE: [Hints])."""
         cp_model = _cp_model()
         model = cp_model.CpModel()
-        demands = [d for d in self.free_bytes + self.pinned_bytes + [op.temp_bytes for op in self.ops] if d]
-        unit = functools.reduce(math.gcd, demands, 0) or 1
-        total = sum(demands) // unit
+        unit = self._unit()
+        total = (sum(self.free_bytes) + sum(self.pinned_bytes) + sum(op.temp_bytes for op in self.ops)) // unit
+        total += self.tangent_bytes // unit
         H, F = self.horizon, len(self.forward)
         starts: dict[int, list] = {}
         ends: dict[int, list] = {}
         present: dict[int, list] = {}
-        intervals, heights = [], []
+        tensor_ends: dict[int, list] = {}  # NOTE: [Tensor ends]: [interval][output]
+        rng: dict[int, tuple] = {}  # NOTE: [RNG states]: (end, length)
+        lengths: dict[tuple[int, int, int], object] = {}
+        cumulative, heights = [], []
+        if self.tangent_bytes:  # the tangents: from the backward's start to its end (NOTE: [Memory model], replay)
+            cumulative.append(model.new_fixed_size_interval_var(F, H - F, "tangents"))
+            heights.append(self.tangent_bytes // unit)
         for v, op in enumerate(self.ops):
             s0 = self.first_start(v)
             starts[v], ends[v], present[v] = [s0], [model.new_int_var(s0 + 1, H, f"e_{v}_0")], [True]
             stages = self.useful.get(v, []) if v in self.slot else []
-            for i in range(
-                1, self.intervals if stages else 1
-            ):  # "valid interval": recomputations, backward stages only
+            for i in range(1, intervals if stages else 1):  # "valid interval": recomputations, backward stages only
                 times = [F + b * (F + 1) + self.slot[v] for b in stages]
                 s = model.new_int_var_from_domain(cp_model.Domain.from_values(times), f"s_{v}_{i}")
                 e = model.new_int_var(min(times) + 1, H, f"e_{v}_{i}")
@@ -190,67 +256,176 @@ class Moccasin:
                 starts[v].append(s)
                 ends[v].append(e)
                 present[v].append(a)
+            tensor_ends[v] = []
             for i in range(len(starts[v])):
                 s, e, a = starts[v][i], ends[v][i], present[v][i]
-                if self.free_bytes[v]:
-                    length = model.new_int_var(1, H, f"l_{v}_{i}")
+                tensor_ends[v].append([])
+                for k, (_, nbytes) in enumerate(self.outs[v]):
+                    if len(self.outs[v]) == 1:
+                        end = e
+                    else:
+                        end = model.new_int_var(s0 + 1 if i == 0 else e.proto.domain[0], H, f"e_{v}_{i}_{k}")
+                        model.add(end <= e)
+                    tensor_ends[v][i].append(end)
+                    length = lengths[v, i, k] = model.new_int_var(1, H, f"l_{v}_{i}_{k}")
                     interval = (
-                        model.new_interval_var(s, length, e, f"I_{v}_{i}")
+                        model.new_interval_var(s, length, end, f"I_{v}_{i}_{k}")
                         if a is True
-                        else model.new_optional_interval_var(s, length, e, a, f"I_{v}_{i}")
+                        else model.new_optional_interval_var(s, length, end, a, f"I_{v}_{i}_{k}")
                     )
-                    intervals.append(interval)
-                    heights.append(self.free_bytes[v] // unit)
+                    cumulative.append(interval)
+                    heights.append(nbytes // unit)
                 if op.temp_bytes:
                     run = (
                         model.new_fixed_size_interval_var(s, 1, f"T_{v}_{i}")
                         if a is True
                         else model.new_optional_fixed_size_interval_var(s, 1, a, f"T_{v}_{i}")
                     )
-                    intervals.append(run)
+                    cumulative.append(run)
                     heights.append(op.temp_bytes // unit)
+            if op.random and self.rng_bytes and len(starts[v]) > 1:
+                states, rng[v] = self._rng_states(model, starts[v], present[v], H)
+                cumulative += states
+                heights += [self.rng_bytes // unit] * len(states)
             if self.pinned_bytes[v]:
-                intervals.append(model.new_fixed_size_interval_var(s0, H - s0, f"P_{v}"))
+                cumulative.append(model.new_fixed_size_interval_var(s0, H - s0, f"P_{v}"))
                 heights.append(self.pinned_bytes[v] // unit)
-        self._precedence(model, starts, ends, present)
+        choices = self._precedence(model, starts, ends, present, tensor_ends)
         peak = model.new_int_var(0, total, "peak") if capacity is None else capacity
-        model.add_cumulative(intervals, heights, peak)  # "memory budget"
+        model.add_cumulative(cumulative, heights, peak)  # "memory budget"
+        stage_memory = self._stage_memory(model, starts, tensor_ends, present, peak, unit)
         recompute = [
             (self.ops[v].time_us, a) for v in present for a in present[v] if a is not True and self.ops[v].time_us
         ]
         objective = sum(op.time_us for op in self.ops) + sum(t * a for t, a in recompute)  # "min_runtime"
-        return model, cp_model, starts, present, objective, peak, unit
+        variables = {
+            "starts": starts, "ends": ends, "tensor_ends": tensor_ends, "present": present, "lengths": lengths, "choices": choices, "stage_memory": stage_memory, "rng": rng
+        }  # fmt: skip
+        return model, cp_model, variables, objective, peak
 
-    def _precedence(self, model, starts, ends, present) -> None:
+    def _rng_states(self, model, starts, present, H: int) -> list:
+        """NOTE: [RNG states] A random op that is recomputed saves its RNG state at its
+        first run and frees it after its last recomputation, and sets the generator's
+        state aside while it is recomputed (NOTE: [Memory model] in
+        remat_dsl.check.replay): an interval from s^0 to past the last present s^i, and
+        one step at each present recomputation.  Returns the intervals (height: one
+        state each) and the end and length variables (for the hints)."""
+        s0 = starts[0]
+        end = model.new_int_var(s0 + 1, H, f"rng_end_{s0}")
+        for s, a in zip(starts[1:], present[1:]):
+            model.add(end >= s + 1).only_enforce_if(a)
+        length = model.new_int_var(1, H, f"rng_length_{s0}")
+        states = [model.new_optional_interval_var(s0, length, end, present[1], f"rng_{s0}")]
+        for i, (s, a) in enumerate(zip(starts[1:], present[1:])):
+            states.append(model.new_optional_fixed_size_interval_var(s, 1, a, f"rng_aside_{s0}_{i}"))
+        return states, (end, length)
+
+    def _stage_memory(self, model, starts, tensor_ends, present, peak, unit: int) -> dict:
+        """NOTE: [Stage memory] Redundant rows, implied by the "memory budget" and the
+        "precedence constraint" (paper section 3), that let CP-SAT's LP relaxation see
+        memory: the cumulative alone gives it no bound above the no-recompute time.  At
+        the run of backward op b (time t_b) these are resident: b's inputs, outputs and
+        temporaries; the tangents; every backward output read after stage b; the pinned
+        outputs made by then; and each output T of a forward op u that a backward op
+        reads after stage b, by whichever interval of u serves that reader: either one
+        covers t_b (Booleans k_Tb = [e_T^0 > t_b] for the first, j_Tb^i = [a_u^i,
+        s_u^i <= t_b < e_T^i] for a recomputation), or a recomputation starts after t_b
+        (r_ub^i = [a_u^i, s_u^i > t_b]).  So k_Tb + sum_i (j_Tb^i + r_ub^i) >= 1,
+        j_Tb^i + r_ub^i <= a_u^i, and sum_T bytes_T (k_Tb + sum_i j_Tb^i) <= capacity -
+        the rest.  A solution of the model satisfies them with each Boolean at its true
+        value; they leave out what else may be resident (inputs of recomputations), so
+        they only relax.  Returns the Booleans by (name, u, i, output k, t_b)."""
+        booleans = {}
+        stage = {v: b for b, v in enumerate(self.backward)}
+        last_reader: dict[str, int] = {}  # output -> the last backward stage that reads it
+        for v in self.backward:
+            for t in self.reads[v]:
+                last_reader[t] = max(last_reader.get(t, -1), stage[v])
+        for b, w in enumerate(self.backward):
+            t = self.first_start(w)
+            fixed = sum(n for _, n in self.outs[w]) + self.ops[w].temp_bytes + self.tangent_bytes
+            fixed += sum(self.pinned_bytes[v] for v in range(len(self.ops)) if self.first_start(v) <= t)
+            fixed += sum(n for v in self.preds[w] for name, n in self.outs[v] if name in self.reads[w])
+            fixed += sum(
+                n
+                for v in self.backward[:b]
+                for name, n in self.outs[v]
+                if name not in self.reads[w] and last_reader.get(name, -1) > b
+            )
+            terms = []
+            for u in self.forward:
+                later = [
+                    (k, n)
+                    for k, (name, n) in enumerate(self.outs[u])
+                    if name not in self.reads[w] and last_reader.get(name, -1) > b
+                ]
+                if not later:
+                    continue
+                after = []
+                for i in range(1, len(starts[u])):
+                    r = booleans["r", u, i, None, t] = model.new_bool_var(f"r_{u}_{i}_{b}")
+                    model.add(starts[u][i] >= t + 1).only_enforce_if(r)
+                    after.append(r)
+                for k, n in later:
+                    x = booleans["k", u, 0, k, t] = model.new_bool_var(f"k_{u}_{k}_{b}")
+                    model.add(tensor_ends[u][0][k] >= t + 1).only_enforce_if(x)
+                    serving, resident = [x, *after], [x]
+                    for i in range(1, len(starts[u])):
+                        j = booleans["j", u, i, k, t] = model.new_bool_var(f"j_{u}_{i}_{k}_{b}")
+                        model.add(starts[u][i] <= t).only_enforce_if(j)
+                        model.add(tensor_ends[u][i][k] >= t + 1).only_enforce_if(j)
+                        model.add(j + after[i - 1] <= present[u][i])
+                        serving.append(j)
+                        resident.append(j)
+                    model.add_bool_or(serving)
+                    terms += [(n // unit, y) for y in resident]
+            if terms:
+                model.add(sum(c * y for c, y in terms) + fixed // unit <= peak)
+        return booleans
+
+    def _precedence(self, model, starts, ends, present, tensor_ends) -> dict:
         """The "precedence constraint": each present interval of v lies within a present interval of each
         input u, from after u's run to past v's run.  u's first interval always starts
-        before v's runs (graph order); a later one (a recomputation) only when chosen."""
+        before v's runs (graph order); a later one (a recomputation) only when chosen.
+        Returns the Booleans x_uv^ij by (u, i, v, j)."""
+        choices = {}
         for v in range(len(self.ops)):
             for j, sv in enumerate(starts[v]):
                 av = present[v][j]
                 for u in self.preds[v]:
                     if len(starts[u]) == 1:
-                        row = model.add(ends[u][0] >= sv + 1)
-                        if av is not True:
-                            row.only_enforce_if(av)
+                        for end in [ends[u][0], *self._read_ends(tensor_ends, u, 0, v)]:
+                            row = model.add(end >= sv + 1)
+                            if av is not True:
+                                row.only_enforce_if(av)
                         continue
-                    choices = []
                     for i, su in enumerate(starts[u]):
                         x = model.new_bool_var(f"x_{u}_{i}_{v}_{j}")
                         if i:
                             model.add_implication(x, present[u][i])
                             model.add(su + 1 <= sv).only_enforce_if(x)
-                        model.add(ends[u][i] >= sv + 1).only_enforce_if(x)
-                        choices.append(x)
-                    row = model.add_bool_or(choices)
+                        for end in [ends[u][i], *self._read_ends(tensor_ends, u, i, v)]:
+                            model.add(end >= sv + 1).only_enforce_if(x)
+                        choices[u, i, v, j] = x
+                    row = model.add_bool_or([choices[u, i, v, j] for i in range(len(starts[u]))])
                     if av is not True:
                         row.only_enforce_if(av)
+        return choices
+
+    def _read_ends(self, tensor_ends, u, i, v) -> list:
+        """NOTE: [Tensor ends] The ends of the outputs of u's interval i that v reads,
+        when u has more than one (else the interval's own end is the output's)."""
+        if len(self.outs[u]) < 2:
+            return []
+        return [end for (t, _), end in zip(self.outs[u], tensor_ends[u][i]) if t in self.reads[v]]
 
     def _run(self, model, cp_model):
         solver = cp_model.CpSolver()
         solver.parameters.num_workers = NUM_WORKERS
         solver.parameters.random_seed = RANDOM_SEED
         solver.parameters.max_time_in_seconds = float(self.problem.time_limit or TIME_LIMIT)
+        for key, value in PARAMETERS.items():
+            setattr(solver.parameters, key, value)
         start = time.perf_counter()
         code = solver.solve(model)
         self.seconds += time.perf_counter() - start
@@ -262,33 +437,186 @@ class Moccasin:
         gap = (value - bound) / value if value > 0 else 0.0
         return solver, (Status.OPTIMAL if gap <= GAP_OPTIMAL else Status.FEASIBLE, gap)
 
-    def _order(self, solver, starts, present) -> tuple[str, ...]:
-        """The op order of a solution: present intervals sorted by start."""
-        runs = []
-        for v in starts:
-            for i, s in enumerate(starts[v]):
-                a = present[v][i]
-                if a is True or solver.boolean_value(a):
-                    runs.append((s if isinstance(s, int) else solver.value(s), v))
-        return tuple(self.ops[v].name for _, v in sorted(runs))
+    # --- schedules: an order on the time axis (NOTE: [Hints]) ---------------------------
 
-    def _remember(self, solver, capacity: int, time_us: int) -> None:
-        """Keep a solution (every variable's value) that fits `capacity` (scaled bytes)."""
-        self._solutions.append((capacity, time_us, list(solver.response_proto.solution)))
+    def _schedule(self, order) -> dict[int, list[int]]:
+        """Op -> the sorted times of its runs, for an op order (any solver's): each op's
+        first run at its own time; a forward op's later run, in the backward, at its slot
+        of the first stage at or after it where it is useful (the only times the model
+        has, NOTE: [Pruning]; its inputs are then held longer, which `_peak` counts); a
+        recomputation in the forward section, or one that no later stage needs, is left
+        out (the output of the run before is then held longer).  NOTE: [Hints]"""
+        names = [self.index[name] for name in order]
+        stage, stages = None, [None] * len(names)
+        for k in range(len(names) - 1, -1, -1):  # the backward stage each run precedes
+            if names[k] not in self.slot:
+                stage = self.backward.index(names[k])
+            stages[k] = stage
+        F = len(self.forward)
+        runs: dict[int, list[int]] = {v: [] for v in range(len(self.ops))}
+        for k, v in enumerate(names):
+            if not runs[v]:
+                runs[v].append(self.first_start(v))
+                continue
+            later = [b for b in self.useful.get(v, []) if stages[k] is not None and b >= stages[k]]
+            if later and F + later[0] * (F + 1) + self.slot[v] not in runs[v]:
+                runs[v].append(F + later[0] * (F + 1) + self.slot[v])
+        for times in runs.values():
+            times.sort()
+        return runs
 
-    def _hint(self, model, capacity: int) -> None:
-        """NOTE: [Hints] The fastest solution kept that fits `capacity` starts the search:
-        CP-SAT then begins from a feasible schedule.  Models are built in the same order,
-        so variable i means the same in each (the floor model's extra `peak` comes last)."""
-        fitting = [(t, values) for cap, t, values in self._solutions if cap <= capacity]
-        if not fitting:
-            return
-        _, values = min(fitting, key=lambda item: item[0])
-        n = len(model.proto.variables)
-        model.proto.solution_hint.vars.extend(range(n))
-        model.proto.solution_hint.values.extend(values[:n])
+    def _ends(self, runs):
+        """The earliest end of each run's interval, and of each of its outputs: one past
+        the last reader's run (a reader uses the latest run of its input before it).
+        Returns (ends[v][i], tensor ends[v][i][k])."""
+        ends = {v: [s + 1 for s in times] for v, times in runs.items()}
+        tensor_ends = {v: [[s + 1] * len(self.outs[v]) for s in times] for v, times in runs.items()}
+        for v, times in runs.items():
+            for t in times:
+                for u in self.preds[v]:
+                    i = max(i for i, s in enumerate(runs[u]) if s < t)
+                    ends[u][i] = max(ends[u][i], t + 1)
+                    for k, (name, _) in enumerate(self.outs[u]):
+                        if name in self.reads[v]:
+                            tensor_ends[u][i][k] = max(tensor_ends[u][i][k], t + 1)
+        return ends, tensor_ends
+
+    def _peak(self, runs) -> int:
+        """The schedule's peak (bytes) in the model's memory (the "memory budget")."""
+        (_, tensor_ends), H = self._ends(runs), self.horizon
+        change = [0] * (H + 2)
+        change[len(self.forward)] += self.tangent_bytes
+        for v, times in runs.items():
+            for s, out_ends in zip(times, tensor_ends[v]):
+                change[s] += self.ops[v].temp_bytes
+                change[s + 1] -= self.ops[v].temp_bytes
+                for (_, nbytes), e in zip(self.outs[v], out_ends):
+                    change[s] += nbytes
+                    change[e] -= nbytes
+            change[times[0]] += self.pinned_bytes[v]
+            if self.ops[v].random and len(times) > 1:  # NOTE: [RNG states]
+                change[times[0]] += self.rng_bytes
+                change[times[-1] + 1] -= self.rng_bytes
+                for s in times[1:]:
+                    change[s] += self.rng_bytes
+                    change[s + 1] -= self.rng_bytes
+        peak = live = 0
+        for delta in change:
+            live += delta
+            peak = max(peak, live)
+        return peak
+
+    def _time(self, runs) -> int:
+        return sum(self.ops[v].time_us * len(times) for v, times in runs.items())
+
+    def _incumbent(self, capacity: int):
+        """The fastest schedule known that fits `capacity` bytes of the model (earlier
+        solutions, Rockmate's plans at this capacity), or None (NOTE: [Hints])."""
+        if capacity not in self._rockmate_capacities:
+            self._rockmate_schedules(capacity)
+        fitting = [(time_us, runs) for peak, time_us, runs in self._schedules if peak <= capacity]
+        return min(fitting, key=lambda item: item[0])[1] if fitting else None
+
+    def _planner(self):
+        """A Planner of our own, for Rockmate's plans (the default solver's)."""
+        if self._rockmate is None:
+            from remat_dsl.solve.driver import Planner
+
+            p = self.problem
+            self._rockmate = Planner(p.graph, device=p.device, constraints=p.constraints, time_limit=p.time_limit)
+        return self._rockmate
+
+    def _rockmate_schedules(self, capacity: int) -> None:
+        """The driver's Rockmate plans (its fallbacks and budget correction included) at
+        budget `capacity` + offset, then lowered by the mapped schedule's excess in the
+        model until one fits (at most HINT_ROUNDS plans), kept as schedules."""
+        self._rockmate_capacities.add(capacity)
+        budget = capacity + self.offset
+        for _ in range(HINT_ROUNDS):
+            try:
+                plan = self._planner().plan(budget, "rockmate")
+            except RematError:
+                return
+            order = [i.target for i in plan.forward + plan.backward if i.verb in ("compute", "recompute")]
+            runs = self._schedule(order)
+            peak = self._peak(runs)
+            self._schedules.append((peak, self._time(runs), runs))
+            if peak <= capacity:
+                return
+            budget -= max(peak - capacity, capacity // 100)
+
+    def _hint(self, model, variables, runs, peak=None) -> None:
+        """Every variable's value in schedule `runs`, as CP-SAT's solution hint."""
+        hints = []
+        ends, tensor_ends = self._ends(runs)
+        present = variables["present"]
+        for v, times in runs.items():
+            for i, s in enumerate(variables["starts"][v]):
+                outs = range(len(variables["tensor_ends"][v][i]))
+                if i >= len(times):  # an absent interval: its smallest values
+                    low = s.proto.domain[0]
+                    hints += [(s, low), (variables["ends"][v][i], low + 1), (present[v][i], 0)]
+                    hints += [(variables["lengths"][v, i, k], 1) for k in outs]
+                    hints += [(e, low + 1) for e in variables["tensor_ends"][v][i] if e is not variables["ends"][v][i]]
+                    continue
+                if i:
+                    hints += [(s, times[i]), (present[v][i], 1)]
+                hints.append((variables["ends"][v][i], ends[v][i]))
+                for k in outs:
+                    e = variables["tensor_ends"][v][i][k]
+                    value = ends[v][i] if e is variables["ends"][v][i] else tensor_ends[v][i][k]
+                    if e is not variables["ends"][v][i]:
+                        hints.append((e, value))
+                    hints.append((variables["lengths"][v, i, k], value - times[i]))
+        for (u, i, v, j), x in variables["choices"].items():
+            serving = j < len(runs[v]) and i == max(k for k, s in enumerate(runs[u]) if s < runs[v][j])
+            hints.append((x, int(serving)))
+        for (name, u, i, k, t), x in variables["stage_memory"].items():  # NOTE: [Stage memory]
+            if i >= len(runs[u]):
+                value = False
+            elif name == "r":
+                value = runs[u][i] > t
+            else:
+                value = runs[u][i] <= t < tensor_ends[u][i][k]
+            hints.append((x, int(value)))
+        for v, (end, length) in variables["rng"].items():  # NOTE: [RNG states]
+            last = runs[v][-1] + 1 if len(runs[v]) > 1 else runs[v][0] + 1
+            hints += [(end, last), (length, last - runs[v][0])]
+        if peak is not None:
+            hints.append((peak, self._peak(runs) // self._unit()))
+        for var, value in hints:
+            model.add_hint(var, value)
+
+    def _solution(self, solver, variables) -> dict[int, list[int]]:
+        """The solution's schedule: the times of its present intervals."""
+        runs = {}
+        for v, starts in variables["starts"].items():
+            present = variables["present"][v]
+            runs[v] = sorted(
+                s if isinstance(s, int) else solver.value(s)
+                for s, a in zip(starts, present)
+                if a is True or solver.boolean_value(a)
+            )
+        return runs
+
+    def _order(self, runs) -> tuple[str, ...]:
+        """The op order of a schedule: runs sorted by time."""
+        return tuple(self.ops[v].name for _, v in sorted((t, v) for v, times in runs.items() for t in times))
 
     # --- the solver interface ----------------------------------------------------------
+
+    @functools.cached_property
+    def offset(self) -> int:
+        """NOTE: [Model offset] Bytes the exact simulation counts above the model's peak
+        for the store-all order; each solve plans within its target less this.  0 where
+        the model counts what the simulation counts (NOTE: [Moccasin on an FB-graph]:
+        measured on GPT-2 and tiny_cnn); a safeguard should a graph hold something the
+        model leaves out, so that its plans fit at the first try."""
+        from remat_dsl.solve.lowering import autograd_order, lowered_plan
+
+        order = autograd_order(self.problem.graph)
+        simulated = lowered_plan(self.problem.graph, order, device=self.problem.device).header.peak_bytes
+        return max(0, simulated - self._peak(self._schedule(order)))
 
     def _solve(self, target: int):
         """(order, time_us, status, gap) of the fastest order at `target` bytes, or None."""
@@ -297,41 +625,55 @@ class Moccasin:
         report = self.problem.report
         if report:
             report(f"moccasin: CP-SAT at {format_bytes(target)} over {len(self.ops)} ops")
-        floor = self.floor()
-        if target < floor and self._floor_proven:
+        if self._floor_proven and target < self.floor():
             self._solved[target] = None
             return None
-        capacity = max(target, 0) // self._unit()
-        model, cp_model, starts, present, objective, _, unit = self._model(capacity)
+        capacity = max(target - self.offset, 0) // self._unit()
+        incumbent = self._incumbent(capacity * self._unit())
+        intervals = max([self.intervals, *(len(t) for t in incumbent.values())] if incumbent else [self.intervals])
+        self.used_intervals = max(self.used_intervals, intervals)
+        model, cp_model, variables, objective, _ = self._model(capacity, intervals)
         model.minimize(objective)  # "min_runtime"
-        self._hint(model, capacity)
+        if incumbent:
+            self._hint(model, variables, incumbent)
         solver, status = self._run(model, cp_model)
         result = None
         if status is not None:
-            order = self._order(solver, starts, present)
-            time_us = sum(self.ops[self.index[n]].time_us for n in order)
-            result = (order, time_us, *status)
+            runs = self._solution(solver, variables)
+            result = (self._order(runs), self._time(runs), *status)
             self._status.append(status)
-            self._remember(solver, capacity, time_us)
+            self._schedules.append((self._peak(runs), self._time(runs), runs))
         self._solved[target] = result
         return result
 
     def _unit(self) -> int:
-        demands = [d for d in self.free_bytes + self.pinned_bytes + [op.temp_bytes for op in self.ops] if d]
-        return functools.reduce(math.gcd, demands, 0) or 1
+        demands = [n for outs in self.outs for _, n in outs] + self.pinned_bytes + [self.tangent_bytes]
+        demands += [op.temp_bytes for op in self.ops] + [self.rng_bytes]
+        return functools.reduce(math.gcd, [d for d in demands if d], 0) or 1
 
     @functools.cached_property
     def _floor(self) -> int:
-        """The smallest peak (bytes) of the model: CP-SAT minimizing the capacity."""
-        model, cp_model, starts, present, _, peak, unit = self._model(None)
+        """The smallest target (bytes) of the model: CP-SAT minimizing the capacity,
+        from the smallest-peak schedule known, Rockmate's at its smallest budget among
+        them (NOTE: [Hints])."""
+        try:
+            self._rockmate_schedules(self._planner().smallest_budget("rockmate") - self.offset)
+        except RematError:
+            pass
+        known = min(self._schedules, key=lambda item: item[0])[2] if self._schedules else None
+        intervals = max([self.intervals, *(len(t) for t in known.values())] if known else [self.intervals])
+        self.used_intervals = max(self.used_intervals, intervals)
+        model, cp_model, variables, _, peak = self._model(None, intervals)
         model.minimize(peak)
+        if known:
+            self._hint(model, variables, known, peak)
         solver, status = self._run(model, cp_model)
         if status is None:
             raise RematError("error: moccasin found no schedule within its time limit", hint="raise --time-limit")
         self._floor_proven = status[0] == Status.OPTIMAL
-        order = self._order(solver, starts, present)
-        self._remember(solver, int(solver.value(peak)), sum(self.ops[self.index[n]].time_us for n in order))
-        return int(solver.value(peak)) * unit
+        runs = self._solution(solver, variables)
+        self._schedules.append((self._peak(runs), self._time(runs), runs))
+        return int(solver.value(peak)) * self._unit() + self.offset
 
     def floor(self) -> int:
         """The smallest target (bytes) with a schedule in the model: the least of the
