@@ -209,8 +209,8 @@ def capture_graph(
                 progress.start(len(graph.ops))
                 progress.advance(len(graph.ops))
             return Captured(graph, kind, None, noisy, cached=True)
-        with _fake_warnings_silenced():  # the output's structure changed: capture it all
-            captured = capture(model, inputs, kind != captured_on, autocast, copy_model=False)
+        with _fake_warnings_silenced():  # the output's structure changed: capture it all, and store it anew
+            captured = capture(model, inputs, kind != captured_on, autocast, copy_model=False, recall=lambda parts: None)
     calls = sum(1 for g in (captured.forward, captured.backward) for n in g.graph.nodes if is_call(n))
     key = _profile_key(captured, device_kinds, repeats) if use_cache else None  # NOTE: [Profile key]
     step = _step_of(cache.get("profiles", key), captured) if key is not None else None
