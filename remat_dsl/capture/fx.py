@@ -109,18 +109,18 @@ def capture(
     tensors = {id(value): name for name, value in named if isinstance(value, torch.Tensor)}
     record: dict = {}
 
-    def graph_key(gm, example_inputs):  # NOTE: [Capture key]
+    def lookup(gm, example_inputs):  # NOTE: [Capture key]: what `recall` gives for dynamo's graph
         try:
             names = _primal_names(model, example_inputs, tensors)
         except RematError:  # raised again, as the capture's error, once AOTAutograd has run
             return None
-        record["graph_key"] = _graph_key(gm, example_inputs, names, constants, portable, autocast)
-        return record["graph_key"]
+        key = record["graph_key"] = _graph_key(gm, example_inputs, names, constants, portable, autocast)
+        return recall(key) if key is not None else None
 
     with torch.random.fork_rng(devices=_cuda_devices(call.leaves())):
         with _math_attention() if portable else contextlib.nullcontext(), _autocast(call.leaves(), model, autocast):
             with _eager_branches(model, named):
-                out = _compile_and_run(model, call, record, not portable, graph_key if recall is not None else None, recall)
+                out = _compile_and_run(model, call, record, not portable, lookup if recall is not None else None)
     _check_output_leaves(out)
     flat, spec = pytree.tree_flatten(out)
     if "recalled" in record:
@@ -469,11 +469,11 @@ def _cuda_devices(values) -> list[int]:
     return sorted({t.device.index or 0 for t in values if isinstance(t, torch.Tensor) and t.is_cuda})
 
 
-def _compile_and_run(model, inputs, record, eager_dropout: bool = True, graph_key=None, recall=None):
+def _compile_and_run(model, inputs, record, eager_dropout: bool = True, lookup=None):
     """Run `inputs.call` on `model` compiled with dynamo and our AOTAutograd backend, which
-    leaves the forward and backward graphs in `record`.  `graph_key(gm, example_inputs)`
-    gives NOTE: [Capture key] for dynamo's graph, `recall(key)` what to return instead of
-    tracing (None: trace)."""
+    leaves the forward and backward graphs in `record`.  `lookup(gm, example_inputs)`: for
+    dynamo's graph, what to return instead of tracing the backward (None: trace; NOTE:
+    [Capture key])."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch._aot_autograd.schemas import MutationType
     from torch._functorch.partitioners import default_partition
@@ -496,8 +496,7 @@ def _compile_and_run(model, inputs, record, eager_dropout: bool = True, graph_ke
 
     def backend(gm, example_inputs):
         record["example_inputs"] = example_inputs
-        key = graph_key(gm, example_inputs) if graph_key is not None else None
-        found = recall(key) if key is not None and recall is not None else None
+        found = lookup(gm, example_inputs) if lookup is not None else None
         if found is not None:  # NOTE: [Capture key]
             record["recalled"] = found
             return _outputs_only(gm, "example_value")

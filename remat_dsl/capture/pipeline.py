@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -192,11 +191,9 @@ def capture_graph(
     autocast = model_file.autocast
     device_kinds = {captured_on: kind}
     use_cache = cache is not None and cache.enabled and measure_time and device_model is None
-    graph_keys: list[str] = []  # NOTE: [Capture key]: the cache key of the whole profiled graph
 
-    def recall(parts: tuple):
-        graph_keys.append(_graph_cache_key(parts, device_kinds, repeats))
-        return cache.get("graphs", graph_keys[-1])
+    def recall(parts: tuple):  # NOTE: [Capture key]
+        return cache.get("graphs", _graph_cache_key(parts, device_kinds, repeats))
 
     with _fake_warnings_silenced():
         # the model was built for this capture alone: no copy of it
@@ -234,8 +231,8 @@ def capture_graph(
         costs = f"roofline {device_model.name}" + (FAKE_COSTS if fake else "")
     if autocast is not None:
         graph = replace(graph, autocast=ir.Autocast(str(autocast).removeprefix("torch.")))
-    if use_cache and graph_keys and captured.graph_key is not None:
-        _keep_graph(cache, graph_keys[-1], graph, noisy, captured)
+    if use_cache and captured.graph_key is not None:
+        _keep_graph(cache, _graph_cache_key(captured.graph_key, device_kinds, repeats), graph, noisy, captured)
     return Captured(graph, kind, costs, noisy, cached)
 
 
@@ -261,7 +258,7 @@ def _keep_graph(cache, key: str, graph: ir.Graph, noisy: int, captured) -> None:
     from remat_dsl.plan.cache import decode_ir, encode_ir
 
     encoded = encode_ir(graph)
-    if decode_ir(json.loads(json.dumps(encoded))) != graph:
+    if decode_ir(encoded) != graph:
         return
     cache.put("graphs", key, {"graph": encoded, "noisy": noisy, "out_spec": repr(captured.out_spec), "none_leaves": captured.none_leaves})
 
