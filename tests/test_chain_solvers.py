@@ -7,6 +7,7 @@ import functools
 import math
 import random
 import time
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -49,6 +50,23 @@ def test_checkpoint_then_recompute():
     # B 2: 23 + delta1 4 = 27; frees delta2, abar2, plain a1 -> live 2 + 4 = 6
     # F_all 1: 6 + 6 = 12; B 1: 12 + delta0 2 = 14
     assert simulate_chain(chain, ops) == (27, 1 + 2 + 20 + 1 + 10)
+
+
+def test_kept_gradients_stay_from_their_backward_step_on():
+    """NOTE: [Kept gradients]: B^2's 7 bytes of parameter gradients are live while B^1 runs."""
+    chain = Chain((block(fwd=1, bwd=10, x=4, xbar=6, grad=4), replace(block(fwd=2, bwd=20, x=8, xbar=9, grad=8), kept_bytes=7)), 2, 2)
+    ops = [("F_ck", 1), ("F_all", 2), ("B", 2), ("F_all", 1), ("B", 1)]
+    # as test_checkpoint_then_recompute, with 7 more from B 2 on: F_all 1: 6 + 7 + 6 = 19; B 1: 19 + 2 = 21
+    assert simulate_chain(chain, ops) == (27, 34)
+    # with 20 bytes, B 1 peaks at 2 + 4 + 20 + 6 + 2 = 34, as high as store-all's B 1, which
+    # is faster: the table must count the 20 bytes to refuse 33 and give store-all at 34
+    heavier = replace(chain, blocks=(chain.blocks[0], replace(chain.blocks[1], kept_bytes=20)))
+    assert simulate_chain(heavier, ops) == (34, 34)
+    assert simulate_chain(heavier, store_all_ops(heavier)) == (34, 33)
+    assert min(peak for peak, _, _ in all_persistent(heavier)) == 34
+    assert solve_rotor(heavier, 34, slots=34).predicted_us == 33
+    with pytest.raises(InfeasibleBudget):
+        solve_rotor(heavier, 33, slots=33)
 
 
 def test_f_n_frees_plain_input_but_not_abar():
@@ -164,7 +182,8 @@ def chains(draw, max_blocks=6, max_size=12):
     blocks = []
     for _ in range(n):
         x = draw(size)
-        blocks.append(Block(draw(st.integers(0, 20)), draw(st.integers(0, 20)), x, x + draw(size), draw(size), draw(st.integers(0, 6)), draw(st.integers(0, 6))))
+        fields = (draw(st.integers(0, 20)), draw(st.integers(0, 20)), x, x + draw(size), draw(size), draw(st.integers(0, 6)), draw(st.integers(0, 6)))
+        blocks.append(Block(*fields, kept_bytes=draw(size) if draw(st.booleans()) else 0))  # NOTE: [Kept gradients]
     return Chain(tuple(blocks), draw(size), draw(size))
 
 

@@ -7,7 +7,7 @@ Algorithm 6 (the sequence).  Option 0 of the thesis (keep nothing) is rotor's F_
 the options with a backward are the block's store-all (`Block`'s own fields, our option
 0) and its `BlockOption`s.  The memory conditions are rotor's (remat_dsl.solve.chain.rotor,
 NOTE: [Memory conditions]) with m_all taken per option:
-  m_all^o(s, t) = max(delta^t + abar_s^o + o_f^{s,o}, abar_s^o + delta^s + delta^{s-1} + o_b^{s,o})
+  m_all^o(s, t) = max(delta^t + abar_s^o + o_f^{s,o}, abar_s^o + delta^s + delta^{s-1} + o_b^{s,o} + G(s+1, t))
 so that with one option per block this is exactly rotor's table.  Memory is discretized
 into slots as in rotor (NOTE: [Discretization]).
 """
@@ -43,8 +43,7 @@ def _tables(chain: Chain, budget: int, slots: int):
     next checkpoint a^{s'-1}, -1: infeasible) and option[t, s, m] for Opt_1."""
     L = chain.length
     exact = _exact_sizes(chain)
-    sz = _rounded_sizes(exact, np.array([budget], dtype=np.int64), slots)
-    sz = _Sizes(*(x[:, 0] for x in (sz.a, sz.abar, sz.d, sz.of, sz.ob)))
+    sz = _rounded_sizes(exact, np.array([budget], dtype=np.int64), slots).column(0)
     opts = _option_sizes(chain, budget, slots)
     uf = np.array([0] + [b.fwd_us for b in chain.blocks], dtype=np.float64)
     cum_f = np.cumsum(uf)
@@ -57,7 +56,8 @@ def _tables(chain: Chain, budget: int, slots: int):
             best = np.full(slots + 1, np.inf)
             best_option = np.zeros(slots + 1, dtype=np.int16)
             for o, (abar, of, ub, ob) in enumerate(opts[s]):  # eq. 2.20
-                need = max(int(sz.d[t]) + abar + of, abar + int(sz.d[s]) + int(sz.d[s - 1]) + ob, abar)
+                backward = abar + int(sz.d[s]) + int(sz.d[s - 1]) + ob + int(sz.kept(s + 1, t))
+                need = max(int(sz.d[t]) + abar + of, backward, abar)
                 if need > slots:
                     continue
                 candidate = np.full(slots + 1, np.inf)

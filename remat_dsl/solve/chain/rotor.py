@@ -10,13 +10,17 @@ C_MP(s, t, m) is the best time to turn delta^t into delta^{s-1} starting from a^
 with peak at most m *above* the memory held outside (a^{s-1} is outside; delta^t inside).
   eq. (6)   C(s, s, m)  = u_f^s + u_b^s                         if m >= m_all(s, s)
   C_all     C(s, t, m)  = u_f^s + C(s+1, t, m - abar^s) + u_b^s if m >= m_all(s, t)
-  C_ck      C(s, t, m)  = sum_{k=s}^{s'-1} u_f^k + C(s', t, m - a^{s'-1}) + C(s, s'-1, m)
+  C_ck      C(s, t, m)  = sum_{k=s}^{s'-1} u_f^k + C(s', t, m - a^{s'-1}) + C(s, s'-1, m - G(s', t))
                           if m >= delta^t + max(a^s + o_f^s, max_{s<j<s'} a^{j-1}+a^j+o_f^j)
-  m_all(s, t) = max(delta^t + abar^s + o_f^s, abar^s + delta^s + delta^{s-1} + o_b^s)
-m_all is the paper's.  For C_ck we check the F_ck^s, F_n^{s+1..s'-1} steps of the branch
-itself, i.e. the paper's m_empty(s, t) cut at j < s' for each s'; the terms for j >= s' are
-implied by the subproblem C(s', t, m - a^{s'-1}), which computes those forwards with
-delta^t live, so the two tables are equal.  With these conditions a sequence from the
+  m_all(s, t) = max(delta^t + abar^s + o_f^s, abar^s + delta^s + delta^{s-1} + o_b^s + G(s+1, t))
+m_all is the paper's but for G(i, j) = omega_g^i + ... + omega_g^j, the gradients B^i..B^j
+keep to the step's end (NOTE: [Kept gradients] in remat_dsl.solve.chain.model): they are
+live while B^s runs, and while C_ck's second subproblem runs, so that one is solved as
+C(s, s'-1, m - G(s', t)).  With G = 0 these are the paper's equations.  For C_ck we check
+the F_ck^s, F_n^{s+1..s'-1} steps of the branch itself, i.e. the paper's m_empty(s, t)
+cut at j < s' for each s'; the terms for j >= s' are implied by the subproblem
+C(s', t, m - a^{s'-1}), which computes those forwards with delta^t live, so the two
+tables are equal.  With these conditions a sequence from the
 table has, under `simulate_chain`, exactly the peak the table accounts for.
 
 NOTE: [Discretization]
@@ -36,9 +40,10 @@ Deterministic: among F_ck branches the smallest s' wins; F_all wins a tie with F
 
 from __future__ import annotations
 
+import copy
 import functools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -52,6 +57,7 @@ from remat_dsl.solve.chain.model import (
     InfeasibleBudget,
     simulate_chain,
     store_all_schedule,
+    uncounted,
 )
 
 DEFAULT_SLOTS = 500
@@ -62,7 +68,9 @@ _SEARCH_FANOUT = 64  # budgets tried at once by min_feasible_budget
 class _Sizes:
     """Sizes indexed 0..L (index 0 of per-block arrays unused), shape (L+1,) or (L+1, nB).
 
-    a: omega_a, abar: omega_abar, d: omega_delta, of/ob: overheads.  Units: bytes or slots.
+    a: omega_a, abar: omega_abar, d: omega_delta, of/ob: overheads; kg[i, j] = G(i, j) =
+    omega_g^i + ... + omega_g^j (0 when i > j; NOTE: [Kept gradients]), shape (L+2, L+1, ...).
+    Units: bytes or slots.
     """
 
     a: np.ndarray
@@ -70,6 +78,16 @@ class _Sizes:
     d: np.ndarray
     of: np.ndarray
     ob: np.ndarray
+    kg: np.ndarray
+
+    def kept(self, first, last):
+        """G(first, last): the kept gradients of blocks first..last (0 when first > last);
+        `first` may be an array of block indices."""
+        return self.kg[first, last]
+
+    def column(self, j: int) -> "_Sizes":
+        """The sizes of budget column j."""
+        return _Sizes(*(getattr(self, f.name)[..., j] for f in fields(self)))
 
     @property
     def length(self) -> int:
@@ -87,30 +105,39 @@ def _exact_sizes(chain: Chain) -> _Sizes:
         d=column([chain.input_grad_bytes] + [b.grad_bytes for b in blocks]),
         of=column([0] + [b.fwd_overhead for b in blocks]),
         ob=column([0] + [b.bwd_overhead for b in blocks]),
+        kg=_kept_sums(column([0] + [b.kept_bytes for b in blocks])),
     )
+
+
+def _kept_sums(g: np.ndarray) -> np.ndarray:
+    """kg[i, j] = g[i] + ... + g[j] for 1 <= i <= j <= L, else 0; shape (L+2, L+1)."""
+    cg = np.cumsum(g)
+    i, j = np.arange(len(g) + 1)[:, None], np.arange(len(g))[None, :]
+    return np.where((i >= 1) & (i <= j), cg[j] - cg[np.clip(i - 1, 0, len(g) - 1)], 0)
 
 
 def _rounded_sizes(exact: _Sizes, budgets: np.ndarray, slots: int) -> _Sizes:
     """Sizes in slots, ceil(x * slots / B), for each budget B (NOTE: [Discretization]).
 
-    Shape (L+1, nB).  A budget of 0 has no slot size: 0 stays 0, anything else becomes
-    slots + 1 (it can never fit).
+    Shape (L+1, nB), kg (L+2, L+1, nB).  A budget of 0 has no slot size: 0 stays 0,
+    anything else becomes slots + 1 (it can never fit).  Each G(i, j) is rounded on its
+    own, so every memory condition, a sum of rounded sizes, bounds the exact one.
     """
 
     def rounded(x: np.ndarray) -> np.ndarray:
-        x = x[:, None]
-        positive = np.maximum(budgets, 1)[None, :]
-        out = -((-x * slots) // positive)
-        return np.where(budgets[None, :] > 0, out, np.where(x > 0, slots + 1, 0))
+        x = x[..., None]
+        out = -((-x * slots) // np.maximum(budgets, 1))
+        return np.where(budgets > 0, out, np.where(x > 0, slots + 1, 0))
 
-    return _Sizes(*(rounded(getattr(exact, name)) for name in ("a", "abar", "d", "of", "ob")))
+    return _Sizes(*(rounded(getattr(exact, f.name)) for f in fields(exact)))
 
 
 def _need_all(sz: _Sizes, s: int, t: int):
-    """m_all(s, t) of section 4.4: F_all^s with delta^t live, then B^s."""
+    """m_all(s, t) of section 4.4: F_all^s with delta^t live, then B^s with the kept
+    gradients of blocks s+1..t (NOTE: [Memory conditions])."""
     return np.maximum(
         sz.d[t] + sz.abar[s] + sz.of[s],
-        sz.abar[s] + sz.d[s] + sz.d[s - 1] + sz.ob[s],
+        sz.abar[s] + sz.d[s] + sz.d[s - 1] + sz.ob[s] + sz.kept(s + 1, t),
     )
 
 
@@ -135,7 +162,8 @@ def _min_peak(sz: _Sizes) -> np.ndarray:
             t = s + dist
             nexts = np.arange(s + 1, t + 1)
             best = np.maximum(_need_all(sz, s, t), sz.abar[s] + P[t, s + 1])
-            ck = np.maximum(_need_forward(sz, s, t), np.maximum(sz.a[nexts - 1] + P[t, nexts], P[nexts - 1, s]))
+            left = P[nexts - 1, s] + sz.kept(nexts, t)
+            ck = np.maximum(_need_forward(sz, s, t), np.maximum(sz.a[nexts - 1] + P[t, nexts], left))
             P[t, s] = np.minimum(best, ck.min(axis=0))
     return sz.a[0] + P[L, 1]
 
@@ -190,8 +218,7 @@ def solve_rotor(chain: Chain, budget: int, slots: int = DEFAULT_SLOTS) -> ChainS
     store_all = store_all_schedule(chain)
     if store_all.predicted_peak <= budget:
         return store_all  # NOTE: [Discretization]
-    sz = _rounded_sizes(_exact_sizes(chain), np.array([budget], dtype=np.int64), slots)
-    sz = _Sizes(*(x[:, 0] for x in (sz.a, sz.abar, sz.d, sz.of, sz.ob)))
+    sz = _rounded_sizes(_exact_sizes(chain), np.array([budget], dtype=np.int64), slots).column(0)
     top = slots - int(sz.a[0])
     if top < 0:
         raise InfeasibleBudget(budget, min_feasible_budget(chain, slots))
@@ -248,15 +275,18 @@ def _persistent_table(chain: Chain, sz: _Sizes, slots: int) -> tuple[np.ndarray,
 def checkpoint_branch(cost: np.ndarray, cum_f: np.ndarray, sz: _Sizes, s: int, t: int) -> tuple[np.ndarray, np.ndarray]:
     """C_ck of eq. (7) for every memory m: (best time, its next checkpoint s'), shape (slots+1,).
 
-    F_ck^s F_n^{s+1..s'-1}, then C(s', t, m - a^{s'-1}), then C(s, s'-1, m), over s' = s+1..t,
-    one row per s' (NOTE: [Memory conditions]).  Shared with RK-Rotor's eq. 2.21.
+    F_ck^s F_n^{s+1..s'-1}, then C(s', t, m - a^{s'-1}), then C(s, s'-1, m - G(s', t)), over
+    s' = s+1..t, one row per s' (NOTE: [Memory conditions]).  Shared with RK-Rotor's eq. 2.21.
     """
     slots = cost.shape[2] - 1
     m = np.arange(slots + 1)
     nexts = np.arange(s + 1, t + 1)
     cols = m[None, :] - sz.a[nexts - 1][:, None]
     first = np.take_along_axis(cost[t, s + 1 : t + 1], np.clip(cols, 0, slots), axis=1)
-    ck = (cum_f[nexts - 1] - cum_f[s - 1])[:, None] + np.where(cols >= 0, first, np.inf) + cost[s:t, s]
+    rest = m[None, :] - sz.kept(nexts, t)[:, None]
+    second = np.take_along_axis(cost[s:t, s], np.clip(rest, 0, slots), axis=1)
+    forward = (cum_f[nexts - 1] - cum_f[s - 1])[:, None]
+    ck = forward + np.where(cols >= 0, first, np.inf) + np.where(rest >= 0, second, np.inf)
     ck[m[None, :] < _need_forward(sz, s, t)[:, None]] = np.inf
     row = np.argmin(ck, axis=0)
     return ck[row, m], nexts[row]
@@ -291,7 +321,7 @@ def _opt_rec_p(choice: np.ndarray, sz: _Sizes, top: int, all_step=None) -> tuple
             continue
         ops.append(("F_ck", s))  # F_ck^s F_n^{s+1..s'-1}, the chain s'..t, then s..s'-1
         ops.extend(("F_n", j) for j in range(s + 1, branch))
-        stack.append((s, branch - 1, mem))
+        stack.append((s, branch - 1, mem - int(sz.kept(branch, t))))
         stack.append((branch, t, mem - int(sz.a[branch - 1])))
     return tuple(ops)
 
@@ -309,9 +339,19 @@ class Rotor:
         start = time.perf_counter()
         self.part = partition(problem.graph)
         self.seconds = time.perf_counter() - start
+        self.counted = True  # kept gradients counted (NOTE: [Two chain models])
 
     def describe(self) -> str:
-        return f"slots={DEFAULT_SLOTS} blocks={len(self.part.blocks)}"
+        suffix = "" if self.counted else " gradients=uncounted"
+        return f"slots={DEFAULT_SLOTS} blocks={len(self.part.blocks)}{suffix}"
+
+    def fallbacks(self):
+        """The same blocks in the paper's model (NOTE: [Two chain models])."""
+        if self.counted:
+            other = copy.copy(self)
+            other.__dict__.pop("_floor", None)
+            other.part, other.counted = replace(self.part, chain=uncounted(self.part.chain)), False
+            yield other
 
     @functools.cached_property
     def _floor(self) -> int:

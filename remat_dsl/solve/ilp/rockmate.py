@@ -18,6 +18,7 @@ it.  Each block of a class is replayed with its own measured op times.
 
 from __future__ import annotations
 
+import copy
 import functools
 import time
 from collections import Counter, defaultdict
@@ -25,7 +26,7 @@ from dataclasses import dataclass, replace
 
 from remat_dsl.plan import ir
 from remat_dsl.solve.api import BudgetError, Problem, SolverInfo, SolverResult, Status
-from remat_dsl.solve.chain.model import Block, BlockOption, Chain
+from remat_dsl.solve.chain.model import Block, BlockOption, Chain, uncounted
 from remat_dsl.solve.chain.partition import ChainPartition, block_name, chain_steps, is_small_chain, partition
 from remat_dsl.solve.chain.rk_rotor import min_feasible_budget as rk_min_feasible_budget
 from remat_dsl.solve.chain.rk_rotor import try_rk_rotor
@@ -294,11 +295,25 @@ class OverBlocks:
         self.rc = rockmate_chain(problem.graph, part, per_ilp_limit(problem.time_limit, len(part.blocks)), problem.report, problem.cache)
         status, gap = milp.status_of(self.rc.results)
         self.info = SolverInfo(Status(status), gap, time.perf_counter() - start)
+        self.counted = True  # kept gradients counted (NOTE: [Two chain models] in chain/model.py)
 
     def describe(self) -> str:
         options = sum(len(b.options) for b in self.rc.chain.blocks)
         settings = f"slots={ROTOR_SLOTS} blocks={len(self.part.blocks)} classes={self.rc.classes} ilps={self.rc.ilps} options={options}"
-        return f"{self.label} {settings}".strip()
+        suffix = "" if self.counted else " gradients=uncounted"
+        return f"{self.label} {settings}{suffix}".strip()
+
+    def paper_model(self) -> OverBlocks:
+        """These blocks and options in the paper's chain model, without solving anything
+        again (NOTE: [Two chain models] in remat_dsl.solve.chain.model)."""
+        other = copy.copy(self)
+        other.__dict__.pop("_floor", None)
+        other.rc, other.counted = replace(self.rc, chain=uncounted(self.rc.chain)), False
+        return other
+
+    def fallbacks(self):
+        if self.counted:
+            yield self.paper_model()
 
     @functools.cached_property
     def _floor(self) -> int:
@@ -348,4 +363,8 @@ class Rockmate(OverBlocks):
         return is_small_chain(problem.graph)
 
     def fallbacks(self):
-        yield OverBlocks(self.problem, partition(self.problem.graph), self.name, self.label)
+        """NOTE: [Two partitions], each in both chain models (NOTE: [Two chain models])."""
+        finer = OverBlocks(self.problem, partition(self.problem.graph), self.name, self.label)
+        yield finer
+        yield self.paper_model()
+        yield finer.paper_model()
