@@ -289,8 +289,8 @@ def _kept(graph: ir.Graph, blocks: tuple[BlockOps, ...]) -> list[set[str]]:
     to the end of the step (NOTE: [Kept gradients] in remat_dsl.solve.chain.model).  A
     gradient that a block before k-1 reads (a skip connection's, a tied parameter's partial
     one) is live only until that block's backward; the chain cannot say so, and counting it
-    to the end raised ResNet-18's smallest rotor budget from 48% to 69%, so it is left to
-    the driver's budget correction."""
+    to the end raised examples/resnet.py's smallest rotor budget from 48% to 69%, so it is
+    left to the driver's budget correction."""
     pinned = ir.pinned_tensors(graph)
     ops = {op.name: op for op in graph.ops}
     return [{t for name in block.backward for t in ops[name].outputs if t in pinned} for block in blocks]
