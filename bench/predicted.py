@@ -1,0 +1,59 @@
+"""Each solver's predicted time and smallest budget from one profile, for comparing solver
+changes: run it once with the change and once with `PYTHONPATH` at a worktree of the commit
+before it; both read the same cached profile and block solutions (REMAT_CACHE_DIR, NOTE:
+[Solution cache]), so only the solvers differ.
+
+For MODEL.py (`path.py:factory` selects a factory) it prints, per solver, the compute time
+(every op once, ms), the smallest feasible budget over the autograd peak, and at each
+fraction of the autograd peak the plan's predicted time over that compute time ("inf" when
+the budget is refused) and its solver text's last word when it names a fallback
+(`gradients=uncounted`, NOTE: [Two chain models]).
+
+Usage: python bench/predicted.py MODEL.py [--fractions 0.3,0.5,0.7] [--solvers rotor,rockmate,auto]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from remat_dsl.capture.model_file import load_model_file  # noqa: E402
+from remat_dsl.capture.pipeline import capture_graph  # noqa: E402
+from remat_dsl.plan.cache import default_cache  # noqa: E402
+from remat_dsl.solve.api import BudgetError  # noqa: E402
+from remat_dsl.solve.driver import Planner  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("--fractions", default="0.3,0.5,0.7")
+    parser.add_argument("--solvers", default="rotor,rockmate,auto")
+    args = parser.parse_args()
+    model_file = load_model_file(args.model)
+    cache = default_cache()
+    captured = capture_graph(model_file, cache=cache)
+    planner = Planner(captured.graph, model=model_file.spec, device=captured.device, cache=cache)
+    peak = planner.autograd_peak
+    for solver in args.solvers.split(","):
+        compute = planner.plan(peak, solver).header.compute_us
+        row = []
+        for fraction in (float(f) for f in args.fractions.split(",")):
+            try:
+                header = planner.plan(int(peak * fraction), solver).header
+            except BudgetError:
+                row.append(f"{fraction:.2f}: inf")
+                continue
+            note = " (uncounted)" if header.solver.endswith("gradients=uncounted") else ""
+            row.append(f"{fraction:.2f}: {header.time_us / compute:.4f}{note}")
+        smallest = planner.smallest_budget(solver) / peak
+        print(f"{solver:<9} compute {compute / 1000:.1f} ms  smallest {smallest:.4f}  " + "  ".join(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
