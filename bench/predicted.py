@@ -1,7 +1,8 @@
 """Each solver's predicted time and smallest budget from one profile, for comparing solver
 changes: run it once with the change and once with `PYTHONPATH` at a worktree of the commit
-before it; both read the same cached profile and block solutions (REMAT_CACHE_DIR, NOTE:
-[Solution cache]), so only the solvers differ.
+before it (this script imports `remat_dsl` from the path, not from its own tree); both read
+the same cached profile and block solutions (REMAT_CACHE_DIR, NOTE: [Solution cache]), so
+only the solvers differ.
 
 For MODEL.py (`path.py:factory` selects a factory) it prints, per solver, the compute time
 (every op once, ms), the smallest feasible budget over the autograd peak, and at each
@@ -16,16 +17,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from remat_dsl.capture.model_file import load_model_file  # noqa: E402
-from remat_dsl.capture.pipeline import capture_graph  # noqa: E402
-from remat_dsl.plan.cache import default_cache  # noqa: E402
-from remat_dsl.solve.api import BudgetError  # noqa: E402
-from remat_dsl.solve.driver import Planner  # noqa: E402
+from remat_dsl.capture.model_file import load_model_file
+from remat_dsl.capture.pipeline import capture_graph
+from remat_dsl.plan.cache import default_cache
+from remat_dsl.solve.api import BudgetError
+from remat_dsl.solve.driver import Planner
 
 
 def main() -> int:

@@ -99,7 +99,7 @@ def files(tmp_path_factory) -> Path:
 
 
 def _expand(text: str, tmp: Path, files: Path) -> str:
-    return text.format(tmp=tmp, tiny=TINY, models=HERE / "models", files=files)
+    return text.format(tmp=tmp, tiny=TINY, models=HERE / "models", files=files, root=ROOT)
 
 
 def _run(case: dict, base: Path, files: Path) -> tuple[dict, Path, list[str], subprocess.CompletedProcess]:

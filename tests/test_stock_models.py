@@ -8,7 +8,7 @@ m.plan && remat check m.plan && remat codegen m.plan -o fast.py`), at 100% of th
 peak and at 110% of the smallest feasible budget `remat plan` reports, then trains two SGD
 steps bit for bit against eager and returns the model's own output type.  GPT-2 (both
 budgets) and BERT (100%) run in `make test` (T5's partition and solve: test_large_blocks.py);
-the rest, T5, ViT and the CNNs (ResNet, ConvNeXt, MobileNetV2) among them, with `-m slow`.  torchvision's models run
+the rest, T5, ViT, GPT-NeoX and the CNNs (ResNet, ConvNeXt, MobileNetV2) among them, with `-m slow`.  torchvision's models run
 with `-m slow` where torchvision imports (its PyPI wheel needs a CUDA build of torch:
 on this machine's CPU torch it does not).
 """
@@ -89,7 +89,7 @@ def test_stock_hugging_face_models(name, budgets, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("name, budgets", [
         ("hf_bert", ("min",)), ("hf_t5", ("100%", "min")), ("hf_vit", ("100%", "min")), ("hf_resnet", ("100%", "min")),
-        ("hf_convnext", ("100%", "min")), ("hf_mobilenet", ("100%", "min")),
+        ("hf_convnext", ("100%", "min")), ("hf_mobilenet", ("100%", "min")), ("hf_gpt_neox", ("100%", "min")),
     ])
 def test_stock_hugging_face_models_slow(name, budgets, tmp_path):
     run_stock(name, tmp_path, budgets)

@@ -205,7 +205,8 @@ class Planner:
                 return plan
             if at_floor:
                 break
-            target, corrected = target - max(excess, budget // 50), True
+            # never below 0 (a solver refuses 0 with BudgetError, so the floor is tried next)
+            target, corrected = max(0, target - max(excess, budget // 50)), True
         fitting = [t for t, peak in tried.items() if peak <= budget]
         if fitting:
             return self._lowered(solver.solve(max(fitting)), solver, Status.FEASIBLE, budget)
