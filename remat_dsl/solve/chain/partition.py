@@ -249,7 +249,7 @@ def _chain_costs(graph: ir.Graph, blocks: tuple[BlockOps, ...], tensors) -> Chai
     ops = {op.name: op for op in graph.ops}
     block_of_tensor = {t: k for k, b in enumerate(blocks) for name in b.forward for t in ops[name].outputs}
     used_later, used_backward = _uses(graph, blocks, block_of_tensor)
-    kept = _kept(graph, blocks)
+    kept = _kept(blocks, ops, ir.pinned_tensors(graph))
     chain_blocks = []
     for k, block in enumerate(blocks):
         made = [t for name in block.forward for t in ops[name].outputs]
@@ -284,15 +284,13 @@ def _uses(graph, blocks, block_of_tensor):
     return used_later, used_backward
 
 
-def _kept(graph: ir.Graph, blocks: tuple[BlockOps, ...]) -> list[set[str]]:
+def _kept(blocks: tuple[BlockOps, ...], ops: dict[str, ir.Op], pinned: set[str]) -> list[set[str]]:
     """Per block k: the step's outputs its backward makes (parameter gradients), which stay
     to the end of the step (NOTE: [Kept gradients] in remat_dsl.solve.chain.model).  A
     gradient that a block before k-1 reads (a skip connection's, a tied parameter's partial
     one) is live only until that block's backward; the chain cannot say so, and counting it
     to the end raised examples/resnet.py's smallest rotor budget from 48% to 69%, so it is
     left to the driver's budget correction."""
-    pinned = ir.pinned_tensors(graph)
-    ops = {op.name: op for op in graph.ops}
     return [{t for name in block.backward for t in ops[name].outputs if t in pinned} for block in blocks]
 
 

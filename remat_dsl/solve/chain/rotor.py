@@ -345,13 +345,16 @@ class Rotor:
         suffix = "" if self.counted else " gradients=uncounted"
         return f"slots={DEFAULT_SLOTS} blocks={len(self.part.blocks)}{suffix}"
 
+    def paper_model(self) -> "Rotor":
+        """The same blocks in the paper's chain model (NOTE: [Two chain models])."""
+        other = copy.copy(self)
+        other.__dict__.pop("_floor", None)
+        other.part, other.counted = replace(self.part, chain=uncounted(self.part.chain)), False
+        return other
+
     def fallbacks(self):
-        """The same blocks in the paper's model (NOTE: [Two chain models])."""
         if self.counted:
-            other = copy.copy(self)
-            other.__dict__.pop("_floor", None)
-            other.part, other.counted = replace(self.part, chain=uncounted(self.part.chain)), False
-            yield other
+            yield self.paper_model()
 
     @functools.cached_property
     def _floor(self) -> int:
