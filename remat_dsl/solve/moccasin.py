@@ -95,8 +95,29 @@ first stage at or after it where it is useful; one in the forward section is lef
 each interval ending one past its last reader.  The number of intervals C of a solve is
 at least that of the hint (Rockmate recomputes some GPT-2 ops five times at 30% of the
 autograd peak).  So where Rockmate's plan fits the capacity, a solve returns it or a
-faster one, and CP-SAT's time goes to improving it and to the bound.  Without a fitting
+faster one, and CP-SAT's time goes to improving it and to the bound.  The stage
+relaxation's schedule (NOTE: [Stage bound]) is a hint too, often the fastest.  Without a fitting
 hint (below Rockmate's smallest budget) CP-SAT searches from nothing, as before.
+
+NOTE: [Stage bound]
+Before CP-SAT, each solve runs the stage relaxation (remat_dsl.solve.stage_relaxation,
+NOTE: [Stage relaxation]): a MILP over stage boundaries, solved by HiGHS within
+STAGE_SHARE of the time limit, whose optimum bounds the model's from below and whose
+solution, once it fits the capacity, is a schedule of the model.  Its schedule joins the
+hints; where the best hint is within GAP_OPTIMAL of its bound the solve ends there,
+proven, without CP-SAT; else CP-SAT has the rest of the time, with the objective held at
+or above the bound, and the gap is over the better bound.  A relaxation with no solution
+proves that no schedule fits.  Measured 2026-11-24 with `bench/optimality.py
+examples/gpt2.py --max-ops 400 --time-limit 540 --fractions 0.5,0.3 --solvers
+auto,rockmate --no-smallest` (4 layers, 310 ops, one capture, other jobs running part of
+the time): at 50% of the autograd peak 37,633 us with a 0.82% gap after 546 s, where
+CP-SAT alone had a 3.23% gap after 600 s (Rockmate: 38,257 us, at most 2.5% above the
+optimum); at 30% 81,677 us with a 47.07% gap (Rockmate: 82,109 us, 1.9x the bound).  At
+30% the relaxation's schedules broke the capacity (by 0.2-4% in earlier runs: its rows
+leave out inputs held for later recomputations) and the repairs did not fit in time; one
+that broke it by 0.23% (30.07% of the autograd peak) predicted 50,292 us where Rockmate's
+plan at that peak predicted 83,826 us, so Rockmate's tight plans are far from the optimum
+there, and moccasin does not yet reach such schedules either.
 
 NOTE: [Honest CP status]
 CP-SAT runs with NUM_WORKERS workers and a fixed RANDOM_SEED, so a solve that ends by
@@ -127,6 +148,7 @@ TIME_LIMIT = 600.0  # seconds per CP-SAT solve when the problem gives none
 GAP_OPTIMAL = 1e-4  # a relative gap at most this is reported as optimal (as the MILPs do)
 PARAMETERS: dict[str, object] = {}  # further CP-SAT parameters, for measuring (none kept: NOTE: [Size limit])
 HINT_ROUNDS = 6  # Rockmate targets tried for a hint that fits (NOTE: [Hints])
+STAGE_SHARE = 0.5  # of a solve's time limit, at most, for the relaxation (NOTE: [Stage bound]); CP-SAT has the rest
 
 
 def _cp_model():
@@ -187,6 +209,7 @@ class Moccasin:
         self._rockmate_capacities: set[int] = set()
         self._floor_proven = False
         self.used_intervals = self.intervals
+        self._stage = None  # NOTE: [Stage bound], built on first use
 
     def describe(self) -> str:
         return f"ops={len(self.ops)} intervals={self.used_intervals}"
@@ -419,11 +442,14 @@ class Moccasin:
             return []
         return [end for (t, _), end in zip(self.outs[u], tensor_ends[u][i]) if t in self.reads[v]]
 
-    def _run(self, model, cp_model):
+    def _run(self, model, cp_model, time_limit: float | None = None, bound: int | None = None):
+        """Solve `model` with CP-SAT within `time_limit` seconds (default: the problem's,
+        else TIME_LIMIT).  Returns (solver, (status, gap) or None); the gap is over the
+        better of CP-SAT's bound and `bound` (microseconds, NOTE: [Stage bound])."""
         solver = cp_model.CpSolver()
         solver.parameters.num_workers = NUM_WORKERS
         solver.parameters.random_seed = RANDOM_SEED
-        solver.parameters.max_time_in_seconds = float(self.problem.time_limit or TIME_LIMIT)
+        solver.parameters.max_time_in_seconds = max(1.0, time_limit or float(self.problem.time_limit or TIME_LIMIT))
         for key, value in PARAMETERS.items():
             setattr(solver.parameters, key, value)
         start = time.perf_counter()
@@ -433,8 +459,8 @@ class Moccasin:
             return solver, None
         if code == cp_model.OPTIMAL:
             return solver, (Status.OPTIMAL, 0.0)
-        value, bound = solver.objective_value, solver.best_objective_bound
-        gap = (value - bound) / value if value > 0 else 0.0
+        value, bound = solver.objective_value, max(solver.best_objective_bound, bound or 0)
+        gap = max(0.0, (value - bound) / value) if value > 0 else 0.0
         return solver, (Status.OPTIMAL if gap <= GAP_OPTIMAL else Status.FEASIBLE, gap)
 
     # --- schedules: an order on the time axis (NOTE: [Hints]) ---------------------------
@@ -481,8 +507,9 @@ class Moccasin:
                             tensor_ends[u][i][k] = max(tensor_ends[u][i][k], t + 1)
         return ends, tensor_ends
 
-    def _peak(self, runs) -> int:
-        """The schedule's peak (bytes) in the model's memory (the "memory budget")."""
+    def profile(self, runs) -> list[int]:
+        """The bytes alive at each time of the axis in schedule `runs` (op -> sorted times),
+        in the model's memory (the "memory budget")."""
         (_, tensor_ends), H = self._ends(runs), self.horizon
         change = [0] * (H + 2)
         change[len(self.forward)] += self.tangent_bytes
@@ -500,11 +527,19 @@ class Moccasin:
                 for s in times[1:]:
                     change[s] += self.rng_bytes
                     change[s + 1] -= self.rng_bytes
-        peak = live = 0
+        live, profile = 0, []
         for delta in change:
             live += delta
-            peak = max(peak, live)
-        return peak
+            profile.append(live)
+        return profile
+
+    def _peak(self, runs) -> int:
+        """The schedule's peak (bytes) in the model's memory (the "memory budget")."""
+        return max(self.profile(runs))
+
+    def time_of(self, runs) -> int:
+        """The schedule's time (microseconds): each run of each op."""
+        return self._time(runs)
 
     def _time(self, runs) -> int:
         return sum(self.ops[v].time_us * len(times) for v, times in runs.items())
@@ -624,27 +659,61 @@ class Moccasin:
             return self._solved[target]
         report = self.problem.report
         if report:
-            report(f"moccasin: CP-SAT at {format_bytes(target)} over {len(self.ops)} ops")
+            report(f"moccasin: stage relaxation (HiGHS), CP-SAT at {format_bytes(target)} over {len(self.ops)} ops")
         if self._floor_proven and target < self.floor():
             self._solved[target] = None
             return None
         capacity = max(target - self.offset, 0) // self._unit()
+        limit = float(self.problem.time_limit or TIME_LIMIT)
+        relaxation = self._stage_relaxation()
+        first = len(relaxation.results)
+        stage = relaxation.solve(capacity * self._unit(), limit * STAGE_SHARE)  # NOTE: [Stage bound]
+        stage_seconds = sum(r.seconds for r in relaxation.results[first:])
+        self.seconds += stage_seconds
+        if stage.infeasible:
+            self._solved[target] = None
+            return None
+        if stage.runs is not None:
+            self._schedules.append((self._peak(stage.runs), self._time(stage.runs), stage.runs))
         incumbent = self._incumbent(capacity * self._unit())
-        intervals = max([self.intervals, *(len(t) for t in incumbent.values())] if incumbent else [self.intervals])
+        if incumbent is not None and stage.bound is not None:
+            gap = max(0.0, (self._time(incumbent) - stage.bound) / self._time(incumbent))
+            if gap <= GAP_OPTIMAL:  # proven by the relaxation: CP-SAT has nothing to add
+                self._status.append((Status.OPTIMAL, gap))
+                self._solved[target] = (self._order(incumbent), self._time(incumbent), Status.OPTIMAL, gap)
+                return self._solved[target]
+        hint = incumbent or stage.closest  # a schedule that breaks the capacity still guides CP-SAT
+        intervals = max([self.intervals, *(len(t) for t in hint.values())] if hint else [self.intervals])
         self.used_intervals = max(self.used_intervals, intervals)
         model, cp_model, variables, objective, _ = self._model(capacity, intervals)
         model.minimize(objective)  # "min_runtime"
-        if incumbent:
-            self._hint(model, variables, incumbent)
-        solver, status = self._run(model, cp_model)
+        if stage.bound is not None:
+            model.add(objective >= stage.bound)  # proven (NOTE: [Stage bound]): lets CP-SAT stop there
+        if hint:
+            self._hint(model, variables, hint)
+        solver, status = self._run(model, cp_model, limit - stage_seconds, stage.bound)
         result = None
         if status is not None:
             runs = self._solution(solver, variables)
+            if incumbent is not None and self._time(incumbent) < self._time(runs):
+                runs = incumbent  # CP-SAT stopped above its hint
             result = (self._order(runs), self._time(runs), *status)
             self._status.append(status)
             self._schedules.append((self._peak(runs), self._time(runs), runs))
+        elif incumbent is not None and stage.bound is not None:  # CP-SAT found nothing in the time left
+            gap = max(0.0, (self._time(incumbent) - stage.bound) / self._time(incumbent))
+            result = (self._order(incumbent), self._time(incumbent), Status.FEASIBLE, gap)
+            self._status.append((Status.FEASIBLE, gap))
         self._solved[target] = result
         return result
+
+    def _stage_relaxation(self):
+        """The MILP of NOTE: [Stage bound], built on first use."""
+        if self._stage is None:
+            from remat_dsl.solve.stage_relaxation import StageRelaxation
+
+            self._stage = StageRelaxation(self)
+        return self._stage
 
     def _unit(self) -> int:
         demands = [n for outs in self.outs for _, n in outs] + self.pinned_bytes + [self.tangent_bytes]

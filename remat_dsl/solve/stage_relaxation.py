@@ -1,0 +1,301 @@
+"""The stage relaxation: a MILP over stage boundaries whose optimum bounds Moccasin's from below.
+
+Moccasin's model (remat_dsl.solve.moccasin, NOTE: [Moccasin on an FB-graph]) runs every
+forward op once, in graph order, and backward op b once at time t_b, after a stage of
+slots where forward ops may be recomputed, in graph order.  CP-SAT proves little about it
+on a few hundred ops (NOTE: [Size limit] there: a 3.23% gap after 600 s on GPT-2, 4
+layers, at 50% of the autograd peak).  This MILP keeps the same decisions and counts
+memory at fewer moments, each exactly or from below, so that every schedule of the model
+is a solution of it with the same time: its optimum, or HiGHS's dual bound, is a proven
+lower bound on the model's optimum.  It is RK-Checkmate's ILP (papers/thesis-*, section
+2.4, eq. 2.3-2.19) with the pruning of remat_dsl.solve.ilp.hilp (NOTE: [Pruning]) and
+without the per-step alive and delete variables of section 2.4.3 (eq. 2.13-2.17), which
+make up most of that ILP: on GPT-2 (4 layers) hilp's model had 61,850 variables and
+119,264 rows and HiGHS found no solution at 30% of the autograd peak in 300 s.
+
+NOTE: [Stage relaxation]
+Variables (binary), for each forward output T (made by forward op u(T)) and each
+backward stage b (b = -1: the end of the forward) up to the last stage that may need T
+(one whose backward op reads T, or where an op reading T may be recomputed):
+* y_{T,b} = T resident at time t_b (the thesis's S_{t,e}, taken at t_b instead of at
+  the stage's start);
+* r_{u,b} = forward op u recomputed in stage b (the thesis's R_{t,k}), only where
+  Moccasin's model offers it (u leads to what backward op b reads: Moccasin.useful).
+Constraints, each implied by the model (a resident tensor is one copy, alive over one
+interval from its run):
+* read: y_{T,b} = 1 when backward op b reads T;
+* keep: y_{T,b} <= y_{T,b-1} + r_{u(T),b} (a copy alive at t_b was made in stage b or
+  was alive at t_{b-1}; eq. 2.7);
+* recompute: r_{u,b} <= y_{T',b-1} + r_{u(T'),b} for each forward input T' of u (eq. 2.8);
+* memory at each forward op's run (exact: no recomputation in the forward), at each t_b,
+  and at each slot k of stage b where something may be recomputed, counting at slot k:
+  T with u(T) at or before slot k and y_{T,b} = 1 (its copy alive at t_b was made by
+  slot k); T with u(T) after slot k and y_{T,b} = 1, r_{u(T),b} = 0 (alive across the
+  stage: h_{T,b} >= y_{T,b} - r_{u(T),b}); the inputs, outputs and temporaries of the op
+  at slot k when it runs (e >= r - y, so nothing is counted twice); backward tensors,
+  tangents and pinned outputs as Moccasin counts them (eq. 2.18 at these moments).
+  Left out: RNG states of recomputed random ops, and tensors alive within a stage that
+  neither t_b nor the op at slot k needs (an input held for a later recomputation), so
+  memory is never overcounted and the optimum is a lower bound.
+Objective: the compute time of every op once plus sum t_u r_{u,b} (microseconds).
+`StageRelaxation.point` maps a schedule of the model onto these variables; the tests
+check that the schedules of Rockmate's plans and of the relaxation break no row at their
+own peak.  (They caught y_{T,b} first stopping at the last backward reader of T: a
+schedule keeping T for a later recomputation broke eq. 2.8, and the "proven" optimum at
+50% on GPT-2 was 0.9% above a schedule CP-SAT then found.)
+
+The relaxation's solution is also a schedule (each r_{u,b} = 1 a run at u's slot of
+stage b), often close to fitting the capacity, so Moccasin takes it as a hint once it
+fits (NOTE: [Hints], NOTE: [Stage bound] in remat_dsl.solve.moccasin).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import pulp
+
+from remat_dsl.solve.ilp import milp
+
+REL_GAP = 1e-4  # of the whole time: what Moccasin calls optimal (GAP_OPTIMAL)
+ROUNDS = 4  # rounds of slot rows added where the schedule broke the capacity (`solve`)
+
+
+@dataclass(frozen=True)
+class StageBound:
+    """What the relaxation proved at a capacity: `bound` (microseconds) a lower bound on
+    the time of every schedule of the model within it (None: HiGHS proved none in time),
+    `infeasible` when no schedule fits it at all, `runs` the fastest schedule of its
+    solutions that fits (Moccasin's runs: op -> times), or None, and `closest` the last
+    schedule it found, fitting or not (a hint for CP-SAT where nothing fits)."""
+
+    bound: int | None
+    infeasible: bool = False
+    runs: dict[int, list[int]] | None = None
+    closest: dict[int, list[int]] | None = None
+
+
+class StageRelaxation:
+    """NOTE: [Stage relaxation] for a Moccasin model `m` (remat_dsl.solve.moccasin.Moccasin):
+    built once, solved at each capacity (bytes) by changing the memory rows' right-hand
+    sides only (NOTE: [Model reuse] in remat_dsl.solve.ilp.milp).
+
+    NOTE: [Lazy slot rows]
+    Memory at the slots of each stage is one row per slot where a recomputation may run
+    (12,000 rows of up to 200 terms on GPT-2, 4 layers), and most never bind: at 50% of
+    the autograd peak the optimum is the same without them.  So the model starts with the
+    rows at forward ops and at each t_b; after a solve, the rows of the slots where its
+    schedule breaks the capacity in Moccasin's model (`Moccasin.profile`) are added, and
+    it is solved again.  Each solve's optimum is a lower bound (its rows are a subset of
+    the relaxation's), so the largest proven one is kept.  A schedule that still breaks
+    the capacity where no row is missing (RNG states, inputs held for later
+    recomputations) is repaired by solving at the capacity less the excess."""
+
+    def __init__(self, m):
+        self.m = m
+        ops, forward = m.ops, set(m.forward)
+        self.problem = pulp.LpProblem("stage_relaxation", pulp.LpMinimize)
+        producer, size = {}, {}
+        for v in range(len(ops)):
+            for t, n in m.outs[v]:
+                producer[t], size[t] = v, n
+        self.producer, self.size = producer, size
+        stage = {v: b for b, v in enumerate(m.backward)}
+        read_in = {t: [] for t in producer}  # backward stages reading t
+        read_fwd = {t: [] for t in producer}  # forward ops reading t
+        for v in range(len(ops)):
+            for t in m.reads[v]:
+                if t in producer:
+                    (read_fwd[t].append(v) if v in forward else read_in[t].append(stage[v]))
+        # the last stage that may need t: its backward op reads t, or an op reading t may be recomputed in it
+        last = {t: max([*read_in[t], *(b for v in read_fwd[t] for b in m.useful.get(v, ()))], default=-1) for t in size}
+        self.ftens = ftens = [t for t in producer if producer[t] in forward]
+        btens = [t for t in producer if producer[t] not in forward]
+        self.base = sum(op.time_us for op in ops)
+        binary = lambda name: self.problem.add_variable(name, cat="Binary")  # noqa: E731
+        self.index = {t: i for i, t in enumerate(ftens)}
+        self.y = y = {(t, b): binary(f"y_{i}_{b}") for i, t in enumerate(ftens) for b in range(-1, last[t] + 1)}
+        self.r = r = {(u, b): binary(f"r_{u}_{b}") for u in m.forward for b in m.useful.get(u, ())}
+        R = lambda u, b: r.get((u, b), 0)  # noqa: E731
+        prob = self.problem
+        every_op_once = prob.add_variable("every_op_once", lowBound=1, upBound=1)  # the objective's constant, so
+        # that HiGHS's relative gap is over the whole time, as Moccasin's is
+        prob += pulp.LpAffineExpression([(every_op_once, self.base)] + [(x, ops[u].time_us) for (u, _), x in r.items()])
+        for t in ftens:
+            for b in range(last[t] + 1):
+                prob += y[t, b] <= y[t, b - 1] + R(producer[t], b)  # keep
+                if b in read_in[t]:
+                    prob += y[t, b] == 1  # read
+        self.inputs = {u: [t for t in m.reads[u] if t in producer and producer[t] in forward] for u in m.forward}
+        for (u, b), x in r.items():
+            for t in self.inputs[u]:  # recompute
+                prob += x <= y.get((t, b - 1), 0) + R(producer[t], b)
+        pinned = sorted((m.first_start(v), n) for v, n in enumerate(m.pinned_bytes) if n)
+        pinned_by = lambda time: sum(n for s, n in pinned if s <= time)  # noqa: E731
+        self.rows: list[tuple[pulp.LpConstraint, int]] = []  # (row, bytes it holds besides its terms)
+        for f, v in enumerate(m.forward):  # memory at forward op f's run
+            fixed = sum(n for _, n in m.outs[v]) + ops[v].temp_bytes + pinned_by(f)
+            terms = []
+            for t in ftens:
+                if m.slot[producer[t]] < f:
+                    if any(m.slot[v] >= f for v in read_fwd[t]):
+                        fixed += size[t]
+                    else:
+                        terms.append((y[t, -1], size[t]))
+            self._row(terms, fixed)
+        self.across: list[int] = []  # per stage: bytes alive across it besides forward outputs
+        for b, w in enumerate(m.backward):
+            tb = m.first_start(w)
+            across = m.tangent_bytes + sum(size[t] for t in btens if stage[producer[t]] < b and last[t] >= b)
+            self.across.append(across + pinned_by(tb - 1))
+            fixed = across + sum(n for _, n in m.outs[w]) + ops[w].temp_bytes + pinned_by(tb)
+            self._row([(y[t, b], size[t]) for t in ftens if (t, b) in y], fixed)  # memory at t_b
+        self._held: dict[int, dict[str, object]] = {}  # stage -> tensor -> h
+        self._extra: dict[tuple[int, int, str], object] = {}  # (stage, slot, tensor) -> e
+        self._slot_rows: set[tuple[int, int]] = set()
+        self.results: list[milp.MilpResult] = []
+
+    def _row(self, terms, fixed: int) -> None:
+        constraint = pulp.LpAffineExpression(terms) <= 0
+        self.problem.addConstraint(constraint)
+        self.rows.append((constraint, fixed))
+
+    def _add_slot_row(self, b: int, k: int) -> None:
+        """The memory row at slot k of stage b (NOTE: [Stage relaxation]), once."""
+        if (b, k) in self._slot_rows:
+            return
+        self._slot_rows.add((b, k))
+        m, y, r, prob, size, producer = self.m, self.y, self.r, self.problem, self.size, self.producer
+        if b not in self._held:  # h_{T,b} >= y_{T,b} - r_{u(T),b}: T alive across stage b
+            self._held[b] = {}
+            for t in self.ftens:
+                if (t, b) in y and (producer[t], b) in r:
+                    h = self._held[b][t] = prob.add_variable(f"h_{b}_{self.index[t]}", lowBound=0, upBound=1)
+                    prob += h >= y[t, b] - r[producer[t], b]
+        held, u = self._held[b], m.forward[k]
+        terms = [
+            (y[t, b] if m.slot[producer[t]] <= k else held.get(t, y[t, b]), size[t]) for t in self.ftens if (t, b) in y
+        ]
+        for t in sorted({t for t, _ in m.outs[u]} | set(self.inputs[u])):
+            if (t, b) in y:
+                extra = self._extra[b, k, t] = prob.add_variable(f"e_{b}_{k}_{self.index[t]}", lowBound=0, upBound=1)
+                prob += extra >= r[u, b] - y[t, b]
+                terms.append((extra, size[t]))
+            else:
+                terms.append((r[u, b], size[t]))
+        terms.append((r[u, b], m.ops[u].temp_bytes))
+        self._row(terms, self.across[b])
+
+    def solve(self, capacity: int, time_limit: float | None) -> StageBound:
+        """The relaxation at `capacity` bytes, within `time_limit` seconds in all (None:
+        none): NOTE: [Lazy slot rows].  Each round solves at the capacity (a bound, and a
+        schedule that may break it) and, when it breaks it, once more at the capacity less
+        the excess (a schedule that may fit), then adds the rows that were missing; each
+        solve takes at most half the time left, so that one that stops at the time limit
+        leaves time for a repair."""
+        start = time.perf_counter()
+        bound, best, closest = None, None, None
+        for _ in range(ROUNDS):
+            left = lambda: None if time_limit is None else time_limit - (time.perf_counter() - start)  # noqa: E731
+            result, runs, profile = self._solve_at(capacity, None if left() is None else left() / 2)
+            if result.status == milp.INFEASIBLE:
+                return StageBound(bound, infeasible=True, runs=best, closest=closest)
+            if result.has_solution and result.gap is not None:
+                value = round(pulp.value(self.problem.objective))
+                proven = value if result.status == milp.OPTIMAL else math.floor(value * (1 - result.gap))
+                bound = proven if bound is None else max(bound, proven)
+            best = self._better(best, runs, profile, capacity)
+            closest = runs or closest
+            if runs is None or best is runs or (left() is not None and left() <= 1):
+                break
+            repaired, repaired_runs, repaired_profile = self._solve_at(
+                capacity - (max(profile) - capacity), None if left() is None else left() / 2
+            )
+            best = self._better(best, repaired_runs, repaired_profile, capacity)
+            closest = repaired_runs or closest
+            missing = self._missing(runs, profile, capacity)
+            if not missing or (left() is not None and left() <= 1):
+                break
+            for b, k in missing:
+                self._add_slot_row(b, k)
+        return StageBound(bound, runs=best, closest=best or closest)
+
+    def _solve_at(self, target: int, time_limit: float | None):
+        """(MILP result, its schedule or None, that schedule's memory profile or None)."""
+        if time_limit is not None and time_limit <= 1:
+            return milp.MilpResult(milp.NO_SOLUTION, None, 0.0, ""), None, None
+        for constraint, fixed in self.rows:
+            constraint.constant = fixed - target
+        result = milp.solve(self.problem, time_limit, rel_gap=REL_GAP, max_nodes=10**9)
+        self.results.append(result)
+        if not result.has_solution:
+            return result, None, None
+        runs = self._runs()
+        return result, runs, self.m.profile(runs)
+
+    def _better(self, best, runs, profile, capacity: int):
+        """The faster of `best` and `runs` where `runs` fits `capacity`."""
+        if runs is None or max(profile) > capacity:
+            return best
+        return runs if best is None or self.m.time_of(runs) < self.m.time_of(best) else best
+
+    def _missing(self, runs, profile, capacity: int) -> list[tuple[int, int]]:
+        """The (stage, slot) rows not yet in the model at the recomputations where the
+        schedule `runs` breaks `capacity` (NOTE: [Lazy slot rows])."""
+        m, F = self.m, len(self.m.forward)
+        missing = set()
+        for time_, live in enumerate(profile):
+            b, k = divmod(time_ - F, F + 1)
+            if live > capacity and time_ >= F and k < F and (b, k) not in self._slot_rows:
+                if time_ in runs[m.forward[k]]:
+                    missing.add((b, k))
+        return sorted(missing)
+
+    def add_every_slot_row(self) -> None:
+        """Every memory row of NOTE: [Stage relaxation], none left to NOTE: [Lazy slot rows]."""
+        for u, b in self.r:
+            self._add_slot_row(b, self.m.slot[u])
+
+    def point(self, runs, capacity: int) -> list[pulp.LpConstraint]:
+        """Sets every variable to its value in Moccasin's schedule `runs` (op -> times)
+        and the memory rows to `capacity` bytes; returns the constraints that point
+        breaks.  NOTE: [Stage relaxation] says there are none when the schedule's peak in
+        the model is at most `capacity`: the tests check it on real schedules.  Raises
+        KeyError when `runs` recomputes where the model offers no slot."""
+        m, F = self.m, len(self.m.forward)
+        _, tensor_ends = m._ends(runs)
+        alive = {}
+        for u in m.forward:
+            for s, ends in zip(runs[u], tensor_ends[u]):
+                for (t, _), e in zip(m.outs[u], ends):
+                    alive[t] = alive.get(t, []) + [(s, e)]
+        values = {var.name: 0 for var in self.problem.variables()}
+        values["every_op_once"] = 1
+        for u in m.forward:
+            for s in runs[u][1:]:
+                b, k = divmod(s - F, F + 1)
+                values[self.r[u, b].name] = 1
+        for (t, b), var in self.y.items():
+            at = F - 1 if b < 0 else m.first_start(m.backward[b])
+            values[var.name] = int(any(s <= at < e for s, e in alive.get(t, ())))
+        for b, held in self._held.items():
+            for t, h in held.items():
+                values[h.name] = max(0, values[self.y[t, b].name] - values[self.r[self.producer[t], b].name])
+        for (b, k, t), e in self._extra.items():
+            values[e.name] = max(0, values[self.r[m.forward[k], b].name] - values[self.y[t, b].name])
+        for var in self.problem.variables():
+            var.varValue = values[var.name]
+        for constraint, fixed in self.rows:
+            constraint.constant = fixed - capacity
+        return [c for c in self.problem.constraints.values() if not c.valid(0)]
+
+    def _runs(self) -> dict[int, list[int]]:
+        m = self.m
+        F = len(m.forward)
+        runs = {v: [m.first_start(v)] for v in range(len(m.ops))}
+        for (u, b), var in self.r.items():
+            if (var.value() or 0) > 0.5:
+                runs[u].append(F + b * (F + 1) + m.slot[u])
+        return {v: sorted(times) for v, times in runs.items()}
