@@ -537,11 +537,8 @@ class Moccasin:
         """The schedule's peak (bytes) in the model's memory (the "memory budget")."""
         return max(self.profile(runs))
 
-    def time_of(self, runs) -> int:
-        """The schedule's time (microseconds): each run of each op."""
-        return self._time(runs)
-
     def _time(self, runs) -> int:
+        """The schedule's time (microseconds): each run of each op."""
         return sum(self.ops[v].time_us * len(times) for v, times in runs.items())
 
     def _incumbent(self, capacity: int):
@@ -695,13 +692,14 @@ class Moccasin:
         result = None
         if status is not None:
             runs = self._solution(solver, variables)
-            if incumbent is not None and self._time(incumbent) < self._time(runs):
-                runs = incumbent  # CP-SAT stopped above its hint
+            if incumbent is not None and self._time(incumbent) < self._time(runs):  # CP-SAT stopped above its hint
+                bound = self._time(runs) * (1 - status[1])
+                runs, status = incumbent, (Status.FEASIBLE, max(0.0, 1 - bound / self._time(incumbent)))
             result = (self._order(runs), self._time(runs), *status)
             self._status.append(status)
             self._schedules.append((self._peak(runs), self._time(runs), runs))
-        elif incumbent is not None and stage.bound is not None:  # CP-SAT found nothing in the time left
-            gap = max(0.0, (self._time(incumbent) - stage.bound) / self._time(incumbent))
+        elif incumbent is not None:  # CP-SAT found nothing in the time left: the best hint, with the relaxation's gap
+            gap = None if stage.bound is None else max(0.0, 1 - stage.bound / self._time(incumbent))
             result = (self._order(incumbent), self._time(incumbent), Status.FEASIBLE, gap)
             self._status.append((Status.FEASIBLE, gap))
         self._solved[target] = result
@@ -759,8 +757,8 @@ class Moccasin:
         if not self._status:
             return SolverInfo(Status.OPTIMAL, None, self.seconds)
         feasible = [gap for status, gap in self._status if status != Status.OPTIMAL]
-        if feasible:
-            return SolverInfo(Status.FEASIBLE, max(feasible), self.seconds)
+        if feasible:  # a gap of None: no bound was proven for that solve
+            return SolverInfo(Status.FEASIBLE, None if None in feasible else max(feasible), self.seconds)
         return SolverInfo(Status.OPTIMAL, max(gap or 0.0 for _, gap in self._status), self.seconds)
 
     def solve(self, target: int) -> SolverResult:

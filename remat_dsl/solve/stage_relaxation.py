@@ -79,8 +79,8 @@ class StageBound:
 
 class StageRelaxation:
     """NOTE: [Stage relaxation] for a Moccasin model `m` (remat_dsl.solve.moccasin.Moccasin):
-    built once, solved at each capacity (bytes) by changing the memory rows' right-hand
-    sides only (NOTE: [Model reuse] in remat_dsl.solve.ilp.milp).
+    built once, solved at each capacity (bytes) by setting the memory rows' right-hand
+    sides (solves through remat_dsl.solve.ilp.milp: HiGHS, CBC as the fallback).
 
     NOTE: [Lazy slot rows]
     Memory at the slots of each stage is one row per slot where a recomputation may run
@@ -196,27 +196,28 @@ class StageRelaxation:
         solve takes at most half the time left, so that one that stops at the time limit
         leaves time for a repair."""
         start = time.perf_counter()
+
+        def half_left() -> float | None:
+            return None if time_limit is None else (time_limit - (time.perf_counter() - start)) / 2
+
         bound, best, closest = None, None, None
         for _ in range(ROUNDS):
-            left = lambda: None if time_limit is None else time_limit - (time.perf_counter() - start)  # noqa: E731
-            result, runs, profile = self._solve_at(capacity, None if left() is None else left() / 2)
+            result, runs, profile = self._solve_at(capacity, half_left())
             if result.status == milp.INFEASIBLE:
                 return StageBound(bound, infeasible=True, runs=best, closest=closest)
-            if result.has_solution and result.gap is not None:
-                value = round(pulp.value(self.problem.objective))
-                proven = value if result.status == milp.OPTIMAL else math.floor(value * (1 - result.gap))
+            if result.has_solution and result.gap is not None:  # HiGHS's dual bound (CBC gives none when stopped)
+                proven = math.floor(pulp.value(self.problem.objective) * (1 - result.gap))
                 bound = proven if bound is None else max(bound, proven)
             best = self._better(best, runs, profile, capacity)
             closest = runs or closest
-            if runs is None or best is runs or (left() is not None and left() <= 1):
+            if runs is None or best is runs:
                 break
-            repaired, repaired_runs, repaired_profile = self._solve_at(
-                capacity - (max(profile) - capacity), None if left() is None else left() / 2
-            )
-            best = self._better(best, repaired_runs, repaired_profile, capacity)
-            closest = repaired_runs or closest
+            excess = max(profile) - capacity
+            _, repaired, repaired_profile = self._solve_at(capacity - excess, half_left())
+            best = self._better(best, repaired, repaired_profile, capacity)
+            closest = repaired or closest
             missing = self._missing(runs, profile, capacity)
-            if not missing or (left() is not None and left() <= 1):
+            if not missing:
                 break
             for b, k in missing:
                 self._add_slot_row(b, k)
@@ -239,7 +240,7 @@ class StageRelaxation:
         """The faster of `best` and `runs` where `runs` fits `capacity`."""
         if runs is None or max(profile) > capacity:
             return best
-        return runs if best is None or self.m.time_of(runs) < self.m.time_of(best) else best
+        return runs if best is None or self.m._time(runs) < self.m._time(best) else best
 
     def _missing(self, runs, profile, capacity: int) -> list[tuple[int, int]]:
         """The (stage, slot) rows not yet in the model at the recomputations where the
