@@ -11,7 +11,8 @@ lower bound on the model's optimum.  It is RK-Checkmate's ILP (papers/thesis-*, 
 2.4, eq. 2.3-2.19) with the pruning of remat_dsl.solve.ilp.hilp (NOTE: [Pruning]) and
 without the per-step alive and delete variables of section 2.4.3 (eq. 2.13-2.17), which
 make up most of that ILP: on GPT-2 (4 layers) hilp's model had 61,850 variables and
-119,264 rows and HiGHS found no solution at 30% of the autograd peak in 300 s.
+119,264 rows and HiGHS found no solution at 30% of the autograd peak in 300 s (other
+runs beside it); this one starts at 22,212 variables and 24,069 rows, built in 0.3 s.
 
 NOTE: [Stage relaxation]
 Variables (binary), for each forward output T (made by forward op u(T)) and each
@@ -84,8 +85,9 @@ class StageRelaxation:
 
     NOTE: [Lazy slot rows]
     Memory at the slots of each stage is one row per slot where a recomputation may run
-    (12,000 rows of up to 200 terms on GPT-2, 4 layers), and most never bind: at 50% of
-    the autograd peak the optimum is the same without them.  So the model starts with the
+    (examples/gpt2.py, 4 layers: 6,128 rows of up to 177 terms, 746,534 nonzeros), and
+    most never bind: at 50% of the autograd peak the first solve's schedule fitted
+    without any of them (one profile, 60 s: 39,376 us over a bound of 38,458 us).  So the model starts with the
     rows at forward ops and at each t_b; after a solve, the rows of the slots where its
     schedule breaks the capacity in Moccasin's model (`Moccasin.profile`) are added, and
     it is solved again.  Each solve's optimum is a lower bound (its rows are a subset of
