@@ -151,6 +151,12 @@ HINT_ROUNDS = 6  # Rockmate targets tried for a hint that fits (NOTE: [Hints])
 STAGE_SHARE = 0.5  # of a solve's time limit, at most, for the relaxation (NOTE: [Stage bound]); CP-SAT has the rest
 
 
+def _gap(value: float, bound: float) -> float:
+    """The relative gap of a schedule's time `value` over a proven lower `bound` (both
+    microseconds), 0 when the bound meets it (or the time is 0)."""
+    return max(0.0, (value - bound) / value) if value > 0 else 0.0
+
+
 def _cp_model():
     try:
         from ortools.sat.python import cp_model
@@ -459,8 +465,7 @@ class Moccasin:
             return solver, None
         if code == cp_model.OPTIMAL:
             return solver, (Status.OPTIMAL, 0.0)
-        value, bound = solver.objective_value, max(solver.best_objective_bound, bound or 0)
-        gap = max(0.0, (value - bound) / value) if value > 0 else 0.0
+        gap = _gap(solver.objective_value, max(solver.best_objective_bound, bound or 0))
         return solver, (Status.OPTIMAL if gap <= GAP_OPTIMAL else Status.FEASIBLE, gap)
 
     # --- schedules: an order on the time axis (NOTE: [Hints]) ---------------------------
@@ -674,7 +679,7 @@ class Moccasin:
             self._schedules.append((self._peak(stage.runs), self._time(stage.runs), stage.runs))
         incumbent = self._incumbent(capacity * self._unit())
         if incumbent is not None and stage.bound is not None:
-            gap = max(0.0, (self._time(incumbent) - stage.bound) / self._time(incumbent))
+            gap = _gap(self._time(incumbent), stage.bound)
             if gap <= GAP_OPTIMAL:  # proven by the relaxation: CP-SAT has nothing to add
                 self._status.append((Status.OPTIMAL, gap))
                 self._solved[target] = (self._order(incumbent), self._time(incumbent), Status.OPTIMAL, gap)
@@ -694,12 +699,12 @@ class Moccasin:
             runs = self._solution(solver, variables)
             if incumbent is not None and self._time(incumbent) < self._time(runs):  # CP-SAT stopped above its hint
                 bound = self._time(runs) * (1 - status[1])
-                runs, status = incumbent, (Status.FEASIBLE, max(0.0, 1 - bound / self._time(incumbent)))
+                runs, status = incumbent, (Status.FEASIBLE, _gap(self._time(incumbent), bound))
             result = (self._order(runs), self._time(runs), *status)
             self._status.append(status)
             self._schedules.append((self._peak(runs), self._time(runs), runs))
         elif incumbent is not None:  # CP-SAT found nothing in the time left: the best hint, with the relaxation's gap
-            gap = None if stage.bound is None else max(0.0, 1 - stage.bound / self._time(incumbent))
+            gap = None if stage.bound is None else _gap(self._time(incumbent), stage.bound)
             result = (self._order(incumbent), self._time(incumbent), Status.FEASIBLE, gap)
             self._status.append((Status.FEASIBLE, gap))
         self._solved[target] = result

@@ -243,8 +243,8 @@ def _assign_backward(backward: list[ir.Op], fw_blocks: list[list[ir.Op]]) -> lis
     for op in backward:
         module = tuple(op.name.split(".bwd.")[0].split(".")) if ".bwd." in op.name else ()
         held = sorted({i for key, where in blocks_of.items() if module and key[: len(module)] == module for i in where})
-        made = min((made_by[t] for t in op_uses(op, set(made_by))), default=last)
-        reads = [made_in[t] for t in op_uses(op, set(made_in))]
+        made = min((made_by[t] for t in op_uses(op, made_by.keys())), default=last)
+        reads = [made_in[t] for t in op_uses(op, made_in.keys())]
         if not held:
             block = min(last, made)
         elif held[-1] - held[0] + 1 == len(held):  # one run (or runs side by side): its last block
