@@ -372,7 +372,9 @@ def test_rotor_falls_back_on_the_papers_chain_model_where_it_reaches_lower(tmp_p
     """NOTE: [Two chain models]: on a 2-layer Hugging Face GPT-2 with the CPU device model's
     costs, the counted chain's plans near its floor peak at 65% of the autograd peak and the
     paper's at 62% (its errors partly cancel there); the smallest budget is the paper
-    model's, the plan at it says so in its header, and it trains bit for bit."""
+    model's, and the plan at it is the paper model's or a counted plan repaired to fit
+    (NOTE: [Polish and repair] in solve/driver.py), its header says which, and it trains
+    bit for bit."""
     from remat_dsl.capture.cost import load_device
 
     model_file = load_model_file(str(ROOT / "tests/models/hf_gpt2.py"))
@@ -384,6 +386,8 @@ def test_rotor_falls_back_on_the_papers_chain_model_where_it_reaches_lower(tmp_p
     smallest = planner.smallest_budget("rotor")
     assert smallest == min(p.header.peak_bytes for p in planner._floor_plans(paper)) < counted
     plan = planner.plan(smallest, "rotor")
-    assert plan.header.solver.endswith("gradients=uncounted") and plan.header.peak_bytes <= smallest
+    repaired = any(c.startswith("repair: ") for c in plan.header.comments)
+    assert plan.header.solver.endswith("gradients=uncounted") or repaired
+    assert plan.header.peak_bytes <= smallest
     measured = trained_peak(model_file, print_plan(plan), tmp_path, steps=2)
     assert abs(measured - plan.header.peak_bytes) <= 0.05 * plan.header.peak_bytes
