@@ -55,8 +55,8 @@ from remat_dsl.solve.polish import polish, repair
 from remat_dsl.solve.registry import NAMES, solver_class
 
 MAX_ROUNDS = 8
-REPAIR_REACH = 0.10  # near misses repaired: simulated peaks at most 10% above the budget (NOTE: [Polish and repair])
-REPAIR_PLANS = 2  # the fastest near misses repaired, per solver
+REPAIR_REACH = 0.15  # near misses repaired: simulated peaks at most 15% above the budget (NOTE: [Polish and repair])
+REPAIR_PLANS = 3  # the fastest near misses repaired, per solver
 
 
 class Planner:

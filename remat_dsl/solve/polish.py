@@ -28,26 +28,34 @@ until one drops nothing, at most MAX_ROUNDS.  Everything is in a fixed order, so
 result is deterministic.
 
 NOTE: [Repair]
-A solver's plans near its floor can be a little above the budget while plans it makes
-within the budget are much slower: at 30% of GPT-2's (4 layers) autograd peak, Rockmate's
-smallest plan peaked 1.3% above the budget at 54,954 us, and the plan the driver then
-took, from a fallback, predicted 83,881 us.  `repair` brings such a plan under the
-budget: at its exact peak it recomputes one of the tensors resident there and not used
-there, right before its next use (the lowering then deletes the tensor after its last use
-before the peak, and keeps the producer's inputs alive to the new run when they are not
-already), choosing among the REPAIR_WIDTH largest by the exact time added per byte the
-peak falls, and repeats until the peak fits (at most REPAIR_STEPS times, and at most
-REPAIR_WORK order entries lowered in all, so that a 20,000-op graph tries few).  Each candidate
-is lowered and simulated exactly, so what it reports is what the plan does.
+A solver's plans near its floor can be a little above the budget while the plans it makes
+within the budget are much slower: at 30% of GPT-2's (4 layers) autograd peak, with one
+measured profile, Rockmate's smallest plans peaked 1.3% to 7% above the budget at 50,773
+to 54,954 us, and the plan the driver then took, from a fallback, predicted 83,881 us.
+`repair` brings such a plan under the budget: at its exact peak it recomputes one of the
+tensors resident there and not used there, right before its next use (the lowering then
+deletes the tensor after its last use before the peak, and keeps the producer's inputs
+alive to the new run when they are not already).  Of the REPAIR_WIDTH largest such
+tensors it estimates each move on the timeline (`_estimate`: the excess over the budget,
+`_excess`, summed over the steps, so that a flat peak falls step by step), lowers and
+simulates the REPAIR_EXACT that promise the most fall per microsecond added, takes the
+best of those by the exact time added per byte-step the excess falls, and repeats until
+the plan fits (at most REPAIR_STEPS moves, and at most REPAIR_WORK order entries lowered
+in all).  What it returns was lowered and simulated exactly.  There, repaired (15 moves)
+and polished, a near miss 10.7% above the budget gave 49,597 us.
 
-Neither is applied to plans with transfers (offload, prefetch: their timing depends on the
-order), recomputations the user asked for (`recompute` constraints), and plans above
-their budget.  The plan's decisions (comments) move with the runs they annotate, or to
-the next run left when theirs is dropped, and the header says what the polish did.
+Neither is applied to plans with transfers (offload, prefetch: their timing depends on
+the order) nor to orders of more than MAX_RUNS runs (a 20,000-op graph's: every round or
+try lowers and simulates the whole plan, seconds there; one round of polish also scans
+at most DROP_WORK timeline steps).  Polish keeps the recomputations the user asked for
+(`recompute` constraints) and leaves plans above their budget as they are.  The plan's
+decisions (comments) move with the runs they annotate, or to the next run left when
+theirs is dropped, and the header's solver says what was done.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from dataclasses import replace
 
@@ -58,28 +66,34 @@ from remat_dsl.plan import ir
 from remat_dsl.plan.constraints import matching
 from remat_dsl.plan.errors import PlanError
 from remat_dsl.plan.ir import op_uses, pinned_tensors
-from remat_dsl.plan.units import format_bytes, format_duration
+from remat_dsl.plan.units import format_duration
 from remat_dsl.solve.api import Decision
 from remat_dsl.solve.lowering import lower_order
 
 MAX_ROUNDS = 8
-REPAIR_STEPS = 24  # recomputations `repair` adds at most
-REPAIR_WIDTH = 16  # tensors resident at the peak it tries for each
+MAX_RUNS = 20_000  # longer orders are left as they are: each round lowers and simulates the whole plan
+DROP_WORK = 200_000_000  # timeline steps one round of polish scans, at most, for its drops
+REPAIR_STEPS = 64  # recomputations `repair` adds at most
+REPAIR_WIDTH = 32  # tensors resident at the peak whose move it estimates, for each
+REPAIR_EXACT = 3  # of those, the moves it lowers and simulates exactly
 REPAIR_WORK = 2_000_000  # order entries lowered and simulated, at most, by one repair (a 2,000-run order: 1,000 tries)
 RUN_VERBS = ("compute", "recompute")
+REPAIR_NOTE = "repair: recomputed here for %s, which was resident at the peak above the budget"
 
 
 def polish(plan: ir.Plan, budget: int) -> ir.Plan:
     """`plan` with the recomputations that fit `budget` (bytes) dropped (NOTE: [Polish]).
 
     Returns `plan` itself when nothing can be dropped, or when the plan is not polished
-    (transfers, a peak above `budget`); otherwise a plan of the same solver, status and
-    budget whose exact peak is at most `budget`, whose time is lower, and whose header
-    comments say how many recomputations were dropped and the time saved (us)."""
+    (transfers, a peak above `budget`, more than MAX_RUNS runs); otherwise a plan of the same solver, status and
+    budget whose exact peak is at most `budget`, whose time is lower, and whose header's
+    solver ends `; polished -N recomputations, -T ms` (the time saved)."""
     instructions = plan.forward + plan.backward
     if plan.header.peak_bytes > budget or any(ins.verb not in (*RUN_VERBS, "delete") for ins in instructions):
         return plan
     order, decisions = _order_of(instructions)
+    if len(order) > MAX_RUNS:
+        return plan
     graph = plan.graph
     wanted = {t.producer for t in graph.tensors if t.name in matching(graph, plan.constraints, "recompute")}
     index = _Index(graph)
@@ -102,15 +116,17 @@ def polish(plan: ir.Plan, budget: int) -> ir.Plan:
         best, sim, order, decisions = candidate, candidate_sim, new_order, new_decisions
     if best is plan:
         return plan
-    saved = plan.header.time_us - best.header.time_us
-    note = f"polish: {dropped} recomputations dropped where keeping their values fits the budget, saving {format_duration(saved)}"
-    return replace(best, header=replace(best.header, comments=plan.header.comments + (note,)))
+    saved = format_duration(plan.header.time_us - best.header.time_us)
+    solver = f"{plan.header.solver}; polished -{dropped} recomputations, -{saved}"
+    return replace(best, header=replace(best.header, solver=solver))
 
 
 def repair(plan: ir.Plan, budget: int) -> ir.Plan | None:
     """`plan` with recomputations added until its exact peak is at most `budget` (bytes),
-    or None when REPAIR_STEPS of them do not get there (NOTE: [Repair]).  The header's
-    comments say how many were added and the peak before; its status is `feasible`."""
+    or None when REPAIR_STEPS of them do not get there, or the plan has transfers or more
+    than MAX_RUNS runs (NOTE: [Repair]).  Its header's
+    solver ends `; repaired +N recomputations`, each added run has a comment saying why,
+    and its status is `feasible`."""
     instructions = plan.forward + plan.backward
     if any(ins.verb not in (*RUN_VERBS, "delete") for ins in instructions):
         return None
@@ -118,21 +134,24 @@ def repair(plan: ir.Plan, budget: int) -> ir.Plan | None:
         return plan
     index = _Index(plan.graph)
     order, decisions = _order_of(instructions)
+    if len(order) > MAX_RUNS:
+        return None
     current, sim = plan, simulate(plan)
     tries = REPAIR_WORK // max(1, len(order))
     for added in range(1, REPAIR_STEPS + 1):
         best = None
-        for at, tensor in _repair_moves(index, order, sim):
+        for at, tensor in _repair_moves(index, order, sim, budget):
             tries -= 1
             if tries < 0:
                 return None
             new_order = order[:at] + [index.producer[tensor]] + order[at:]
             new_decisions = [Decision(d.at + (d.at >= at), d.text) for d in decisions]
+            new_decisions.append(Decision(at, REPAIR_NOTE % tensor))
             try:
                 candidate, candidate_sim = _lowered_like(current, new_order, new_decisions, with_simulation=True)
             except PlanError:
                 continue
-            fall = sim.peak_bytes - candidate_sim.peak_bytes
+            fall = _excess(sim, budget) - _excess(candidate_sim, budget)
             if fall <= 0:
                 continue
             key = ((candidate_sim.time_us - sim.time_us) / fall, at, tensor)
@@ -142,38 +161,86 @@ def repair(plan: ir.Plan, budget: int) -> ir.Plan | None:
             return None
         _, current, sim, order, decisions = best
         if sim.peak_bytes <= budget:
-            note = (f"repair: {added} recomputations added to bring the peak from {format_bytes(plan.header.peak_bytes)} "
-                    f"down to the budget")
-            header = replace(current.header, status="feasible", comments=plan.header.comments + (note,))
-            return replace(current, header=header)
+            solver = f"{plan.header.solver}; repaired +{added} recomputations"
+            return replace(current, header=replace(current.header, solver=solver, status="feasible"))
     return None
 
 
-def _repair_moves(index: _Index, order: list[str], sim) -> list[tuple[int, str]]:
+def _excess(sim, budget: int) -> int:
+    """Byte-steps above `budget`: the sum over the steps of how far each one's peak is
+    above it (0: the plan fits).  A flat peak over several steps falls step by step."""
+    return sum(max(0, step.mem_peak - budget) for step in sim.timeline)
+
+
+def _repair_moves(index: _Index, order: list[str], sim, budget: int) -> list[tuple[int, str]]:
     """(position, tensor): recompute `tensor` right before `position`, its next use after
-    the peak; for the REPAIR_WIDTH largest tensors resident at the peak and not used there."""
-    k = max(range(len(sim.timeline)), key=lambda i: sim.timeline[i].mem_peak)
-    at_peak = sum(1 for step in sim.timeline[: k + 1] if step.instruction.verb in RUN_VERBS) - 1
+    the peak; of the REPAIR_WIDTH largest tensors resident at the peak and not used there,
+    the REPAIR_EXACT whose estimated excess (`_excess`) falls most per microsecond added
+    (`_estimate`)."""
+    steps = sim.timeline
+    peaks = np.array([step.mem_peak for step in steps], dtype=np.int64)
+    k = int(peaks.argmax())
+    run_at = [i for i, step in enumerate(steps) if step.instruction.verb in RUN_VERBS]
+    at_peak = bisect.bisect_right(run_at, k) - 1
     busy = set(index.uses[order[at_peak]]) | set(index.ops[order[at_peak]].outputs) if at_peak >= 0 else set()
-    live = [(n, name) for name, n in _resident_at(sim, k) if name not in busy and name not in index.pinned]
-    live = [(n, name) for n, name in live if name in index.producer and index.ops[index.producer[name]].phase == ir.FORWARD]
-    moves = []
+    intervals = _intervals(steps)
+    live = [
+        (index.nbytes[name], name)
+        for name, spans in intervals.items()
+        if name in index.producer and name not in busy and name not in index.pinned
+        and index.ops[index.producer[name]].phase == ir.FORWARD and any(a < k <= r for a, r in spans)
+    ]  # fmt: skip
+    scored, excess = [], int(np.maximum(peaks - budget, 0).sum())
     for _, tensor in sorted(live, key=lambda item: (-item[0], item[1]))[:REPAIR_WIDTH]:
         use = next((i for i in range(at_peak + 1, len(order)) if tensor in index.uses[order[i]]), None)
-        if use is not None:
-            moves.append((use, tensor))
-    return moves
+        if use is None:
+            continue
+        fall = excess - _estimate(index, order, steps, peaks, intervals, run_at, at_peak, tensor, use, budget)
+        if fall > 0:
+            scored.append((index.ops[index.producer[tensor]].time_us / fall, use, tensor))
+    return [(use, tensor) for _, use, tensor in sorted(scored)[:REPAIR_EXACT]]
 
 
-def _resident_at(sim, k: int) -> list[tuple[str, int]]:
-    """(tensor, bytes) resident when step k runs, from the steps' events (NOTE: [Step events])."""
-    resident: dict[str, int] = {}
-    for step in sim.timeline[:k]:
-        for name, n in step.added:
-            resident[name] = n
+def _estimate(index: _Index, order, steps, peaks, intervals, run_at, at_peak: int, tensor: str, use: int,
+              budget: int) -> int:  # fmt: skip
+    """`_excess` after recomputing `tensor` right before position `use`, estimated on the
+    timeline: `tensor` is gone from after its last use up to the peak to the new
+    run, the producer's inputs not resident there are kept from their delete to it, and
+    the new run holds its inputs, outputs and temporaries."""
+    producer = index.ops[index.producer[tensor]]
+    u = run_at[use]
+    made = max(a for a, r in intervals[tensor] if a < u)
+    reads = (run_at[p] for p in range(at_peak, -1, -1) if run_at[p] > made and tensor in index.uses[order[p]])
+    last = next(reads, made)  # the last run reading it up to the peak, or the one that made it
+    delta = np.zeros_like(peaks)
+    delta[last + 1 : u] -= index.nbytes[tensor]
+    kept = 0
+    for name in index.uses[producer.name]:
+        spans = [(a, r) for a, r in intervals.get(name, ()) if a < u]
+        if not spans or any(r >= u for _, r in spans):
+            continue
+        r = max(r for _, r in spans)
+        delta[r + 1 : u] += index.nbytes[name]
+        kept += index.nbytes[name]
+    made_bytes = sum(index.nbytes[t] for t in producer.outputs) + producer.temp_bytes
+    run_peak = steps[u].mem_before - index.nbytes[tensor] + kept + made_bytes
+    return int(np.maximum(peaks + delta - budget, 0).sum()) + max(0, run_peak - budget)
+
+
+def _intervals(steps) -> dict[str, list[tuple[int, int]]]:
+    """name -> (a, r) for each copy: made at step a, deleted at step r (len(steps) when never),
+    from the steps' events (NOTE: [Step events] in remat_dsl.check.replay)."""
+    spans: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    start: dict[str, int] = {}
+    for i, step in enumerate(steps):
+        for name, _ in step.added:
+            start[name] = i
         for name, _ in step.removed:
-            resident.pop(name, None)
-    return list(resident.items())
+            if name in start:
+                spans[name].append((start.pop(name), i))
+    for name, a in start.items():
+        spans[name].append((a, len(steps)))
+    return spans
 
 
 class _Index:
@@ -239,12 +306,15 @@ def _drops(index: _Index, order: list[str], timeline, budget: int, wanted: set[s
             extend.append((d + 1, run_at[i], index.nbytes[t]))
         else:
             candidates.append((-ops[name].time_us, i, extend))
-    drops, dropped_ops = set(), set()
+    drops, dropped_ops, work = set(), set(), DROP_WORK
     for _, i, extend in sorted(candidates, key=lambda c: (c[0], c[1])):
         if order[i] in dropped_ops:
             continue
         if extend:
             lo, hi = min(a for a, _, _ in extend), max(b for _, b, _ in extend)
+            work -= hi - lo
+            if work < 0:
+                break
             grown = growth[lo:hi].copy()
             for a, b, n in extend:
                 grown[a - lo : b - lo] += n
