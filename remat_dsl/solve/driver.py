@@ -32,9 +32,9 @@ are repaired (recomputations added at the peak until it fits) and polished too; 
 fastest of these is the plan.  Near misses count from every candidate tried (a solver
 whose own model cannot meet the budget, then its fallbacks), but only once one of them
 fits: a budget below the smallest feasible one (the floor plans') is still refused, so
-every budget at or above it gets a plan and none below it does.  On
-GPT-2 (4 layers) at 30% of the autograd peak this gave 50,721 us where the fallback's
-plan took 83,881 us (NOTE: [Repair] there).
+every budget at or above it gets a plan and none below it does.  On GPT-2 (4 layers) at
+30% of the autograd peak, with one measured profile, this gave 49,597 us where the
+fallback's plan took 83,881 us (NOTE: [Repair]; `python bench/polish.py` for more).
 """
 
 from __future__ import annotations
