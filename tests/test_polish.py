@@ -94,8 +94,9 @@ def test_polished_plans_are_faster_within_the_budget_and_train_bit_exactly(gpt2,
 
 
 def test_polish_keeps_what_the_user_asked_to_recompute(gpt2, tmp_path):
-    """A `recompute` constraint is honoured: polish does not drop those recomputations,
-    though keeping the tensor would fit."""
+    """A `recompute` constraint is honoured through the whole pipeline, though keeping the
+    tensor would fit at 90%: polish skips those runs, and the lowering puts a constrained
+    recomputation back if one is dropped, so this checks the two together."""
     model_file, captured, _ = gpt2
     path = tmp_path / "c.txt"
     path.write_text('recompute "transformer.h.*.mlp.act.tanh"\n')

@@ -95,6 +95,7 @@ def polish(plan: ir.Plan, budget: int) -> ir.Plan:
     if len(order) > MAX_RUNS:
         return plan
     graph = plan.graph
+    # the lowering would put a dropped constrained run back (slower round): never drop one
     wanted = {t.producer for t in graph.tensors if t.name in matching(graph, plan.constraints, "recompute")}
     index = _Index(graph)
     best, sim, dropped = plan, simulate(plan), 0
@@ -107,7 +108,7 @@ def polish(plan: ir.Plan, budget: int) -> ir.Plan:
         new_order = [name for name, k in zip(order, keep) if k]
         new_decisions = _moved(decisions, keep)
         try:
-            candidate, candidate_sim = _lowered_like(best, new_order, new_decisions, with_simulation=True)
+            candidate, candidate_sim = _lowered_like(best, new_order, new_decisions)
         except PlanError:
             break
         if candidate_sim.peak_bytes > budget or candidate_sim.time_us >= sim.time_us:
@@ -139,7 +140,7 @@ def repair(plan: ir.Plan, budget: int) -> ir.Plan | None:
     current, sim = plan, simulate(plan)
     tries = REPAIR_WORK // max(1, len(order))
     for added in range(1, REPAIR_STEPS + 1):
-        best = None
+        best, excess = None, _excess(sim, budget)
         for at, tensor in _repair_moves(index, order, sim, budget):
             tries -= 1
             if tries < 0:
@@ -148,10 +149,10 @@ def repair(plan: ir.Plan, budget: int) -> ir.Plan | None:
             new_decisions = [Decision(d.at + (d.at >= at), d.text) for d in decisions]
             new_decisions.append(Decision(at, REPAIR_NOTE % tensor))
             try:
-                candidate, candidate_sim = _lowered_like(current, new_order, new_decisions, with_simulation=True)
+                candidate, candidate_sim = _lowered_like(current, new_order, new_decisions)
             except PlanError:
                 continue
-            fall = _excess(sim, budget) - _excess(candidate_sim, budget)
+            fall = excess - _excess(candidate_sim, budget)
             if fall <= 0:
                 continue
             key = ((candidate_sim.time_us - sim.time_us) / fall, at, tensor)
@@ -266,14 +267,14 @@ def _order_of(instructions) -> tuple[list[str], list[Decision]]:
     return order, decisions
 
 
-def _lowered_like(plan: ir.Plan, order: list[str], decisions: list[Decision], with_simulation: bool = False):
-    """The plan of `order` with `plan`'s header fields (and its Simulation, if asked).
+def _lowered_like(plan: ir.Plan, order: list[str], decisions: list[Decision]):
+    """The plan of `order` with `plan`'s header fields, and its Simulation.
     Raises PlanError when the order breaks a rule of the checker."""
     forward, backward = lower_order(plan.graph, order, plan.constraints, decisions)
     new = replace(plan, forward=forward, backward=backward)
     sim = simulate(new)
     new = with_predictions(new, sim)
-    return (new, sim) if with_simulation else new
+    return new, sim
 
 
 def _drops(index: _Index, order: list[str], timeline, budget: int, wanted: set[str]) -> set[int]:
