@@ -221,12 +221,14 @@ class Planner:
             store_all = self._lowered(autograd_order(self.problem.graph), solver, Status.OPTIMAL, budget)
             if store_all.header.peak_bytes <= budget:  # no recompute: optimal, whatever the solver's MILPs said
                 return store_all, SolverInfo(Status.OPTIMAL, None, solver.info.seconds)
-        plan = self._fit_order(solver, budget, [] if near is None else near)
-        return plan, solver.info
+        return self._fit_order(solver, budget, [] if near is None else near)
 
-    def _fit_order(self, solver, budget: int, near: list[ir.Plan]) -> ir.Plan:
-        """The solver's plan that fits `budget`, its target corrected; the plans above it
-        are appended to `near`.  Raises BudgetError."""
+    def _fit_order(self, solver, budget: int, near: list[ir.Plan]) -> tuple[ir.Plan, SolverInfo]:
+        """The solver's plan that fits `budget`, its target corrected, and how the solve
+        that made it went (its own gap: a solver that keeps its solves, such as
+        moccasin in a budget sweep, reports in `info` the largest gap of them all, which
+        is not this plan's); the plans above it are appended to `near`.  Raises
+        BudgetError."""
         tried = self._tried.setdefault(solver, {})
         target, corrected, at_floor = budget, False, False
         for _ in range(MAX_ROUNDS):
@@ -244,7 +246,7 @@ class Planner:
             tried[target] = plan.header.peak_bytes
             excess = plan.header.peak_bytes - budget
             if excess <= 0:
-                return plan
+                return plan, self._solve_info(result, solver)
             near.append(plan)
             if at_floor:
                 break
@@ -252,13 +254,21 @@ class Planner:
             target, corrected = max(0, target - max(excess, budget // 50)), True
         fitting = [t for t, peak in tried.items() if peak <= budget]
         if fitting:
-            return self._lowered(solver.solve(max(fitting)), solver, Status.FEASIBLE, budget)
+            result = solver.solve(max(fitting))
+            return self._lowered(result, solver, Status.FEASIBLE, budget), self._solve_info(result, solver)
         plans = self._floor_plans(solver, budget)
         near += [p for p in plans if p.header.peak_bytes > budget]
         best = min(plans, key=lambda p: p.header.peak_bytes)
         if best.header.peak_bytes > budget:
             raise BudgetError(budget, best.header.peak_bytes, solver.name)
-        return best
+        return best, solver.info
+
+    @staticmethod
+    def _solve_info(result, solver) -> SolverInfo:
+        """The status and gap of the solve that gave `result`, with the solver's seconds
+        so far."""
+        info = getattr(result, "info", None)
+        return solver.info if info is None else replace(info, seconds=solver.info.seconds)
 
     def _floor_plans(self, solver, budget: int = 0) -> list[ir.Plan]:
         """The plans at the solver's floor targets (`api.floor_targets`), each simulated."""
