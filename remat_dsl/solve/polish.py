@@ -19,13 +19,23 @@ the grown timeline stays within the budget everywhere.
 
 Each round simulates the current order once and visits its recomputations by the time
 they take (largest first, then by position), taking every one that fits with the growth
-of those taken before it (at most one per op per round: a second drop of the same op
-would start from a delete the first one moved).  Runs that nobody reads any more (the
-inputs recomputed only for a dropped run) are then removed, the order lowered and
-simulated again, and the round kept only if the exact peak is within the budget (always,
-unless the timeline above is wrong: then the previous order stays).  Rounds repeat
-until one drops nothing, at most MAX_ROUNDS.  Everything is in a fixed order, so the
-result is deterministic.
+of those taken before it.  Two runs of an op in a row may both be dropped when every
+output read from the later run's copy is read from the earlier one's too: the copy kept
+from before the first then lives on over the earlier run's own copy, so the growths add
+up; otherwise the first drop would have skipped an output the second needs kept.  Runs
+that nobody reads any more (the inputs recomputed only for a dropped run, and theirs)
+are then removed in one pass from the end, the order lowered and simulated again, and
+the round kept only if the exact peak is within the budget (always, unless the timeline
+above is wrong: then the previous order stays).  Rounds repeat until one drops nothing,
+at most MAX_ROUNDS, and while the order entries simulated stay within POLISH_WORK (a
+round costs about its order's length).  `python bench/twremat_scale.py` (a 20,000-op
+layered graph, 2026-11-25, idle): TW-Remat's plans at 50% and 30% of the store-all peak
+and at its smallest budget (25.3%), 215,000 runs and x10.77 over every op once
+unpolished, were polished to x1.36, x3.37 and x3.86 (MAX_ROUNDS or POLISH_WORK stopped
+the last two) in 31.6 to 37.8 s a plan, after 10.5 s of tree decomposition and candidate
+orders shared by all three: under a minute.  Before, dead runs were removed one level
+per pass (1,253 passes, 467 s of a 482 s round under a profiler) and an op dropped once
+per round.  Everything is in a fixed order, so the result is deterministic.
 
 NOTE: [Repair]
 A solver's plans near its floor can be a little above the budget while the plans it makes
@@ -45,9 +55,10 @@ in all).  What it returns was lowered and simulated exactly.  There, repaired (1
 and polished, a near miss 10.7% above the budget gave 49,597 us.
 
 Neither is applied to plans with transfers (offload, prefetch: their timing depends on
-the order) nor to orders of more than MAX_RUNS runs (a 20,000-op graph's: every round or
-try lowers and simulates the whole plan, seconds there; one round of polish also scans
-at most DROP_WORK timeline steps).  Polish keeps the recomputations the user asked for
+the order).  Repair leaves orders of more than MAX_RUNS runs as they are (every try
+lowers and simulates the whole plan, seconds there), polish those of more than
+POLISH_WORK / 2 (not one round would fit); one round of polish scans at most DROP_WORK
+timeline steps.  Polish keeps the recomputations the user asked for
 (`recompute` constraints) and leaves plans above their budget as they are.  The plan's
 decisions (comments) move with the runs they annotate, or to the next run left when
 theirs is dropped, and the header's solver says what was done.
@@ -71,7 +82,8 @@ from remat_dsl.solve.api import Decision
 from remat_dsl.solve.lowering import lower_order
 
 MAX_ROUNDS = 8
-MAX_RUNS = 20_000  # longer orders are left as they are: each round lowers and simulates the whole plan
+MAX_RUNS = 20_000  # longer orders are not repaired: each try lowers and simulates the whole plan
+POLISH_WORK = 1_000_000  # order entries polish simulates, at most, over its rounds
 DROP_WORK = 200_000_000  # timeline steps one round of polish scans, at most, for its drops
 REPAIR_STEPS = 64  # recomputations `repair` adds at most
 REPAIR_WIDTH = 32  # tensors resident at the peak whose move it estimates, for each
@@ -85,21 +97,26 @@ def polish(plan: ir.Plan, budget: int) -> ir.Plan:
     """`plan` with the recomputations that fit `budget` (bytes) dropped (NOTE: [Polish]).
 
     Returns `plan` itself when nothing can be dropped, or when the plan is not polished
-    (transfers, a peak above `budget`, more than MAX_RUNS runs); otherwise a plan of the same solver, status and
-    budget whose exact peak is at most `budget`, whose time is lower, and whose header's
-    solver ends `; polished -N recomputations, -T ms` (the time saved)."""
+    (transfers, a peak above `budget`, more than POLISH_WORK / 2 runs); otherwise a plan of
+    the same solver, status and budget whose exact peak is at most `budget`, whose time is
+    lower, and whose header's solver ends `; polished -N recomputations, -T ms` (the time
+    saved)."""
     instructions = plan.forward + plan.backward
     if plan.header.peak_bytes > budget or any(ins.verb not in (*RUN_VERBS, "delete") for ins in instructions):
         return plan
     order, decisions = _order_of(instructions)
-    if len(order) > MAX_RUNS:
+    work = 2 * len(order)  # the simulation of `plan` and the first round
+    if work > POLISH_WORK:
         return plan
     graph = plan.graph
     # the lowering would put a dropped constrained run back (slower round): never drop one
     wanted = {t.producer for t in graph.tensors if t.name in matching(graph, plan.constraints, "recompute")}
     index = _Index(graph)
     best, sim, dropped = plan, simulate(plan), 0
-    for _ in range(MAX_ROUNDS):
+    for round_ in range(MAX_ROUNDS):
+        if round_ and work + len(order) > POLISH_WORK:
+            break
+        work += len(order) * bool(round_)
         drops = _drops(index, order, sim.timeline, budget, wanted)
         if not drops:
             break
@@ -290,6 +307,7 @@ def _drops(index: _Index, order: list[str], timeline, budget: int, wanted: set[s
         elif ins.verb == "delete":
             deletes[ins.target].append(k)
     previous: dict[str, int] = {}  # op -> position of its latest run
+    before, after = {}, {}  # position -> the position of the op's run before it, after it
     read_later = _read_before_remade(index, order)
     candidates = []
     for i, name in enumerate(order):
@@ -297,6 +315,7 @@ def _drops(index: _Index, order: list[str], timeline, budget: int, wanted: set[s
         previous[name] = i
         if j is None or ops[name].phase != ir.FORWARD or name in wanted:
             continue
+        before[i], after[j] = j, i
         extend = []  # (first step, last step, bytes): an output kept from run j to run i
         for t in ops[name].outputs:
             if t in index.pinned or not read_later[i].get(t, False):
@@ -307,9 +326,16 @@ def _drops(index: _Index, order: list[str], timeline, budget: int, wanted: set[s
             extend.append((d + 1, run_at[i], index.nbytes[t]))
         else:
             candidates.append((-ops[name].time_us, i, extend))
-    drops, dropped_ops, work = set(), set(), DROP_WORK
+
+    def read(i: int) -> set[str]:
+        return {t for t, r in read_later[i].items() if r and t not in index.pinned}
+
+    drops, work = set(), DROP_WORK
     for _, i, extend in sorted(candidates, key=lambda c: (c[0], c[1])):
-        if order[i] in dropped_ops:
+        # two runs of an op in a row dropped: the growths add up when every output read from
+        # the later copy is read from the earlier one too (the merged copy lives over both)
+        j, k = before.get(i), after.get(i)
+        if (j in drops and not read(i) <= read(j)) or (k in drops and not read(k) <= read(i)):
             continue
         if extend:
             lo, hi = min(a for a, _, _ in extend), max(b for _, b, _ in extend)
@@ -323,7 +349,6 @@ def _drops(index: _Index, order: list[str], timeline, budget: int, wanted: set[s
                 continue
             growth[lo:hi] = grown
         drops.add(i)
-        dropped_ops.add(order[i])
     return drops
 
 
@@ -343,26 +368,27 @@ def _read_before_remade(index: _Index, order: list[str]) -> list[dict[str, bool]
 
 
 def _without_dead_runs(index: _Index, order: list[str], keep: list[bool]) -> list[bool]:
-    """`keep` with the recomputations nobody reads removed, until none is left (a dropped
-    run's inputs recomputed only for it)."""
+    """`keep` with the recomputations nobody reads removed (a dropped run's inputs
+    recomputed only for it, and theirs in turn): one pass from the end of the order,
+    keeping a run when a later kept run reads one of its outputs before a later kept run
+    makes it again (or an output is pinned).  Runs after a position are decided before
+    it, so one pass removes what removing dead runs until none is left would."""
     keep = list(keep)
-    while True:
-        kept = [name for name, k in zip(order, keep) if k]
-        positions = [i for i, k in enumerate(keep) if k]
-        read = _read_before_remade(index, kept)
-        seen: set[str] = set()
-        dead = []
-        for p, name in enumerate(kept):
-            first = name not in seen
-            seen.add(name)
-            if first or index.ops[name].phase != ir.FORWARD:
+    first = {}
+    for i, name in enumerate(order):
+        first.setdefault(name, i)
+    needed: set[str] = set()  # tensors a later kept run reads from the copy current here
+    for i in range(len(order) - 1, -1, -1):
+        if not keep[i]:
+            continue
+        op = index.ops[order[i]]
+        if first[order[i]] != i and op.phase == ir.FORWARD:
+            if not any(t in needed or t in index.pinned for t in op.outputs):
+                keep[i] = False
                 continue
-            if not any(read[p].get(t) or t in index.pinned for t in index.ops[name].outputs):
-                dead.append(positions[p])
-        if not dead:
-            return keep
-        for i in dead:
-            keep[i] = False
+        needed.difference_update(op.outputs)
+        needed.update(index.uses[order[i]])
+    return keep
 
 
 def _moved(decisions: list[Decision], keep: list[bool]) -> list[Decision]:
