@@ -49,10 +49,11 @@ def smallest_budget(model: Path, cwd: Path) -> int:
     return int(found.group(1))
 
 
-def plan_and_train(model: Path, budget: str, cwd: Path):
-    """The user's pipeline through the shell; then two SGD steps against eager."""
+def plan_and_train(model: Path, budget: str, cwd: Path, options: str = ""):
+    """The user's pipeline through the shell (`options`: more `remat plan` options); then
+    two SGD steps against eager."""
     result = shell(
-        f"remat plan {model} --budget {budget} --repeats 1 > m.plan\nremat check m.plan > report.txt\nremat codegen m.plan -o fast.py",
+        f"remat plan {model} --budget {budget} --repeats 1 {options} > m.plan\nremat check m.plan > report.txt\nremat codegen m.plan -o fast.py",
         cwd,
     )
     assert result.returncode == 0, result.stderr[-3000:]
