@@ -187,3 +187,17 @@ def test_a_sweeps_header_gives_each_plans_own_gap():
     proven = planner.plan(int(planner.autograd_peak * 0.8), "moccasin")
     assert proven.header.status == "optimal" and (proven.header.gap or 0.0) <= 1e-4, proven.header
     assert planner.solver("moccasin").info.gap > 0.001  # what the header gave before
+
+
+def test_stage_bound_is_below_the_proven_optimum_and_above_every_op_once(tiny_cnn):
+    """Moccasin.stage_bound (bench/optimality.py --bound-time): a lower bound on the
+    model's optimum that proves something (above the time of every op once where the
+    budget forces recomputation), and None where no schedule fits."""
+    _, planner = tiny_cnn
+    budget = planner.smallest_budget("moccasin")
+    plan = planner.plan(budget, "moccasin")
+    assert plan.header.status == "optimal" and plan.header.recompute_us > 0
+    every_op_once = plan.header.time_us - plan.header.recompute_us
+    bound = planner.solver("moccasin").stage_bound(budget, 30)
+    assert bound is not None and every_op_once < bound <= plan.header.time_us
+    assert planner.solver("moccasin").stage_bound(planner.autograd_peak // 100, 30) is None

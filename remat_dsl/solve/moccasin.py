@@ -710,6 +710,21 @@ class Moccasin:
         self._solved[target] = result
         return result
 
+    def stage_bound(self, target: int, time_limit: float) -> int | None:
+        """A proven lower bound (microseconds) on the predicted time of every schedule of
+        the model whose peak is at most `target` bytes: the stage relaxation's first
+        solve (NOTE: [Stage relaxation], with the slot rows earlier solves added: NOTE:
+        [Lazy slot rows]), given all of `time_limit` seconds: HiGHS's dual bound.  None when HiGHS proved no bound in
+        time or no schedule fits `target` (remat_dsl.solve.api.BudgetError names the
+        smallest budget then).  For measuring how far plans are from the optimum
+        (bench/optimality.py --bound-time): a solve (`solve`) gives the relaxation at
+        most STAGE_SHARE of its time, split between rounds, and CP-SAT the rest."""
+        relaxation = self._stage_relaxation()
+        first = len(relaxation.results)
+        bound = relaxation.first_bound(max(target - self.offset, 0) // self._unit() * self._unit(), time_limit)
+        self.seconds += sum(r.seconds for r in relaxation.results[first:])
+        return bound
+
     def _stage_relaxation(self):
         """The MILP of NOTE: [Stage bound], built on first use."""
         if self._stage is None:

@@ -207,8 +207,8 @@ class StageRelaxation:
             result, runs, profile = self._solve_at(capacity, half_left())
             if result.status == milp.INFEASIBLE:
                 return StageBound(bound, infeasible=True, runs=best, closest=closest)
-            if result.has_solution and result.gap is not None:  # HiGHS's dual bound (CBC gives none when stopped)
-                proven = math.floor(pulp.value(self.problem.objective) * (1 - result.gap))
+            proven = self._proven(result)
+            if proven is not None:
                 bound = proven if bound is None else max(bound, proven)
             best = self._better(best, runs, profile, capacity)
             closest = runs or closest
@@ -224,6 +224,20 @@ class StageRelaxation:
             for b, k in missing:
                 self._add_slot_row(b, k)
         return StageBound(bound, runs=best, closest=best or closest)
+
+    def first_bound(self, capacity: int, time_limit: float | None) -> int | None:
+        """The first round of `solve` alone, given all of `time_limit` seconds: a proven
+        lower bound (microseconds) at `capacity` bytes, or None (no bound in time, or
+        no schedule fits)."""
+        result, _, _ = self._solve_at(capacity, time_limit)
+        return self._proven(result)
+
+    def _proven(self, result) -> int | None:
+        """A solve's proven bound (microseconds): HiGHS's dual bound; None without a
+        solution, or from CBC stopped by its limit (it gives no bound)."""
+        if result.has_solution and result.gap is not None:
+            return math.floor(pulp.value(self.problem.objective) * (1 - result.gap))
+        return None
 
     def _solve_at(self, target: int, time_limit: float | None):
         """(MILP result, its schedule or None, that schedule's memory profile or None)."""
