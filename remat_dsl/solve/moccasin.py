@@ -117,7 +117,10 @@ optimum); at 30% 81,677 us with a 47.07% gap (Rockmate: 82,109 us, 1.9x the boun
 leave out inputs held for later recomputations) and the repairs did not fit in time; one
 that broke it by 0.23% (30.07% of the autograd peak) predicted 50,292 us where Rockmate's
 plan at that peak predicted 83,826 us, so Rockmate's tight plans are far from the optimum
-there, and moccasin does not yet reach such schedules either.
+there, and moccasin does not yet reach such schedules either.  The bound rises with time:
+`stage_bound` gives the first solve all of its time (2026-11-25, at 30%, two other
+profiles: 44,332 and 46,630 us after 2,700 s, where Rockmate's repaired and polished plans
+are 47,727 and 49,895 us; README, `bench/optimality.py --bound-time`).
 
 NOTE: [Honest CP status]
 CP-SAT runs with NUM_WORKERS workers and a fixed RANDOM_SEED, so a solve that ends by
