@@ -94,9 +94,9 @@ def bench(model: str, time_limit: float, fractions=FRACTIONS, solvers=SOLVERS[:-
             )
         stage_bound = None
         if bound_time and reference is not None and reference.header.status != "optimal":
-            start = time.perf_counter()
+            began = time.perf_counter()
             stage_bound = planner.solver("moccasin").stage_bound(budget, bound_time)
-            print(f"  {'':>14} stage bound {stage_bound} us ({time.perf_counter() - start:.0f} s)", flush=True)
+            print(f"  {'':>14} stage bound {stage_bound} us ({time.perf_counter() - began:.0f} s)", flush=True)
         for solver in solvers:
             plan, seconds = plan_or_none(planner, budget, solver)
             if plan is None:

@@ -39,10 +39,11 @@ def shell(script: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "-c", "set -eo pipefail\n" + script], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
 
 
-def smallest_budget(model: Path, cwd: Path) -> int:
-    """The smallest feasible budget (bytes) that `remat plan` names when refusing 1%."""
-    result = shell(f"remat plan {model} --budget 1% --repeats 1 > refused.plan", cwd)
-    assert result.returncode == 2, result.stderr[-2000:]
+def smallest_budget(model: Path, cwd: Path, options: str = "") -> int:
+    """The smallest feasible budget (bytes) that `remat plan` names when refusing 1%
+    (`options`: more `remat plan` options), refused with exit 2, no output, no traceback."""
+    result = shell(f"remat plan {model} --budget 1% --repeats 1 {options} > refused.plan", cwd)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert (cwd / "refused.plan").read_text() == ""
     found = re.search(r"smallest feasible budget is [^(]*\((\d+) B\)", result.stderr)
     assert found, result.stderr[-2000:]

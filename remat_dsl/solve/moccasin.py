@@ -717,8 +717,8 @@ class Moccasin:
         """A proven lower bound (microseconds) on the predicted time of every schedule of
         the model whose peak is at most `target` bytes: the stage relaxation's first
         solve (NOTE: [Stage relaxation], with the slot rows earlier solves added: NOTE:
-        [Lazy slot rows]), given all of `time_limit` seconds: HiGHS's dual bound.  None when HiGHS proved no bound in
-        time or no schedule fits `target` (remat_dsl.solve.api.BudgetError names the
+        [Lazy slot rows]), given all of `time_limit` seconds: HiGHS's dual bound.  None
+        when HiGHS proved no bound in time or no schedule fits `target` (remat_dsl.solve.api.BudgetError names the
         smallest budget then).  For measuring how far plans are from the optimum
         (bench/optimality.py --bound-time): a solve (`solve`) gives the relaxation at
         most STAGE_SHARE of its time, split between rounds, and CP-SAT the rest."""
