@@ -205,3 +205,25 @@ def test_ir_values_round_trip_through_json(tmp_path):
         encode_ir({"a": 1})
     with pytest.raises(ValueError):
         decode_ir({"$": "Path", "x": 1})
+
+
+def test_refs_kept_on_an_op_change_neither_its_key_nor_its_json():
+    """`ir.op_refs` keeps an op's references on it (the simulation asks for them hundreds of
+    thousands of times a plan): the same Refs in the same order as its arguments hold,
+    and the op's repr (so every cache key made from it), equality and JSON are as before."""
+    import json
+
+    from remat_dsl.plan import ir
+    from remat_dsl.plan.cache import encode_ir
+
+    op = ir.Op(
+        "bwd.mul", "backward", "aten.mul.Tensor",
+        (ir.Ref("a"), ir.Call("aten.view.default", (ir.Ref("b"), ir.ListArg((2, 3))))),
+        (("other", ir.TupleArg((ir.Ref("c"), 1))),), ("t",), 5,
+    )  # fmt: skip
+    before = (repr(op), Cache.key(op), json.dumps(encode_ir(op)))
+    refs = ir.op_refs(op)
+    assert [r.name for r in refs] == ["a", "b", "c"] and ir.op_refs(op) is refs
+    assert (repr(op), Cache.key(op), json.dumps(encode_ir(op))) == before
+    twin = ir.Op(op.name, op.phase, op.target, op.args, op.kwargs, op.outputs, op.time_us)
+    assert twin == op and hash(twin) == hash(op)
