@@ -215,9 +215,19 @@ def test_a_solve_stopped_by_its_time_limit_ends_within_it():
     limit = 6.0
     planner = Planner(captured.graph, model=model_file.spec, device=captured.device, time_limit=limit)
     budget = int(planner.autograd_peak * 0.6)
-    planner.plan(planner.autograd_peak, "rockmate")  # warm up what is not the solve (imports, the partition)
+    planner.plan(planner.autograd_peak, "rockmate")  # warm up what is not the solve (imports, the lowering)
     start = time.perf_counter()
     plan = planner.plan(budget, "moccasin")
     elapsed = time.perf_counter() - start
     assert plan.header.status == "feasible" and plan.header.gap > 0.001, plan.header  # stopped by the limit
     assert elapsed <= limit + 1.0, f"{elapsed:.1f} s for a {limit:g} s limit"
+
+
+def test_the_plan_help_states_moccasins_default_time_limit():
+    """`remat plan --help` gives moccasin's default limit as a literal (the CLI does not
+    import the solvers to parse its arguments): it is TIME_LIMIT's value."""
+    from remat_dsl.cli import parser
+    from remat_dsl.solve import moccasin
+
+    plan = next(a for a in parser()._subparsers._group_actions[0].choices["plan"]._actions if a.dest == "time_limit")
+    assert f"moccasin: {moccasin.TIME_LIMIT:g} s per budget" in plan.help
