@@ -183,3 +183,66 @@ def test_two_names_that_would_read_alike_are_refused(tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert "parameters 'm.a-b.weight' and 'm.a_b.weight' would both be named 'm.a_b.weight'" in result.stderr
     assert (tmp_path / "m.plan").read_text() == ""
+
+
+@pytest.mark.parametrize("solver", ["rotor", pytest.param("rockmate", marks=pytest.mark.slow), pytest.param("twremat", marks=pytest.mark.slow)])
+def test_constants_upsampling_and_a_drop_path_train_bit_for_bit(solver, tmp_path):
+    """A constant index tensor (`x[..., [-2], :]`, as Falcon splits its fused projection), an
+    integer range and a 0-dim constant become calls of the plan (NOTE: [Constant tensors]);
+    bilinear upsampling keeps its eager backward kernel (NOTE: [Native kernels]: the
+    decomposition traced by default gave other gradient bits); a drop path drawn by
+    `rand(shape)` after a dropout stays after it (NOTE: [Random ops in the prelude]: every
+    chain solver's plan at a low budget was refused).  At 110% of the smallest budget,
+    through the shell."""
+    model = MODELS / "constants_upsample.py"
+    smallest = smallest_budget(model, tmp_path, f"--solver {solver}")
+    text, _ = plan_and_train(model, str(smallest * 11 // 10), tmp_path, f"--solver {solver}")
+    assert re.search(r"= aten\.full\.default\(\s*\[1\],\s*-2,", text) and re.search(r"= aten\.arange\.start_step\(\s*0,\s*4,\s*1,", text)
+    assert "= aten.upsample_bilinear2d_backward.default(" in text and "_unsafe_index" not in text
+
+
+@pytest.mark.parametrize(
+    "value, call",
+    [
+        (torch.tensor(0.5), "aten.scalar_tensor.default (0.5,)"),
+        (torch.tensor([-2]), "aten.full.default ([1], -2)"),
+        (torch.zeros(2, 3, dtype=torch.bool), "aten.full.default ([2, 3], False)"),
+        (torch.tensor([5, 3, 1]), "aten.arange.start_step (5, -1, -2)"),
+        (torch.tensor([1, 2, 4]), None),  # no one call makes it
+        (torch.tensor([0.0, -0.0]), None),  # equal, but not the same bits
+        (torch.tensor([1.0, 2.0]), None),  # a float range: arange's floats may round otherwise
+        (torch.ones(2, 4)[:, :2], None),  # not contiguous
+    ],
+)
+def test_a_constant_is_made_by_a_call_only_when_that_call_gives_its_bits(value, call):
+    from remat_dsl.capture.fx import _constant_call
+
+    made = _constant_call(value)
+    assert (None if made is None else f"{made[0]} {made[1]}") == call
+    if made is not None:
+        again = made[0](*made[1], **made[2])
+        assert again.dtype == value.dtype and again.shape == value.shape and again.stride() == value.stride()
+        assert torch.equal(again.view(-1).view(torch.uint8), value.reshape(-1).view(torch.uint8))
+
+
+def test_a_custom_operator_is_refused_at_the_models_line(tmp_path):
+    """Mixtral's experts call `transformers.grouped_mm_fallback`: `remat plan` wrote it into a
+    plan that `remat check` refused (`unknown operator`); the capture now refuses it
+    (NOTE: [Custom operators]), with the library's line, exit 2, no output, no traceback."""
+    result = shell(f"remat plan {MODELS / 'hf_mixtral.py'} --budget 100% > m.plan", tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert (tmp_path / "m.plan").read_text() == ""
+    assert re.search(r"moe\.py:\d+: error: the model's training step calls `transformers\.grouped_mm_fallback\.default`, which is not an aten operator", result.stderr), result.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["hf_falcon", "hf_segformer"])
+@pytest.mark.parametrize("solver", ["auto", "twremat"])
+def test_stock_models_with_constants_upsampling_and_drop_paths(name, solver, tmp_path):
+    """Falcon (a constant index tensor) was refused; SegFormer did not capture (transformers'
+    output hooks), then trained with other gradient bits (bilinear upsampling), then had
+    every chain solver's plan refused at low budgets (its drop path)."""
+    model = MODELS / f"{name}.py"
+    smallest = smallest_budget(model, tmp_path, f"--solver {solver}")
+    for budget in ("100%", str(smallest * 11 // 10)):
+        plan_and_train(model, budget, tmp_path, f"--solver {solver}")

@@ -23,6 +23,12 @@ out is captured with `use_cache=False` (a key/value cache is an inference output
 tensor passed as two arguments (`input_ids=ids, labels=ids`) is captured as two inputs
 (the second a copy), so the plan does not assume they are the same tensor.  Logging calls
 inside the forward (transformers warns once from inside `forward`) are ignored.
+Hugging Face's output capturing installs its hooks on the first forward that asks for
+hidden states (SegFormer's segmentation head does), under a threading lock that dynamo
+cannot trace; when a capture fails and the model has such hooks to install, capture
+installs them, as transformers' backbones do in `post_init`, and traces once more
+(`_output_hooks_installed`; not before the first trace: dynamo would trace the hooks of
+every model: 0.13 s more in a warm `remat plan` of a Llama decoder, three runs each).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import functools
 import inspect
 import logging
 import operator
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -119,8 +126,14 @@ def capture(
 
     with torch.random.fork_rng(devices=_cuda_devices(call.leaves())):
         with _math_attention() if portable else contextlib.nullcontext(), _autocast(call.leaves(), model, autocast):
-            with _eager_branches(model, named):
-                out = _compile_and_run(model, call, record, not portable, lookup if recall is not None else None)
+            with _eager_branches(model, named), _native_kernels():
+                try:
+                    out = _compile_and_run(model, call, record, not portable, lookup if recall is not None else None)
+                except RematError:
+                    if not _output_hooks_installed(model):  # NOTE: [Stock models]: a failure they do not explain
+                        raise
+                    record.clear()
+                    out = _compile_and_run(model, call, record, not portable, lookup if recall is not None else None)
     _check_output_leaves(out)
     flat, spec = pytree.tree_flatten(out)
     if "recalled" in record:
@@ -132,7 +145,8 @@ def capture(
     mutated = [i for i, info in enumerate(meta.input_info) if info.mutates_data]
     _check_outputs(meta)
     for gm in (record["forward"], record["backward"]):
-        _inline_scalar_constants(gm)
+        _inline_constants(gm)
+        _check_operators(gm)
     tangent_of = [d.output.idx for d in meta.traced_tangents_descs]
     return Captured(
         forward=record["forward"],
@@ -201,31 +215,115 @@ def named_inputs(model, inputs: Inputs) -> list[tuple[str, object]]:
     return _named_arguments(model, _training_defaults(model, inputs))
 
 
-def _inline_scalar_constants(gm: fx.GraphModule) -> None:
-    """A tensor constant in the forward (`torch.tensor(0)`, as T5's relative positions make)
-    is a graph attribute; a 0-dim one becomes `aten.scalar_tensor(value, dtype, device)` so
-    that every op of the plan is a call.  Larger constants are refused."""
+def _inline_constants(gm: fx.GraphModule) -> None:
+    """A tensor constant in the forward is a graph attribute: T5's relative positions make
+    `torch.tensor(0)`, Falcon's `fused_qkv[..., [-2], :]` an index tensor `tensor([-2])`.
+    Each becomes the call that makes it (NOTE: [Constant tensors]), so that every op of
+    the plan is a call.  Raises RematError for a constant no call makes."""
     for node in list(gm.graph.nodes):
         if node.op != "get_attr":
             continue
         value = getattr(gm, node.target)
-        if not isinstance(value, torch.Tensor) or value.dim() != 0:
+        call = _constant_call(value)
+        if call is None:
             shape = list(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
             raise RematError(
-                f"error: the model's forward creates a constant tensor {shape}; remat-dsl plans constant scalars only",
+                f"{_model_line(node)}error: the model's forward creates a constant tensor {shape} whose values are "
+                "neither all equal nor an integer range; remat-dsl plans only constants that one call makes",
                 hint="register the constant as a buffer of the module (register_buffer) and use it from there",
             )
         with gm.graph.inserting_before(node):
-            scalar = gm.graph.call_function(
-                torch.ops.aten.scalar_tensor.default, (value.item(),), {"dtype": value.dtype, "device": value.device},
-            )  # fmt: skip
+            made = gm.graph.call_function(*call)
         users = list(node.users)
-        scalar.meta.update({k: v for k, v in (users[0].meta if users else node.meta).items() if k in ("nn_module_stack", "fwd_nn_module_stack", "stack_trace")})
-        scalar.meta["val"] = node.meta.get("val")
-        node.replace_all_uses_with(scalar)
+        made.meta.update({k: v for k, v in (users[0].meta if users else node.meta).items() if k in ("nn_module_stack", "fwd_nn_module_stack", "stack_trace")})
+        made.meta["val"] = node.meta.get("val")
+        node.replace_all_uses_with(made)
         gm.graph.erase_node(node)
     gm.graph.lint()
     gm.recompile()
+
+
+MAX_CONSTANT_ELEMENTS = 1 << 16  # NOTE: [Constant tensors]: larger constants are refused, not compared
+
+
+def _constant_call(value) -> tuple | None:
+    """(target, args, kwargs) of the aten call that makes the constant tensor `value` again
+    (NOTE: [Constant tensors]): same dtype, device, shape, strides and bytes; or None."""
+    if not isinstance(value, torch.Tensor) or value.requires_grad or value.layout != torch.strided:
+        return None
+    if value.numel() > MAX_CONSTANT_ELEMENTS or not value.is_contiguous() or value.is_complex():
+        return None
+    aten = torch.ops.aten
+    flat = value.detach().cpu().reshape(-1)
+    place = {"dtype": value.dtype, "device": value.device}
+    candidates = []
+    if value.dim() == 0:
+        candidates.append((aten.scalar_tensor.default, (flat[0].item(),), place))
+    elif flat.numel():
+        candidates.append((aten.full.default, (list(value.shape), flat[0].item()), {**place, "pin_memory": False}))
+        if value.dim() == 1 and flat.numel() > 1 and not (value.is_floating_point() or value.dtype == torch.bool):
+            start, step = flat[0].item(), (flat[1] - flat[0]).item()
+            if step:
+                end = start + step * flat.numel()
+                candidates.append((aten.arange.start_step, (start, end, step), {**place, "pin_memory": False}))
+    for target, args, kwargs in candidates:
+        made = target(*args, **{**kwargs, "device": "cpu"})
+        if made.shape == value.shape and made.stride() == value.stride() and _same_bytes(made, flat):
+            return target, args, kwargs
+    return None
+
+
+def _same_bytes(made: torch.Tensor, flat: torch.Tensor) -> bool:
+    """Whether `made` holds the bytes of the contiguous cpu tensor `flat` (-0.0 is not 0.0)."""
+    if made.dtype != flat.dtype or made.numel() != flat.numel():
+        return False
+    return torch.equal(made.reshape(-1).view(torch.uint8), flat.view(torch.uint8))
+
+
+# NOTE: [Constant tensors]
+# Dynamo folds a tensor the forward makes from Python values (`torch.tensor(0)`, the index
+# tensor of `x[..., [-2], :]`) into a graph attribute, and AOTAutograd keeps it as one.  A
+# plan has no tensor literal: every tensor is an op's output or an input.  So a constant
+# becomes the one aten call that makes it again, with its dtype and device: 0-dim ones
+# `aten.scalar_tensor(value)`, ones whose values are all equal `aten.full(shape, value)`,
+# 1-D integer ones that count in steps `aten.arange(start, end, step)`.  Each gives a
+# contiguous tensor, so only contiguous constants (of at most MAX_CONSTANT_ELEMENTS) are
+# taken, and `_constant_call` checks the values it would make; any other constant is
+# refused at the model line that made it.  (Such constants are in the cache key by value:
+# NOTE: [Capture key].)
+
+
+def _model_line(node: fx.Node) -> str:
+    """`FILE:LINE: ` of the model's innermost frame (outside torch) that made `node`, or ''."""
+    frames = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
+    frames = [f for f in frames if not f[0].startswith(str(Path(torch.__file__).parent))]
+    return f"{frames[-1][0]}:{frames[-1][1]}: " if frames else ""
+
+
+def _check_operators(gm: fx.GraphModule) -> None:
+    """Every call of a captured graph must be an aten operator (NOTE: [Custom operators]).
+    Raises RematError naming the first one that is not, at the model's line."""
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is operator.getitem:
+            continue
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload) and target.namespace == "aten":
+            continue
+        name = str(target) if isinstance(target, torch._ops.OpOverload) else getattr(target, "__name__", repr(target))
+        raise RematError(
+            f"{_model_line(node)}error: the model's training step calls `{name}`, which is not an aten operator "
+            "(a custom operator, registered by a library); a plan runs aten operators only",
+            hint="run the model with an implementation made of torch operations (a library option that turns its "
+            "custom kernel off), or plan the modules around it",
+        )
+
+
+# NOTE: [Custom operators]
+# A library may register its own operators (torch.library): Hugging Face's mixture-of-
+# experts layers call `transformers.grouped_mm_fallback`.  AOTAutograd keeps them whole,
+# so they reached the plan, whose parser, verifier and generated module know aten
+# operators only (the module imports torch alone): `remat plan` wrote a plan that `remat
+# check` then refused.  The capture now refuses them, at the model's line.
 
 
 def _training_defaults(model, inputs: Inputs) -> Inputs:
@@ -257,6 +355,24 @@ def _training_defaults(model, inputs: Inputs) -> Inputs:
 # `position_ids` and the inputs do not give them, `find_packed_sequence_indices` answers
 # None during capture, as it does eagerly for those positions (the generated module
 # refuses a call that passes `position_ids`: the plan was made without that argument).
+
+
+def _output_hooks_installed(model) -> bool:
+    """Install Hugging Face's output-capturing hooks on each of the model's `PreTrainedModel`s
+    that has none (NOTE: [Stock models]); whether any was installed (never for other models)."""
+    import sys
+
+    capturing = sys.modules.get("transformers.utils.output_capturing")
+    install = getattr(capturing, "maybe_install_capturing_hooks", None)
+    base = getattr(sys.modules.get("transformers.modeling_utils"), "PreTrainedModel", None)
+    if install is None or base is None:
+        return False
+    installed = False
+    for module in model.modules():
+        if isinstance(module, base) and not getattr(module, "_output_capturing_hooks_installed", False):
+            install(module)  # it marks the model, and the models inside it, hooked
+            installed = True
+    return installed
 
 
 @contextlib.contextmanager
@@ -364,6 +480,53 @@ def _check_output_leaves(out) -> None:
 
 def _kind(value) -> str:
     return "None" if value is None else f"a {type(value).__name__}"
+
+
+@contextlib.contextmanager
+def _native_kernels():
+    """NOTE: [Native kernels]: during capture, the aten ops of NATIVE_KERNELS dispatch as in
+    eager PyTorch, not to the Python decompositions torch registers for tracing."""
+    from torch._C import DispatchKey
+
+    keys = (DispatchKey.CompositeImplicitAutograd, DispatchKey.Autograd)
+    taken = []
+    for op in _native_kernel_ops():
+        for key in keys:
+            if key in op.py_kernels:
+                taken.append((op, key, op.py_kernels.pop(key)))
+        op._dispatch_cache.clear()
+    try:
+        yield
+    finally:
+        for op, key, kernel in taken:
+            op.py_kernels[key] = kernel
+        for op in _native_kernel_ops():
+            op._dispatch_cache.clear()
+
+
+NATIVE_KERNELS = ("upsample_bilinear2d", "upsample_bicubic2d", "upsample_linear1d", "upsample_trilinear3d",
+                  "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d")  # fmt: skip
+
+
+# NOTE: [Native kernels]
+# AOTAutograd traces with the Python dispatcher on, and torch registers Python kernels
+# (torch._decomp) for the upsampling ops at its CompositeImplicitAutograd and Autograd keys:
+# traced, `F.interpolate(mode="bilinear")` became `_unsafe_index` gathers, multiplies and
+# adds, whose backward scatters with `index_put(accumulate=True)`; eagerly it is one
+# `upsample_bilinear2d` with its own backward kernel.  SegFormer's plan (and every plan of
+# a model that upsamples) trained with gradients differing in the last bits.  So while
+# capturing, those Python kernels of NATIVE_KERNELS are taken off (and put back after):
+# the graph holds `upsample_bilinear2d` and `upsample_bilinear2d_backward`, as eager runs
+# them (tests/models/constants_upsample.py).  Other ops with such Python kernels
+# (matmul, batch norm, ...) gave eager's bits in every model tested and are left alone.
+
+
+def _native_kernel_ops() -> list:
+    ops = []
+    for name in NATIVE_KERNELS:
+        packet = getattr(torch.ops.aten, name)
+        ops.extend(getattr(packet, overload) for overload in packet.overloads())
+    return ops
 
 
 def _math_attention():

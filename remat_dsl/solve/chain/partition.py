@@ -71,15 +71,28 @@ def partition(graph: ir.Graph, max_blocks: int = MAX_BLOCKS, refine: int = 0, st
 
 
 def _prelude(graph: ir.Graph, forward: list[ir.Op]) -> set[str]:
+    """The forward ops that depend on no parameter, run before the chain; a random op
+    after a random op of the chain stays in the chain (NOTE: [Random ops in the prelude])."""
     params = {p.name for p in graph.parameters}
     depends: set[str] = set()  # tensors that depend on a parameter
     prelude: set[str] = set()
+    random_in_chain = False
     for op in forward:
-        if any(ref.name in params or ref.name in depends for ref in ir.op_refs(op)):
+        if any(ref.name in params or ref.name in depends for ref in ir.op_refs(op)) or (op.random and random_in_chain):
             depends.update(op.outputs)
+            random_in_chain = random_in_chain or op.random
         else:
             prelude.add(op.name)
     return prelude
+
+
+# NOTE: [Random ops in the prelude]
+# The prelude runs before the chain, so an op moved there runs before every op of the
+# chain.  Random ops draw from one RNG stream in graph order (the verifier refuses any
+# other order: check/replay.py).  SegFormer's drop path draws `rand(shape)`, which reads
+# no parameter, after the first attention's dropout, which does: in the prelude it drew
+# first, and every chain solver's plan at a low budget was refused.  A random op after a
+# random op of the chain now stays in the chain, at its place in graph order.
 
 
 def _separators(ops: list[ir.Op], skips: set[str]) -> list[int]:
