@@ -225,14 +225,16 @@ def test_a_constant_is_made_by_a_call_only_when_that_call_gives_its_bits(value, 
         assert torch.equal(again.view(-1).view(torch.uint8), value.reshape(-1).view(torch.uint8))
 
 
-def test_a_custom_operator_is_refused_at_the_models_line(tmp_path):
+def test_remat_plan_refuses_a_custom_operator_naming_its_op(tmp_path):
     """Mixtral's experts call `transformers.grouped_mm_fallback`: `remat plan` wrote it into a
-    plan that `remat check` refused (`unknown operator`); the capture now refuses it
-    (NOTE: [Custom operators]), with the library's line, exit 2, no output, no traceback."""
+    plan that `remat check` refused (`unknown operator`); `remat plan` now refuses it
+    (NOTE: [Custom operators] in remat_dsl/check/verify.py), naming the op: exit 2, no
+    output, no traceback."""
     result = shell(f"remat plan {MODELS / 'hf_mixtral.py'} --budget 100% > m.plan", tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert (tmp_path / "m.plan").read_text() == ""
-    assert re.search(r"moe\.py:\d+: error: the model's training step calls `transformers\.grouped_mm_fallback\.default`, which is not an aten operator", result.stderr), result.stderr[-2000:]
+    expected = r"error: op 'model\.layers\.0\.mlp\.experts\.grouped_mm_fallback' calls `transformers\.grouped_mm_fallback\.default`"
+    assert re.search(expected + ", which is not an aten operator", result.stderr), result.stderr[-2000:]
 
 
 @pytest.mark.slow

@@ -146,7 +146,6 @@ def capture(
     _check_outputs(meta)
     for gm in (record["forward"], record["backward"]):
         _inline_constants(gm)
-        _check_operators(gm)
     tangent_of = [d.output.idx for d in meta.traced_tangents_descs]
     return Captured(
         forward=record["forward"],
@@ -228,8 +227,9 @@ def _inline_constants(gm: fx.GraphModule) -> None:
         if call is None:
             shape = list(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
             raise RematError(
-                f"{_model_line(node)}error: the model's forward creates a constant tensor {shape} whose values are "
-                "neither all equal nor an integer range; remat-dsl plans only constants that one call makes",
+                f"{_model_line(node)}error: the model's forward creates a constant tensor {shape} that no one aten call "
+                f"makes again; remat-dsl plans constants that `full` (all values equal), `arange` (a 1-D integer range) "
+                f"or `scalar_tensor` make, contiguous, of at most {MAX_CONSTANT_ELEMENTS:,} elements",
                 hint="register the constant as a buffer of the module (register_buffer) and use it from there",
             )
         with gm.graph.inserting_before(node):
@@ -267,7 +267,10 @@ def _constant_call(value) -> tuple | None:
                 end = start + step * flat.numel()
                 candidates.append((aten.arange.start_step, (start, end, step), {**place, "pin_memory": False}))
     for target, args, kwargs in candidates:
-        made = target(*args, **{**kwargs, "device": "cpu"})
+        try:
+            made = target(*args, **{**kwargs, "device": "cpu"})
+        except (RuntimeError, OverflowError):  # an integer range past its dtype's bounds
+            continue
         if made.shape == value.shape and made.stride() == value.stride() and _same_bytes(made, flat):
             return target, args, kwargs
     return None
@@ -298,32 +301,6 @@ def _model_line(node: fx.Node) -> str:
     frames = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
     frames = [f for f in frames if not f[0].startswith(str(Path(torch.__file__).parent))]
     return f"{frames[-1][0]}:{frames[-1][1]}: " if frames else ""
-
-
-def _check_operators(gm: fx.GraphModule) -> None:
-    """Every call of a captured graph must be an aten operator (NOTE: [Custom operators]).
-    Raises RematError naming the first one that is not, at the model's line."""
-    for node in gm.graph.nodes:
-        if node.op != "call_function" or node.target is operator.getitem:
-            continue
-        target = node.target
-        if isinstance(target, torch._ops.OpOverload) and target.namespace == "aten":
-            continue
-        name = str(target) if isinstance(target, torch._ops.OpOverload) else getattr(target, "__name__", repr(target))
-        raise RematError(
-            f"{_model_line(node)}error: the model's training step calls `{name}`, which is not an aten operator "
-            "(a custom operator, registered by a library); a plan runs aten operators only",
-            hint="run the model with an implementation made of torch operations (a library option that turns its "
-            "custom kernel off), or plan the modules around it",
-        )
-
-
-# NOTE: [Custom operators]
-# A library may register its own operators (torch.library): Hugging Face's mixture-of-
-# experts layers call `transformers.grouped_mm_fallback`.  AOTAutograd keeps them whole,
-# so they reached the plan, whose parser, verifier and generated module know aten
-# operators only (the module imports torch alone): `remat plan` wrote a plan that `remat
-# check` then refused.  The capture now refuses them, at the model's line.
 
 
 def _training_defaults(model, inputs: Inputs) -> Inputs:

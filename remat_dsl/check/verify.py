@@ -205,6 +205,22 @@ def check_operators(graph: ir.Graph) -> None:
         _check_inline(grad.value, grad.span)
 
 
+def first_custom_operator(graph: ir.Graph) -> ir.Op | None:
+    """The first op of `graph` whose target is not an aten operator a plan can name (NOTE:
+    [Custom operators]), or None."""
+    return next((op for op in graph.ops if _resolve(op.target) is None), None)
+
+
+# NOTE: [Custom operators]
+# A library may register its own operators (torch.library): Hugging Face's mixture-of-
+# experts layers call `transformers.grouped_mm_fallback`.  AOTAutograd keeps them whole,
+# and a plan's parser, this verifier and the generated module (which imports torch alone)
+# know aten operators only: `remat plan` wrote a plan that `remat check` then refused as
+# `unknown operator`.  `remat plan` now refuses such a graph before solving
+# (`first_custom_operator`), naming the op; capture and `remat profile` still take it
+# (tests/test_robust_timing.py times its own operators).
+
+
 def _check_outputs(arg: ir.Arg) -> None:
     """The model's output: tensors, their views, None, and tuples, lists, dicts and classes
     (`module.Class(field=...)`) of them (ir.is_structure)."""
