@@ -227,7 +227,7 @@ def _inline_constants(gm: fx.GraphModule) -> None:
         if call is None:
             shape = list(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
             raise RematError(
-                f"{_model_line(node)}error: the model's forward creates a constant tensor {shape} that no one aten call "
+                f"{model_line(node)}error: the model's forward creates a constant tensor {shape} that no one aten call "
                 f"makes again; remat-dsl plans constants that `full` (all values equal), `arange` (a 1-D integer range) "
                 f"or `scalar_tensor` make, contiguous, of at most {MAX_CONSTANT_ELEMENTS:,} elements",
                 hint="register the constant as a buffer of the module (register_buffer) and use it from there",
@@ -296,7 +296,7 @@ def _same_bytes(made: torch.Tensor, flat: torch.Tensor) -> bool:
 # NOTE: [Capture key].)
 
 
-def _model_line(node: fx.Node) -> str:
+def model_line(node: fx.Node) -> str:
     """`FILE:LINE: ` of the model's innermost frame (outside torch) that made `node`, or ''."""
     frames = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
     frames = [f for f in frames if not f[0].startswith(str(Path(torch.__file__).parent))]
@@ -465,19 +465,17 @@ def _native_kernels():
     eager PyTorch, not to the Python decompositions torch registers for tracing."""
     from torch._C import DispatchKey
 
+    ops = _native_kernel_ops()
     keys = (DispatchKey.CompositeImplicitAutograd, DispatchKey.Autograd)
-    taken = []
-    for op in _native_kernel_ops():
-        for key in keys:
-            if key in op.py_kernels:
-                taken.append((op, key, op.py_kernels.pop(key)))
+    taken = [(op, key, op.py_kernels.pop(key)) for op in ops for key in keys if key in op.py_kernels]
+    for op in ops:
         op._dispatch_cache.clear()
     try:
         yield
     finally:
         for op, key, kernel in taken:
             op.py_kernels[key] = kernel
-        for op in _native_kernel_ops():
+        for op in ops:
             op._dispatch_cache.clear()
 
 

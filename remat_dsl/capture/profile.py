@@ -39,17 +39,15 @@ The RNG state is restored afterwards, so profiling draws nothing from the user's
 from __future__ import annotations
 
 import operator
-import re
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch.profiler import record_function
 
-from remat_dsl.capture.fx import Captured
+from remat_dsl.capture.fx import Captured, model_line
 from remat_dsl.plan.errors import RematError
 from remat_dsl.capture.measure import memory_events, memory_profiler
 from remat_dsl.plan.operators import is_view
@@ -248,11 +246,8 @@ def _first_run(node: fx.Node, args, kwargs):
         return node.target(*args, **kwargs)
     except Exception as exc:
         lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-        frames = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
-        frames = [f for f in frames if not f[0].startswith(str(Path(torch.__file__).parent))]
-        where = f"{frames[-1][0]}:{frames[-1][1]}: " if frames else ""
         raise RematError(
-            f"{where}error: operation {node.target} fails on the sample inputs: {lines[0] if lines else type(exc).__name__}",
+            f"{model_line(node)}error: operation {node.target} fails on the sample inputs: {lines[0] if lines else type(exc).__name__}",
             hint="the model's forward and backward must run in eager PyTorch on sample_inputs() (token ids within the vocabulary, matching shapes)",
         ) from None
 
