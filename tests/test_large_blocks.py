@@ -10,6 +10,7 @@ bisected at module boundaries (remat_dsl.solve.chain.partition, NOTE: [Large blo
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,30 @@ def test_store_all_that_fits_builds_no_ilp(t5_graph):
     assert plan.header.solver == "auto: hiremate (store-all fits: no solve)" and plan.header.status == "optimal"
     assert not planner._solvers  # nothing was built
     assert not any(i.verb == "recompute" for i in plan.backward)
+
+
+def test_rockmate_falls_back_on_rotors_blocks_only_where_their_ilps_are_affordable(tmp_path):
+    """NOTE: [Two partitions] in remat_dsl/solve/ilp/rockmate.py: a stock ResNet with 43
+    layers in 4 stages (EfficientNet-V2-S's shape) has more layers than MAX_BLOCKS, so
+    rotor's partition cuts at its stages (blocks of up to 100 forward ops) where Rockmate's
+    cuts at its layers (at most 10).  The smallest-budget search builds every fallback, and
+    the RK-Checkmate ILP of rotor's second stage ran for over 10 minutes (torchvision's
+    EfficientNet-V2-S: over 15).  Rotor's blocks are no fallback here: `remat plan --budget
+    1%` names the smallest budget well within the 5 minutes allowed (25 s on this
+    machine), with no ILP on a block much larger than Rockmate's."""
+    from test_stock_models import shell
+
+    from remat_dsl.solve.chain.partition import affordable, is_small_chain
+
+    model = ROOT / "tests/models/hf_resnet_deep.py"
+    graph = capture_graph(load_model_file(str(model)), repeats=1, measure_time=False).graph
+    rockmates = partition(graph, refine=1, strict=is_small_chain(graph))  # as Rockmate cuts it
+    largest = max(len(b.forward) for b in rockmates.blocks)
+    rotors = partition(graph)
+    assert max(len(b.forward) for b in rotors.blocks) > 5 * largest and not affordable(rotors, rockmates)
+    result = shell(f"timeout 300 remat plan {model} --budget 1% --repeats 1 > refused.plan", tmp_path)
+    assert result.returncode == 2 and "smallest feasible budget is" in result.stderr, (result.returncode, result.stderr[-2000:])
+    assert "Traceback" not in result.stderr and (tmp_path / "refused.plan").read_text() == ""
+    solving = [line for line in result.stderr.splitlines() if line.startswith("solving block class")]
+    sizes = [int(re.search(r", (\d+) ops", line).group(1)) for line in solving]
+    assert sizes and max(sizes) <= 3 * largest, solving

@@ -106,13 +106,14 @@ def test_a_layer_module_run_for_every_layer_reaches_a_low_budget(tmp_path):
 @pytest.mark.parametrize("name, budgets", [
         ("hf_bert", ("min",)), ("hf_t5", ("100%", "min")), ("hf_vit", ("100%", "min")), ("hf_resnet", ("100%", "min")),
         ("hf_convnext", ("100%", "min")), ("hf_mobilenet", ("100%", "min")), ("hf_gpt_neox", ("100%", "min")),
+        ("hf_resnet_deep", ("min",)),
     ])
 def test_stock_hugging_face_models_slow(name, budgets, tmp_path):
     run_stock(name, tmp_path, budgets)
 
 
 TORCHVISION = ["resnet50", "densenet121", "mobilenet_v3_small", "efficientnet_b0", "convnext_tiny", "regnet_y_400mf",
-               "googlenet", "vit_b_16", "swin_t"]  # fmt: skip
+               "googlenet", "vit_b_16", "swin_t", "efficientnet_v2_s"]  # fmt: skip
 
 
 @pytest.mark.slow

@@ -29,6 +29,10 @@ def build_efficientnet_b0():
     return _build("efficientnet_b0")
 
 
+def build_efficientnet_v2_s():
+    return _build("efficientnet_v2_s")  # more blocks than rotor's MAX_BLOCKS, in 8 stages
+
+
 def build_convnext_tiny():
     return _build("convnext_tiny")
 

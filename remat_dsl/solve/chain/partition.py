@@ -70,6 +70,17 @@ def partition(graph: ir.Graph, max_blocks: int = MAX_BLOCKS, refine: int = 0, st
     return ChainPartition(tuple(op.name for op in forward if op.name in prelude), blocks, chain)
 
 
+LARGE_BLOCK_FORWARD_OPS = 48  # a fallback's blocks may hold this many forward ops (NOTE: [Two partitions], rockmate.py)
+
+
+def affordable(part: ChainPartition, than: ChainPartition) -> bool:
+    """Whether RK-Checkmate's ILPs on `part`'s blocks cost about what they cost on
+    `than`'s: no block of `part` has more forward ops than both `than`'s largest and
+    LARGE_BLOCK_FORWARD_OPS (NOTE: [Two partitions] in remat_dsl.solve.ilp.rockmate)."""
+    largest = lambda p: max((len(b.forward) for b in p.blocks), default=0)  # noqa: E731
+    return largest(part) <= max(largest(than), LARGE_BLOCK_FORWARD_OPS)
+
+
 def _prelude(graph: ir.Graph, forward: list[ir.Op]) -> set[str]:
     """The forward ops that depend on no parameter, run before the chain; a random op
     after a random op of the chain stays in the chain (NOTE: [Random ops in the prelude])."""

@@ -131,6 +131,7 @@ from remat_dsl.solve.chain.model import Chain
 from remat_dsl.solve.chain.partition import (
     TEXT_WIDTH,
     ChainPartition,
+    affordable,
     block_name,
     chain_steps,
     is_small_chain,
@@ -738,9 +739,12 @@ class Offmate:
 
     def fallbacks(self):
         """NOTE: [Two partitions] of rockmate.py: a budget these blocks cannot meet is tried
-        again by the O-ILP over rotor's finer blocks (their bottleneck step holds less)."""
+        again by the O-ILP over rotor's finer blocks (their bottleneck step holds less),
+        where their ILPs are `affordable`."""
         if not self.finer:
-            yield Offmate(self.problem, partition(self.problem.graph))
+            rotors = partition(self.problem.graph)
+            if affordable(rotors, self.part):
+                yield Offmate(self.problem, rotors)
 
     def solve(self, target: int) -> SolverResult:
         """The O-ILP's plan at `target` bytes, or Rockmate's when it predicts less time or
