@@ -127,13 +127,14 @@ def capture(
     with torch.random.fork_rng(devices=_cuda_devices(call.leaves())):
         with _math_attention() if portable else contextlib.nullcontext(), _autocast(call.leaves(), model, autocast):
             with _eager_branches(model, named), _native_kernels():
+                trace = functools.partial(_compile_and_run, model, call, record, not portable, lookup if recall is not None else None)
                 try:
-                    out = _compile_and_run(model, call, record, not portable, lookup if recall is not None else None)
+                    out = trace()
                 except RematError:
                     if not _output_hooks_installed(model):  # NOTE: [Stock models]: a failure they do not explain
                         raise
                     record.clear()
-                    out = _compile_and_run(model, call, record, not portable, lookup if recall is not None else None)
+                    out = trace()
     _check_output_leaves(out)
     flat, spec = pytree.tree_flatten(out)
     if "recalled" in record:

@@ -375,10 +375,9 @@ class Rockmate(OverBlocks):
     def fallbacks(self):
         """NOTE: [Two partitions], each in both chain models (NOTE: [Two chain models])."""
         rotors = partition(self.problem.graph)
-        if not affordable(rotors, self.part):  # NOTE: [Two partitions]: ILPs of minutes
-            yield self.paper_model()
-            return
-        finer = OverBlocks(self.problem, rotors, self.name, self.label)
-        yield finer
+        finer = OverBlocks(self.problem, rotors, self.name, self.label) if affordable(rotors, self.part) else None
+        if finer is not None:  # else its ILPs would take minutes: NOTE: [Two partitions]
+            yield finer
         yield self.paper_model()
-        yield finer.paper_model()
+        if finer is not None:
+            yield finer.paper_model()
