@@ -53,7 +53,7 @@ def build_graph(captured: Captured, step: StepProfile, inputs: tuple, device_kin
         tangents=_tangents(captured),
         tensors=tuple(builder.tensors),
         ops=tuple(builder.ops),
-        outputs=output_structure(captured.out_spec, _leaves(model_outputs, captured.none_leaves)),
+        outputs=output_structure(captured.out_spec, _leaves(model_outputs, captured.none_leaves, captured.leaves)),
         gradients=_gradients(captured, bw_out, bw_env),
         updates=_updates(captured, fw_out[:first], fw_env),
         constants=tuple(ir.ConstantInput(name, value) for name, value in captured.constants),
@@ -249,9 +249,11 @@ def _tangents(captured: Captured) -> tuple[ir.ValueDecl, ...]:
     )
 
 
-def _leaves(tensors: list, none_leaves: list[bool]):
-    """The output leaves in pytree order: the graph's outputs, with None where the model returned None."""
-    tensors = iter(tensors)
+def _leaves(tensors: list, none_leaves: list[bool], leaves: list[int] | None = None):
+    """The output leaves in pytree order: the graph's outputs (`leaves`: which one each
+    tensor leaf is, NOTE: [Output order] in fx.py; None: each once, in order), with None
+    where the model returned None."""
+    tensors = iter([tensors[k] for k in leaves] if leaves is not None else tensors)
     for none in none_leaves:
         yield None if none else next(tensors)
 

@@ -79,6 +79,8 @@ class Captured:
     constants: list[tuple[str, object]] = field(default_factory=list)
     none_leaves: list[bool] = field(default_factory=list)  # per output leaf: is it None
     graph_key: tuple | None = None  # NOTE: [Capture key]: None when a shape is not static
+    order: list[int] = field(default_factory=list)  # NOTE: [Output order]: the graph output each tensor leaf was
+    leaves: list[int] | None = None  # NOTE: [Output order]: per tensor leaf, its model output (None: one each, in order)
 
 
 def capture(
@@ -137,17 +139,20 @@ def capture(
                     out = trace()
     _check_output_leaves(out)
     flat, spec = pytree.tree_flatten(out)
+    order = _output_order(out, record.get("returned"))
     if "recalled" in record:
-        return Recalled(record["recalled"], repr(spec), [leaf is None for leaf in flat])
+        return Recalled(record["recalled"], repr(spec), [leaf is None for leaf in flat], order)
     if "backward" not in record:
         raise RematError("error: the model has no parameter that requires a gradient", hint="nothing to plan")
     names = _primal_names(model, record["example_inputs"], tensors)
     meta = record["meta"]
     mutated = [i for i, info in enumerate(meta.input_info) if info.mutates_data]
     _check_outputs(meta)
+    unique = list(dict.fromkeys(order))  # the graph's outputs in the order the leaves first show them
+    _reorder_outputs(record["forward"], len(mutated), unique)
     for gm in (record["forward"], record["backward"]):
         _inline_constants(gm)
-    tangent_of = [d.output.idx for d in meta.traced_tangents_descs]
+    tangent_of = [unique.index(d.output.idx) for d in meta.traced_tangents_descs]
     return Captured(
         forward=record["forward"],
         backward=record["backward"],
@@ -160,18 +165,22 @@ def capture(
         constants=constants,
         none_leaves=[leaf is None for leaf in flat],
         graph_key=record.get("graph_key"),
+        order=order,
+        leaves=[unique.index(k) for k in order],
     )
 
 
 @dataclass(frozen=True)
 class Recalled:
     """What `capture`'s `recall` returned for dynamo's graph (NOTE: [Capture key]), with
-    the model output's structure as this run made it (`repr` of its pytree spec, and per
-    leaf whether it is None): the caller compares them with what it stored."""
+    the model output's structure as this run made it (`repr` of its pytree spec, per leaf
+    whether it is None, and which graph output each tensor leaf is: NOTE: [Output order]):
+    the caller compares them with what it stored."""
 
     value: object
     out_spec: str
     none_leaves: list[bool]
+    order: list[int]  # NOTE: [Output order]
 
 
 # NOTE: [Capture key]
@@ -635,11 +644,20 @@ def _compile_and_run(model, inputs, record, eager_dropout: bool = True, lookup=N
 
     def backend(gm, example_inputs):
         record["example_inputs"] = example_inputs
+        _copy_aliased_outputs(gm)
         found = lookup(gm, example_inputs) if lookup is not None else None
         if found is not None:  # NOTE: [Capture key]
             record["recalled"] = found
-            return _outputs_only(gm, "example_value")
-        return aot(gm, example_inputs)
+            compiled = _outputs_only(gm, "example_value")
+        else:
+            compiled = aot(gm, example_inputs)
+
+        @functools.wraps(compiled)
+        def run(*args):  # NOTE: [Output order]: what the model's output is built from
+            returned = record["returned"] = compiled(*args)
+            return returned
+
+        return run
 
     torch._dynamo.reset()
     try:
@@ -655,6 +673,102 @@ def _compile_and_run(model, inputs, record, eager_dropout: bool = True, lookup=N
         raise _capture_error(exc) from None
     finally:
         torch._dynamo.reset()
+
+
+# NOTE: [Output order]
+# Dynamo's graph returns each output tensor once, in the order its bytecode met them, and
+# builds the model's output object from them outside the graph: not always in pytree
+# order (CLIP returns its text and vision towers' outputs, made first, ahead of its loss).
+# So capture records what the compiled forward returned and finds each tensor leaf of the
+# output among them by identity (`_output_order`), then puts the forward graph's model
+# outputs in the order the leaves first show them (`_reorder_outputs`; the tangents follow
+# them), so that model output k is the k-th distinct tensor of the plan's `outputs`.  One
+# tensor may stand at several leaves (a BertModel asked for its hidden states returns its
+# last one twice): the plan names it at each, and the generated module returns the one
+# tensor at each, as the model does (`Captured.leaves`).  A leaf that the graph did not
+# return (an input returned as it is) and a graph output that is no leaf (a tensor kept on
+# a module) are refused: the generated module could not return them as the model does.
+
+
+def _output_order(out, returned) -> list[int]:
+    """NOTE: [Output order]: for each tensor leaf of `out` (pytree order), the index of
+    the graph output (`returned`) it is.  Raises RematError for outputs the generated module
+    could not return as the model does."""
+    leaves = pytree.tree_flatten_with_path(out)[0]
+    paths = [("output" + pytree.keystr(path), leaf) for path, leaf in leaves if leaf is not None]
+    returned = list(returned) if isinstance(returned, (list, tuple)) else []
+    index = {id(value): k for k, value in reversed(list(enumerate(returned)))}
+    order = []
+    for where, leaf in paths:
+        if id(leaf) not in index:
+            raise RematError(
+                f"error: the model's {where} is not computed by its forward (an input or parameter returned as it is)",
+                hint="return a tensor the forward computes, or leave it out of the output",
+            )
+        order.append(index[id(leaf)])
+    if sorted(set(order)) != list(range(len(returned))):
+        raise RematError(
+            f"error: the model's forward computes {len(returned) - len(set(order))} tensor(s) that it keeps outside its "
+            "output (on a module or in a global), which a plan of its training step would not set",
+            hint="return every tensor the forward makes for the caller in its output",
+        )
+    return order
+
+
+def _reorder_outputs(forward: fx.GraphModule, first: int, order: list[int]) -> None:
+    """NOTE: [Output order]: the forward graph's model outputs (after the `first` buffer
+    updates) in the order `order` (a permutation of their indices), in place."""
+    output = forward.graph.output_node()
+    values = list(output.args[0])
+    outputs = values[first : first + len(order)]
+    values[first : first + len(order)] = [outputs[k] for k in order]
+    output.args = (type(output.args[0])(values),)
+    forward.recompile()
+
+
+# NOTE: [Aliased outputs]
+# A stock model may return an output that is a view of another output (CLIP's
+# `logits_per_image` is `logits_per_text.t()`), two views of one intermediate, or a view
+# of an input or parameter.  AOTAutograd gives such an output no tangent: its runtime
+# regenerates the view from its base after the compiled forward, so the view's gradient
+# reaches the base through autograd.  The generated module returns every output from one
+# autograd.Function, so a gradient into such a view would be lost.  So capture copies
+# each of them in dynamo's graph before AOTAutograd runs (`clone`, one op of the plan,
+# named after the op that made the view): the outputs have the same values, the view's
+# gradient flows through the copy into its base, and only the aliasing is gone (writing
+# into one output in place no longer changes the other).  A view of an intermediate that
+# no other output shares is returned as it is (AOTAutograd's `alias_of_intermediate`).
+
+
+def _copy_aliased_outputs(gm: fx.GraphModule) -> None:
+    """NOTE: [Aliased outputs]: a `clone` after each output of dynamo's graph `gm` that is
+    a view sharing its storage with another output or with a graph input (its traced
+    values in `node.meta["example_value"]`), in place."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    def storage(node):
+        value = node.meta.get("example_value") if isinstance(node, fx.Node) else None
+        return StorageWeakRef(value.untyped_storage()) if isinstance(value, torch.Tensor) else None
+
+    output = gm.graph.output_node()
+    outputs = pytree.tree_leaves(output.args)
+    inputs = {storage(node) for node in gm.graph.nodes if node.op == "placeholder"} - {None}
+    counts: dict = {}
+    for node in dict.fromkeys(outputs):
+        counts[storage(node)] = counts.get(storage(node), 0) + 1
+    copies = {}
+    for node in dict.fromkeys(outputs):
+        key, value = storage(node), getattr(node, "meta", {}).get("example_value")
+        if key is None or not value._is_view() or (counts[key] < 2 and key not in inputs):
+            continue
+        with gm.graph.inserting_after(node):
+            copy_ = copies[node] = gm.graph.call_function(torch.clone, (node,))
+        copy_.meta.update({k: v for k, v in node.meta.items() if k != "example_value"})
+        copy_.meta["example_value"] = value.clone()
+    if copies:
+        output.args = pytree.tree_map(lambda a: copies.get(a, a) if isinstance(a, fx.Node) else a, output.args)
+        gm.graph.lint()
+        gm.recompile()
 
 
 # NOTE: [Capture without running]

@@ -260,17 +260,21 @@ def _keep_graph(cache, key: str, graph: ir.Graph, noisy: int, captured) -> None:
     encoded = encode_ir(graph)
     if decode_ir(encoded) != graph:
         return
-    cache.put("graphs", key, {"graph": encoded, "noisy": noisy, "out_spec": repr(captured.out_spec), "none_leaves": captured.none_leaves})
+    cache.put("graphs", key, {
+        "graph": encoded, "noisy": noisy, "out_spec": repr(captured.out_spec), "none_leaves": captured.none_leaves,
+        "order": captured.order,
+    })  # fmt: skip
 
 
 def _graph_of(recalled: Recalled) -> tuple[ir.Graph, int] | None:
     """(graph, noisy) of a cache entry found by NOTE: [Capture key], or None when the entry
-    is not one or the model's output is now built into another structure."""
+    is not one or the model's output is now built into another structure (or from the graph's
+    outputs in another order: NOTE: [Output order] in fx.py)."""
     from remat_dsl.plan.cache import decode_ir
 
     entry = recalled.value
     try:
-        if entry["out_spec"] != recalled.out_spec or entry["none_leaves"] != recalled.none_leaves:
+        if (entry["out_spec"], entry["none_leaves"], entry["order"]) != (recalled.out_spec, recalled.none_leaves, recalled.order):
             return None
         graph = decode_ir(entry["graph"])
         return (graph, int(entry["noisy"])) if isinstance(graph, ir.Graph) else None

@@ -71,7 +71,7 @@ class _Namespace:
     @staticmethod
     def _fresh(name: str, used: set[str]) -> str:
         base = re.sub(r"\W", "_", name)
-        if base[0].isdigit() or keyword.iskeyword(base) or base.startswith(("aten_", "rng_", "host_", "event_")):
+        if base[0].isdigit() or keyword.iskeyword(base) or base.startswith(("aten_", "rng_", "host_", "event_", "absent_")):
             base = "v_" + base
         candidate, k = base, 1
         while candidate in used:
@@ -91,6 +91,10 @@ class _Namespace:
 
     def rng(self, op: str) -> str:
         return "rng_" + re.sub(r"\W", "_", op)
+
+    def absent(self, tangent: str) -> str:
+        """Whether the caller gave no gradient for a model output (NOTE: [Absent output gradients])."""
+        return f"absent_{self.var[tangent]}"
 
 
 def render_arg(arg: ir.Arg, var: dict[str, str]) -> str:
@@ -192,6 +196,9 @@ class _Renderer:
         self.names, self.var, self.source = names, names.var, source
         self.ops = {op.name: op for op in self.plan.graph.ops}
         self.tensors = {t.name: t for t in self.plan.graph.tensors}
+        self.tangent_names = {t.name for t in self.plan.graph.tangents}
+        self._tangent_sources: dict[str, set[str]] | None = None  # tensor -> the tangents it is computed from
+        self._readers: dict[str, list[tuple[ir.Op, list[str]]]] | None = None
         self.updates = {u.tensor: u.buffer for u in self.plan.graph.updates}
         self.host_offsets, self.host_bytes = host_layout(self.plan)
 
@@ -226,12 +233,13 @@ class _Renderer:
             forward_tail=[f"out_{i} = {render_arg(a, self.var)}  # {self._section_where('outputs', 1)}" for i, a in enumerate(flat)],
             forward_return="(" + "".join(f"out_{i}, " for i in range(len(flat))) + ")",
             tangent_args=self._tangent_args(flat),
+            tangent_prologue=self._tangent_prologue(),
             backward_body=backward_body,
             backward_return=self._backward_return({i for _, group, _ in releases for i in group}),
             releases=[tuple(group) for _, group, _ in releases],
             parameter_uses=uses,
             backward_return_where=self._gradients_where(),
-            rebuild=_rebuild(graph.outputs, len(flat)),
+            rebuild=_rebuild(graph.outputs, flat),
             output_types=output_types(graph.outputs),
             constants=[(c.name, render_arg(c.value, self.var)) for c in graph.constants],
             offloads=bool(self.host_offsets),
@@ -314,6 +322,11 @@ class _Renderer:
         args)`, if given, is the expression that stands for the call (the RNG helpers)."""
         args = [render_arg(a, self.var) for a in op.args] + [f"{k}={render_arg(v, self.var)}" for k, v in op.kwargs]
         call = f"{callable_name(op.target)}({', '.join(args)})"
+        if op.target == "aten.add.Tensor" and len(op.args) == 2 and not op.kwargs:  # NOTE: [Absent output gradients]
+            absent = [self._absent(a) for a in op.args]
+            if absent != ["False", "False"]:
+                any_layout = self._any_layout(op.outputs[0])
+                call = f"_add_gradients({', '.join(args)}, {', '.join(absent)}, {any_layout})"
         if wrap is not None:
             call = wrap(call, args)
         fresh = {key for key, _ in step.added}
@@ -384,11 +397,73 @@ class _Renderer:
         tangents = {v.name: self.var[v.name] for v in self.plan.graph.tangents}
         return [tangents.get(f"grad_output.{i}", f"_unused_grad_{i}") for i in range(len(flat))]
 
+    def _tangent_prologue(self) -> list[str]:
+        """NOTE: [Absent output gradients]: each model output's gradient, as autograd would
+        materialize it (contiguous zeros) where the caller gave none, and whether it did."""
+        lines = []
+        for i, tangent in enumerate(self.plan.graph.tangents):
+            var, absent, where = self.var[tangent.name], self.names.absent(tangent.name), self._section_where("tangents", i + 1)
+            zeros = f"torch.zeros({list(tangent.shape)}, dtype=torch.{tangent.dtype}, device=device)"
+            lines += [f"{absent} = {var} is None  # {where}", f"{var} = {zeros} if {absent} else {var}  # {where}"]
+        return lines
+
+    def _absent(self, arg: ir.Arg) -> str:
+        """`absent_X` when `arg` is a model output's gradient or a view of it (NOTE: [Absent
+        output gradients]), else "False"."""
+        while isinstance(arg, ir.Call) and arg.args:  # inline calls are views (fbgraph.py)
+            arg = arg.args[0]
+        if isinstance(arg, ir.Ref) and arg.name in self.tangent_names:
+            return self.names.absent(arg.name)
+        return "False"
+
+    def _reached(self, value: ir.Arg) -> str:
+        """A parameter's gradient `value`, or None when the caller gave no gradient for any
+        model output it is computed from: autograd's engine then does not reach the
+        parameter, and leaves its `.grad` None (NOTE: [Absent output gradients])."""
+        rendered = render_arg(value, self.var)
+        found = sorted(self._tangents_of(refs_in(value))) if value is not None else []
+        if not found:
+            return rendered
+        return f"(None if {' and '.join(self.names.absent(t) for t in found)} else {rendered})"
+
+    def _tangents_of(self, names) -> set[str]:
+        """The model output gradients (tangents) the tensors `names` are computed from."""
+        if self._tangent_sources is None:
+            self._tangent_sources = {}
+            for op in self.plan.graph.ops:
+                found = self._tangents_of(ref.name for ref in ir.op_refs(op))
+                self._tangent_sources.update((out, found) for out in op.outputs)
+        return set().union(*(self._tangent_sources.get(n, {n} & self.tangent_names) for n in names))
+
+    def _any_layout(self, tensor: str) -> bool:
+        """Whether every op that reads `tensor`, or what is computed from it up to a matrix
+        product or a full sum, would compute the same values from it in any layout: none
+        takes a `view` or `as_strided` of it, which need the strides it was traced with
+        (NOTE: [Absent output gradients])."""
+        if self._readers is None:  # tensor -> (op reading it, the inline calls around it there)
+            self._readers = {}
+            for op in self.plan.graph.ops:
+                for arg in (*op.args, *(v for _, v in op.kwargs)):
+                    for name, path in _refs_with_calls(arg, []):
+                        self._readers.setdefault(name, []).append((op, path))
+        readers, seen, todo = self._readers, {tensor}, [tensor]
+        while todo:
+            for op, path in readers.get(todo.pop(), ()):
+                if any(target in STRIDED_VIEWS for target in (*path, op.target)):
+                    return False
+                if op.target in FRESH_LAYOUT:
+                    continue
+                for out in op.outputs:
+                    if out not in seen:
+                        seen.add(out)
+                        todo.append(out)
+        return True
+
     def _backward_return(self, released: set[int] = frozenset()) -> str:
         """The gradients the plan's node returns: None for the releases and sharded
         arguments, the buffers and the inputs, then each parameter's (NOTE: [Gradient release]: a released
         one only when nothing was released, i.e. compiled)."""
-        grads = {g.parameter: render_arg(g.value, self.var) for g in self.plan.graph.gradients}
+        grads = {g.parameter: self._reached(g.value) for g in self.plan.graph.gradients}
         params = [grads.get(p.name, "None") for p in self.plan.graph.parameters]
         params = [f"(None if releases is not None else {g})" if i in released else g for i, g in enumerate(params)]
         return "(" + ", ".join(["None", "None", "None"] + ["None"] * len(self.plan.graph.inputs) + params) + ")"
@@ -452,7 +527,7 @@ class _Renderer:
         result = []
         for number, at in enumerate(points):
             group = sorted(finished[at], key=lambda item: item[0])
-            values = [render_arg(g.value, self.var) for _, g in group]
+            values = [self._reached(g.value) for _, g in group]
             names = sorted({self.var[r] for _, g in group for r in refs_in(g.value)})
             lines = [
                 "if releases is not None:  # NOTE: [Gradient release]",
@@ -468,12 +543,37 @@ class _Renderer:
         return self.tensors[base].dtype if base in self.tensors else "float32"
 
 
+# NOTE: [Absent output gradients]: views that need their input's traced strides, and ops
+# whose output layout does not follow their inputs' (so what reads it is not affected)
+STRIDED_VIEWS = frozenset({"aten.view.default", "aten._unsafe_view.default", "aten.as_strided.default", "aten.as_strided_scatter.default"})
+FRESH_LAYOUT = frozenset({"aten.mm.default", "aten.bmm.default", "aten.addmm.default", "aten.baddbmm.default", "aten.sum.default"})
+
+
+def _refs_with_calls(arg: ir.Arg, path: list[str]):
+    """(tensor name, targets of the inline calls around it) for each reference in `arg`."""
+    if isinstance(arg, ir.Ref):
+        yield arg.name, path
+    elif isinstance(arg, ir.Call):
+        for a in (*arg.args, *(v for _, v in arg.kwargs)):
+            yield from _refs_with_calls(a, [*path, arg.target])
+    elif isinstance(arg, (ir.ListArg, ir.TupleArg)):
+        for a in arg.items:
+            yield from _refs_with_calls(a, path)
+
+
 def _flatten(arg: ir.Arg) -> list[ir.Arg]:
-    """The output's tensor leaves in pytree order (None is not a leaf of the graph)."""
+    """The output's distinct tensor leaves, in the order of their first leaf (pytree
+    order; None is not a leaf of the graph): model output k is `grad_output.k`'s (one
+    tensor may stand at several leaves: NOTE: [Output order] in remat_dsl/capture/fx.py)."""
+    return list(dict.fromkeys(_leaves(arg)))
+
+
+def _leaves(arg: ir.Arg) -> list[ir.Arg]:
+    """The output's tensor leaves in pytree order."""
     if isinstance(arg, (ir.TupleArg, ir.ListArg)):
-        return [x for a in arg.items for x in _flatten(a)]
+        return [x for a in arg.items for x in _leaves(a)]
     if ir.is_structure(arg):
-        return [x for _, a in arg.kwargs for x in _flatten(a)]
+        return [x for _, a in arg.kwargs for x in _leaves(a)]
     return [] if arg is None else [arg]
 
 
@@ -495,9 +595,10 @@ def output_types(arg: ir.Arg) -> list[str]:
     return found
 
 
-def _rebuild(arg: ir.Arg, count: int) -> str:
-    """Python that rebuilds the model's output from `outputs` (the flat tensor leaves)."""
-    index = iter(range(count))
+def _rebuild(arg: ir.Arg, flat: list[ir.Arg]) -> str:
+    """Python that rebuilds the model's output from `outputs` (the distinct tensor leaves
+    `flat`, each at every leaf that is it)."""
+    index = {leaf: k for k, leaf in reversed(list(enumerate(flat)))}
     types = output_types(arg)
 
     def build(a):
@@ -511,7 +612,7 @@ def _rebuild(arg: ir.Arg, count: int) -> str:
             return f"{maker}(" + ", ".join(f"{key}={build(x)}" for key, x in a.kwargs) + ")"
         if a is None:
             return "None"
-        return f"outputs[{next(index)}]"
+        return f"outputs[{index[a]}]"
 
     return build(arg)
 

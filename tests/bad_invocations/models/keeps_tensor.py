@@ -3,18 +3,20 @@ from torch import nn
 from _tiny import inputs
 
 
-class ViewOut(nn.Module):
+class Keeps(nn.Module):
     def __init__(self):
         super().__init__()
         self.fc = nn.Linear(8, 8)
+        self.last = None
 
     def forward(self, x):
-        h = self.fc(x).relu()
-        return h, h.t()
+        h = self.fc(x)
+        self.last = h.relu()
+        return h.sum()
 
 
 def build_model():
-    return ViewOut()
+    return Keeps()
 
 
 sample_inputs = inputs
