@@ -342,6 +342,13 @@ def _training_defaults(model, inputs: Inputs) -> Inputs:
 # `position_ids` and the inputs do not give them, `find_packed_sequence_indices` answers
 # None during capture, as it does eagerly for those positions (the generated module
 # refuses a call that passes `position_ids`: the plan was made without that argument).
+# Another: Hugging Face's audio encoders (Wav2Vec2, HuBERT, WavLM, Data2VecAudio and the
+# others built on Wav2Vec2's feature encoder) set `requires_grad = True` on their input
+# waveform in training mode, for gradient checkpointing; dynamo refuses that.  Eagerly it
+# only makes autograd compute the waveform's gradient, which nobody reads: the parameters'
+# gradients are the same without it (a stock Wav2Vec2 trains bit for bit).  So capture
+# traces the encoder as `_freeze_parameters` leaves it (`_requires_grad` False; its
+# parameters keep their `requires_grad`), and the plan computes no waveform gradient.
 
 
 def _output_hooks_installed(model) -> bool:
@@ -368,23 +375,25 @@ def _eager_branches(model, named: list[tuple[str, object]]):
     tensor values, where they do not depend on the inputs' values."""
     import sys
 
+    encoders = [m for m in model.modules() if getattr(m, "_requires_grad", None) is True and hasattr(m, "_freeze_parameters")]
+    for encoder in encoders:  # the audio feature encoders: their input needs no gradient here
+        encoder._requires_grad = False
     masking = sys.modules.get("transformers.masking_utils")
+    original = getattr(masking, "find_packed_sequence_indices", None)
     try:
         takes_positions = "position_ids" in inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
         takes_positions = False
-    if masking is None or not takes_positions or any(name == "position_ids" for name, _ in named):
-        yield
-        return
-    original = getattr(masking, "find_packed_sequence_indices", None)
-    if original is None:
-        yield
-        return
-    masking.find_packed_sequence_indices = lambda position_ids: None  # consecutive positions: no packing
+    patch = original is not None and takes_positions and not any(name == "position_ids" for name, _ in named)
+    if patch:
+        masking.find_packed_sequence_indices = lambda position_ids: None  # consecutive positions: no packing
     try:
         yield
     finally:
-        masking.find_packed_sequence_indices = original
+        if patch:
+            masking.find_packed_sequence_indices = original
+        for encoder in encoders:
+            encoder._requires_grad = True
 
 
 def _bind(model, inputs: Inputs):
