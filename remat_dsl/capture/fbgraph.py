@@ -249,11 +249,10 @@ def _tangents(captured: Captured) -> tuple[ir.ValueDecl, ...]:
     )
 
 
-def _leaves(tensors: list, none_leaves: list[bool], leaves: list[int] | None = None):
+def _leaves(tensors: list, none_leaves: list[bool], leaves: list[int]):
     """The output leaves in pytree order: the graph's outputs (`leaves`: which one each
-    tensor leaf is, NOTE: [Output order] in fx.py; None: each once, in order), with None
-    where the model returned None."""
-    tensors = iter([tensors[k] for k in leaves] if leaves is not None else tensors)
+    tensor leaf is, NOTE: [Output order] in fx.py), with None where the model returned None."""
+    tensors = iter([tensors[k] for k in leaves])
     for none in none_leaves:
         yield None if none else next(tensors)
 

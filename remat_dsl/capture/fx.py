@@ -33,6 +33,7 @@ every model: 0.13 s more in a warm `remat plan` of a Llama decoder, three runs e
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import functools
@@ -80,7 +81,12 @@ class Captured:
     none_leaves: list[bool] = field(default_factory=list)  # per output leaf: is it None
     graph_key: tuple | None = None  # NOTE: [Capture key]: None when a shape is not static
     order: list[int] = field(default_factory=list)  # NOTE: [Output order]: the graph output each tensor leaf was
-    leaves: list[int] | None = None  # NOTE: [Output order]: per tensor leaf, its model output (None: one each, in order)
+
+    @property
+    def leaves(self) -> list[int]:
+        """NOTE: [Output order]: per tensor leaf, the model output it is (outputs in the order leaves first show them)."""
+        unique = list(dict.fromkeys(self.order))
+        return [unique.index(k) for k in self.order]
 
 
 def capture(
@@ -166,7 +172,6 @@ def capture(
         none_leaves=[leaf is None for leaf in flat],
         graph_key=record.get("graph_key"),
         order=order,
-        leaves=[unique.index(k) for k in order],
     )
 
 
@@ -760,13 +765,11 @@ def _copy_aliased_outputs(gm: fx.GraphModule) -> None:
         return StorageWeakRef(value.untyped_storage()) if isinstance(value, torch.Tensor) else None
 
     output = gm.graph.output_node()
-    outputs = pytree.tree_leaves(output.args)
+    outputs = list(dict.fromkeys(pytree.tree_leaves(output.args)))
     inputs = {storage(node) for node in gm.graph.nodes if node.op == "placeholder"} - {None}
-    counts: dict = {}
-    for node in dict.fromkeys(outputs):
-        counts[storage(node)] = counts.get(storage(node), 0) + 1
+    counts = collections.Counter(storage(node) for node in outputs)
     copies = {}
-    for node in dict.fromkeys(outputs):
+    for node in outputs:
         key, value = storage(node), getattr(node, "meta", {}).get("example_value")
         if key is None or not value._is_view() or (counts[key] < 2 and key not in inputs):
             continue
