@@ -124,6 +124,39 @@ def test_frozen_parameters_and_inputs_that_require_grad_are_refused(mlp, tmp_pat
         module.FastModel(model_file.build_model())(x)
 
 
+def test_an_unused_parameter_keeps_no_gradient_and_a_frozen_one_no_line(tmp_path):
+    """NOTE: [Frozen and unused parameters]: a branch whose output the head discards (as
+    CANINE's and BigBird's classifiers do) requires grad and gets none, as eagerly; frozen
+    when planned, it has no gradients line, and unfrozen since, it is refused."""
+    from remat_dsl.codegen.compare import compare_training
+
+    model_file = load_model_file(str(ROOT / "tests/models/discarded_branch.py"))
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    module = plan_module(model_file, tmp_path / "a")
+    assert [g.value for g in module_plan(tmp_path / "a").graph.gradients if g.parameter.startswith("branch")] == [None, None]
+    fast = module.FastModel(model_file.build_model())
+    model_file.loss_fn(fast(*model_file.sample_inputs().args)).backward()
+    assert fast.model.branch.weight.grad is None and fast.model.head.weight.grad is not None
+    assert compare_training(model_file, module, steps=2).identical
+
+    def frozen_branch():
+        model = model_file.build()
+        model.branch.requires_grad_(False)
+        return model
+
+    module = plan_module(replace(model_file, build=frozen_branch), tmp_path / "b")
+    assert not [g for g in module_plan(tmp_path / "b").graph.gradients if g.parameter.startswith("branch")]
+    module.FastModel(frozen_branch())(*model_file.sample_inputs().args)
+    with pytest.raises(ValueError, match="parameter 'branch.weight' requires grad, but the plan was made with it frozen"):
+        module.FastModel(model_file.build_model())(*model_file.sample_inputs().args)
+
+
+def module_plan(tmp_path: Path):
+    from remat_dsl.plan.parser import parse
+
+    return parse((tmp_path / "t.plan").read_text())
+
+
 def test_inputs_bind_by_the_forwards_names_not_the_graphs_order(tmp_path):
     """An encoder-decoder whose src and tgt have the same shape: swapped, they would train
     on the wrong inputs without any shape error."""

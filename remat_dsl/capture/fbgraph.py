@@ -297,9 +297,11 @@ def _class_path(kind: type) -> str:
 
 
 def _gradients(captured: Captured, bw_out: list, bw_env) -> tuple[ir.Gradient, ...]:
+    """One line per trainable parameter (NOTE: [Frozen and unused parameters] in
+    remat_dsl.plan.ir): its gradient, or None where the loss does not reach it."""
     grads = []
-    for (kind, name), node in zip(captured.primal_names, bw_out):
-        if kind == "parameter":
+    for (kind, name), node, primal in zip(captured.primal_names, bw_out, captured.example_primals):
+        if kind == "parameter" and primal.requires_grad:
             grads.append(ir.Gradient(name, None if node is None else bw_env[node.name]))
     return tuple(grads)
 

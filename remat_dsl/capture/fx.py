@@ -354,6 +354,11 @@ def _training_defaults(model, inputs: Inputs) -> Inputs:
 # gradients are the same without it (a stock Wav2Vec2 trains bit for bit).  So capture
 # traces the encoder as `_freeze_parameters` leaves it (`_requires_grad` False; its
 # parameters keep their `requires_grad`), and the plan computes no waveform gradient.
+# A third: Hugging Face's Mamba mixers (Mamba, Jamba, Zamba) without their CUDA kernels
+# scan the sequence with `associative_scan` when traced (`use_associative_scan`, on by
+# default) and with a loop over its positions eagerly: a stock Mamba trained with every
+# gradient differing in the last bits.  Capture traces the loop (`use_associative_scan`
+# False on those modules), one set of ops per position, as eager runs it.
 
 
 def _output_hooks_installed(model) -> bool:
@@ -383,6 +388,9 @@ def _eager_branches(model, named: list[tuple[str, object]]):
     encoders = [m for m in model.modules() if getattr(m, "_requires_grad", None) is True and hasattr(m, "_freeze_parameters")]
     for encoder in encoders:  # the audio feature encoders: their input needs no gradient here
         encoder._requires_grad = False
+    scans = [m for m in model.modules() if getattr(m, "use_associative_scan", None) is True]
+    for mixer in scans:  # Mamba's mixers: the loop eager runs
+        mixer.use_associative_scan = False
     masking = sys.modules.get("transformers.masking_utils")
     original = getattr(masking, "find_packed_sequence_indices", None)
     try:
@@ -399,6 +407,8 @@ def _eager_branches(model, named: list[tuple[str, object]]):
             masking.find_packed_sequence_indices = original
         for encoder in encoders:
             encoder._requires_grad = True
+        for mixer in scans:
+            mixer.use_associative_scan = True
 
 
 def _bind(model, inputs: Inputs):
@@ -627,6 +637,73 @@ def _eager_cpu_dropout(joint: fx.GraphModule) -> None:
         joint.recompile()
 
 
+# NOTE: [Discarded draws]
+# Eager PyTorch runs every op of the forward, also those whose results nothing reads:
+# CANINE's classifier reads the deep encoder's pooled output, and its final character
+# encoder, dropout included, runs for a sequence output the loss discards.  Each dropout
+# there draws from the generator, so the classifier's own dropout, drawn after them, gets
+# other numbers.  Tracing drops dead code, random ops too (dynamo and AOTAutograd treat a
+# random op as pure unless `torch._inductor.config.fallback_random` is set, and the
+# partitioner's forward keeps only what the outputs and the backward need), and the plan
+# trained with other dropout masks than eager, silently (a loss 0.03 off on CANINE).
+# Capture therefore traces with `fallback_random` (set in `_compile_and_run`), so the
+# joint graph keeps every random op and what it reads, and puts those the partitioner left
+# out (`_discarded_draws`) back into the forward graph at their places in the joint
+# graph's order (`_keep_discarded_draws`): the plan runs them as eager does, the
+# generator advances as eagerly, and their results are deleted as soon as they are made.
+# The partitioner itself runs without `fallback_random`: with it, the backward graph kept
+# the forward's dropouts and recomputed what they read (GPT-2's attention scores).
+
+
+def _discarded_draws(joint: fx.GraphModule) -> list[fx.Node]:
+    """NOTE: [Discarded draws]: the forward nodes of `joint` that only feed random ops whose
+    results nothing reads, with those random ops, in graph order.  A multi-output random
+    op without users gets a `getitem` user (dropped again with the rest) so that the
+    partitioner, which takes a node without getitem users for a tensor, accepts it."""
+    live: set[fx.Node] = set()
+    for node in reversed(joint.graph.nodes):
+        if node.op == "output" or any(user in live for user in node.users):
+            live.add(node)
+    draws = [n for n in joint.graph.nodes if n not in live and n.op == "call_function" and getattr(n.target, "_nondeterministic_seeded", False)]
+    if not draws:
+        return []
+    needed: set[fx.Node] = set()
+    todo = list(draws)
+    while todo:
+        node = todo.pop()
+        if node in needed or node in live:
+            continue
+        needed.add(node)
+        todo.extend(node.all_input_nodes)
+    if any(n.op == "placeholder" and n.name.startswith("tangents") for n in needed):
+        return []  # not a forward op: left as tracing leaves it
+    for node in draws:
+        if isinstance(node.meta.get("val"), (tuple, list)) and not node.users:
+            with joint.graph.inserting_after(node):
+                joint.graph.call_function(operator.getitem, (node, 0)).meta["val"] = node.meta["val"][0]
+    return [n for n in joint.graph.nodes if n in needed]
+
+
+def _keep_discarded_draws(joint: fx.GraphModule, fw: fx.GraphModule, discarded: list[fx.Node]) -> None:
+    """NOTE: [Discarded draws]: copy the `discarded` nodes of `joint` into the forward graph
+    `fw`, each before the first forward node that follows it in `joint`'s order."""
+    if not discarded:
+        return
+    by_name = {n.name: n for n in fw.graph.nodes}
+    env = {n: by_name[n.name] for n in joint.graph.nodes if n.name in by_name}
+    todo = set(discarded)
+    output = next(n for n in fw.graph.nodes if n.op == "output")
+    order = list(joint.graph.nodes)
+    for k, node in enumerate(order):
+        if node not in todo or node in env:
+            continue
+        anchor = next((env[n] for n in order[k + 1 :] if n in env and env[n].op == "call_function"), output)
+        with fw.graph.inserting_before(anchor):
+            env[node] = fw.graph.node_copy(node, lambda n: env[n])
+    fw.graph.lint()
+    fw.recompile()
+
+
 def _cuda_devices(values) -> list[int]:
     return sorted({t.device.index or 0 for t in values if isinstance(t, torch.Tensor) and t.is_cuda})
 
@@ -636,6 +713,7 @@ def _compile_and_run(model, inputs, record, eager_dropout: bool = True, lookup=N
     leaves the forward and backward graphs in `record`.  `lookup(gm, example_inputs)`: for
     dynamo's graph, what to return instead of tracing the backward (None: trace; NOTE:
     [Capture key])."""
+    import torch._inductor.config as inductor_config  # NOTE: [Discarded draws]
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch._aot_autograd.schemas import MutationType
     from torch._functorch.partitioners import default_partition
@@ -643,7 +721,10 @@ def _compile_and_run(model, inputs, record, eager_dropout: bool = True, lookup=N
     def partition(joint, joint_inputs, **kwargs):
         if eager_dropout:
             _eager_cpu_dropout(joint)
-        fw, bw = default_partition(joint, joint_inputs, **kwargs)
+        discarded = _discarded_draws(joint)
+        with inductor_config.patch(fallback_random=False):  # else the backward keeps, and recomputes, the forward's draws
+            fw, bw = default_partition(joint, joint_inputs, **kwargs)
+        _keep_discarded_draws(joint, fw, discarded)
         record["forward"], record["backward"] = fw, bw
         return fw, bw
 
@@ -677,7 +758,7 @@ def _compile_and_run(model, inputs, record, eager_dropout: bool = True, lookup=N
     try:
         with _torch_logs_silenced():
             compiled = torch.compile(model, backend=backend, fullgraph=True, dynamic=False)
-            with torch._dynamo.config.patch(ignore_logging_functions=_logging_functions()):
+            with torch._dynamo.config.patch(ignore_logging_functions=_logging_functions()), inductor_config.patch(fallback_random=True):
                 return inputs.call(compiled)
     except RematError:
         raise

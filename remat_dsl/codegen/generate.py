@@ -211,7 +211,7 @@ class _Renderer:
         backward_body = self._body(self.plan.backward, steps, {at: lines for at, _, lines in releases}, gathers[1])
         flat = _flatten(graph.outputs)
         saved, saved_pack = self._saved()
-        gradients = {g.parameter for g in graph.gradients if g.value is not None}
+        trainable = {g.parameter for g in graph.gradients}  # NOTE: [Frozen and unused parameters] in remat_dsl.plan.ir
         inputs = [self.var[v.name] for v in graph.inputs]
         return dict(
             device_kind=header.device.split(":")[0],
@@ -223,7 +223,7 @@ class _Renderer:
             plan_source=self.source,
             inputs=[(v.name, tuple(v.shape), v.dtype) for v in graph.inputs],
             input_vars=inputs,
-            parameters=[(p.name, self.names.attr(p.name), tuple(p.shape), p.dtype, p.name in gradients) for p in graph.parameters],
+            parameters=[(p.name, self.names.attr(p.name), tuple(p.shape), p.dtype, p.name in trainable) for p in graph.parameters],
             buffers=[(b.name, self.names.attr(b.name), tuple(b.shape), b.dtype) for b in graph.buffers],
             watched=self._watched(),
             forward_body=forward_body,

@@ -44,7 +44,7 @@ import os
 import tempfile
 from pathlib import Path
 
-VERSION = 1  # bump when what an entry means changes
+VERSION = 2  # bump when what an entry means changes (2: NOTE: [Frozen and unused parameters])
 
 
 class Cache:

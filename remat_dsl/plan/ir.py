@@ -239,7 +239,19 @@ def op_refs(op: Op) -> tuple[Ref, ...]:
 
 @dataclass(frozen=True)
 class Gradient:
-    """The gradient autograd receives for a parameter (`value` is None when it gets none)."""
+    """The gradient autograd receives for a trainable parameter (`value` is None when it
+    gets none).
+
+    NOTE: [Frozen and unused parameters]
+    The gradients section has one line per parameter that required grad when the model
+    was captured, and none for a frozen one (`requires_grad` False).  A trainable
+    parameter the loss does not reach (BigBird's pooler under a classification head, whose
+    output the head discards) is `PARAM = None`: autograd leaves its `.grad` None, as
+    eager does.  The generated module refuses a parameter that requires grad but has no
+    line (the plan computes no gradient for it), and takes one with `= None` as eager
+    would: both were written `= None` before, so stock BigBird was refused as "planned
+    with it frozen".
+    """
 
     parameter: str
     value: Arg

@@ -30,7 +30,8 @@ NOTE: [Canonical layout]
   (TENSOR_HEADING, OP_HEADING) that the parser recognises and drops.  An op's `outputs`
   are not written: they are the tensors whose producer it is, in output order, so the
   printer refuses an op whose `outputs` disagree with the table.
-- outputs: one argument.  gradients: `PARAM = ARG`; updates: `BUFFER = %TENSOR`, names
+- outputs: one argument.  gradients: `PARAM = ARG`, trainable parameters only (NOTE:
+  [Frozen and unused parameters] in remat_dsl.plan.ir); updates: `BUFFER = %TENSOR`, names
   padded to the widest.
 - forward/backward: `VERB  TARGET  # trailing`; the verb says the stream (ir.VERB_STREAM).
 - A comment is written `# TEXT` (`#` alone for empty text); full-line comments go
