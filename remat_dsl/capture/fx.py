@@ -588,6 +588,7 @@ def _autocast(values, model, dtype: torch.dtype | None):
 # `bernoulli.p` (the draws), `div.Scalar`, `mul.Tensor`, and its backward as `mul.Tensor`
 # of the gradient and the noise (saved, in the input's dtype, as eager saves it).
 LOW_PRECISION = (torch.bfloat16, torch.float16)
+LOW_PRECISION_HINT = "run dropout as torch.nn.functional.dropout (no mask to read), or plan without --autocast"
 
 
 def _eager_cpu_dropout(joint: fx.GraphModule) -> None:
@@ -619,7 +620,10 @@ def _eager_cpu_dropout(joint: fx.GraphModule) -> None:
         out = call(aten.mul.Tensor, (x, scaled), node)
         for user in list(node.users):
             if user.target is not operator.getitem:
-                raise RematError("error: a native_dropout output is used whole; remat-dsl captures low-precision CPU dropout as eager runs it (NOTE: [Low-precision dropout]) and cannot here")
+                raise RematError(
+                    "error: a native_dropout output is used whole; remat-dsl captures low-precision CPU dropout as eager runs it (NOTE: [Low-precision dropout]) and cannot here",
+                    hint=LOW_PRECISION_HINT,
+                )
             if user.args[1] == 0:
                 user.replace_all_uses_with(out)
                 continue
@@ -627,7 +631,10 @@ def _eager_cpu_dropout(joint: fx.GraphModule) -> None:
                 backward.replace_all_uses_with(call(aten.mul.Tensor, (backward.args[0], scaled), backward))
                 joint.graph.erase_node(backward)
             if user.users:
-                raise RematError("error: a dropout mask is used beyond its backward; remat-dsl captures low-precision CPU dropout as eager runs it (NOTE: [Low-precision dropout]) and cannot here")
+                raise RematError(
+                    "error: a dropout mask is used beyond its backward; remat-dsl captures low-precision CPU dropout as eager runs it (NOTE: [Low-precision dropout]) and cannot here",
+                    hint=LOW_PRECISION_HINT,
+                )
         for user in list(node.users):
             joint.graph.erase_node(user)
         joint.graph.erase_node(node)
@@ -675,8 +682,12 @@ def _discarded_draws(joint: fx.GraphModule) -> list[fx.Node]:
             continue
         needed.add(node)
         todo.extend(node.all_input_nodes)
-    if any(n.op == "placeholder" and n.name.startswith("tangents") for n in needed):
-        return []  # not a forward op: left as tracing leaves it
+    if any(n.op == "placeholder" and n.name.startswith("tangents") for n in needed):  # a draw the forward cannot run
+        raise RematError(
+            "error: the backward draws random numbers for a result nothing reads; the generated module could not "
+            "advance the generator as eager PyTorch does",
+            hint="make the draw's result part of the loss or of the output, or remove it",
+        )
     for node in draws:
         if isinstance(node.meta.get("val"), (tuple, list)) and not node.users:
             with joint.graph.inserting_after(node):
@@ -765,7 +776,8 @@ def _compile_and_run(model, inputs, record, eager_dropout: bool = True, lookup=N
     except SystemExit as exc:
         raise RematError(f"error: the model's forward called sys.exit({exc.code!r}) while it was captured") from None
     except Exception as exc:
-        raise _capture_error(exc) from None
+        inner = getattr(exc, "inner_exception", None)  # dynamo's BackendCompilerFailed: our backend's own refusal
+        raise (inner if isinstance(inner, RematError) else _capture_error(exc)) from None
     finally:
         torch._dynamo.reset()
 
