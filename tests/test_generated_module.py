@@ -151,6 +151,22 @@ def test_an_unused_parameter_keeps_no_gradient_and_a_frozen_one_no_line(tmp_path
         module.FastModel(model_file.build_model())(*model_file.sample_inputs().args)
 
 
+def test_a_tensor_kept_as_a_plain_attribute_is_a_buffer_of_the_plan(tmp_path):
+    """NOTE: [Tensor attributes]: a position table that is neither parameter nor buffer (as
+    VideoMAE's) is listed among the plan's buffers by its attribute path and read from the
+    model; one left on another device than the parameters is refused."""
+    from remat_dsl.codegen.compare import compare_training
+
+    model_file = load_model_file(str(ROOT / "tests/models/tensor_attribute.py"))
+    module = plan_module(model_file, tmp_path)
+    assert [b.name for b in module_plan(tmp_path).graph.buffers] == ["embeddings.table"]
+    assert compare_training(model_file, module, steps=2).identical
+    model = model_file.build_model()
+    model.embeddings.table = model.embeddings.table.to("meta")
+    with pytest.raises(ValueError, match="buffer 'embeddings.table' is on meta but the model's parameters are on cpu"):
+        module.FastModel(model)(*model_file.sample_inputs().args)
+
+
 def module_plan(tmp_path: Path):
     from remat_dsl.plan.parser import parse
 

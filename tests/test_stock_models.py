@@ -158,6 +158,7 @@ def test_a_layer_module_run_for_every_layer_reaches_a_low_budget(tmp_path):
         ("hf_convnext", ("100%", "min")), ("hf_mobilenet", ("100%", "min")), ("hf_gpt_neox", ("100%", "min")),
         ("hf_resnet_deep", ("min",)), ("hf_clip", ("min",)), ("hf_bert_hidden_states", ("100%", "min")),
         ("hf_wav2vec2", ("100%", "min")), ("hf_canine", ("100%", "min")), ("hf_mamba", ("100%", "min")),
+        ("hf_videomae", ("100%", "min")),
     ])
 def test_stock_hugging_face_models_slow(name, budgets, tmp_path):
     run_stock(name, tmp_path, budgets)

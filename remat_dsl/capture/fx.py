@@ -956,11 +956,34 @@ def _capture_error(exc: Exception) -> RematError:
     )
 
 
+# NOTE: [Tensor attributes]
+# A module may keep a tensor as a plain attribute, neither parameter nor buffer: VideoMAE's
+# sinusoidal position table (`self.position_embeddings = get_sinusoid_encoding_table(...)`).
+# Dynamo lifts it as an input of its graph, and capture refused the stock model ("an input
+# that is neither a parameter, a buffer nor a model input").  The plan lists it among the
+# buffers, named by its attribute path (`videomae.embeddings.position_embeddings`), and the
+# generated module looks buffers up among `named_buffers()` and such attributes alike
+# (`_named_buffers` in the template).  `model.to(device)` leaves such a tensor where it
+# was, so the generated module refuses one on another device than the parameters.
+
+
+def tensor_attributes(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """NOTE: [Tensor attributes]: (attribute path, tensor) of every tensor that a module of
+    `model` keeps as a plain attribute, neither parameter nor buffer, in module order."""
+    found = []
+    for prefix, module in model.named_modules():
+        for name, value in vars(module).items():
+            if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+                found.append((f"{prefix}.{name}" if prefix else name, value))
+    return found
+
+
 def _primal_names(model, example_inputs, inputs: dict[int, str]) -> list[tuple[str, str]]:
     """Name each graph input by identity: a parameter, a buffer or a user input
     (`inputs`: id of each tensor argument -> its name)."""
     by_id: dict[int, tuple[str, str]] = {}
-    for kind, named in (("parameter", model.named_parameters()), ("buffer", model.named_buffers())):
+    buffers = [*model.named_buffers(), *tensor_attributes(model)]
+    for kind, named in (("parameter", model.named_parameters()), ("buffer", buffers)):
         real: dict[str, str] = {}
         for name, t in named:
             plan = plan_name(name)

@@ -12,7 +12,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from remat_dsl.plan import ir
-from remat_dsl.capture.fx import Recalled, capture
+from remat_dsl.capture.fx import Recalled, capture, tensor_attributes
 from remat_dsl.capture.fbgraph import build_graph
 from remat_dsl.capture.keys import NotStatic, node_key, primal_keys
 from remat_dsl.capture.model_file import Inputs, ModelFile
@@ -120,7 +120,7 @@ def _fake_warnings_silenced():
 
 
 def _fake_state(model: torch.nn.Module, mode) -> None:
-    """Replace every parameter and buffer of `model` by an empty fake tensor of `mode` on
+    """Replace every parameter, buffer and tensor attribute (NOTE: [Tensor attributes]) of `model` by an empty fake tensor of `mode` on
     the cpu (same shape, strides, dtype, requires_grad); a tensor shared by several
     modules (tied weights) stays shared."""
     made: dict[int, torch.Tensor] = {}
@@ -137,6 +137,9 @@ def _fake_state(model: torch.nn.Module, mode) -> None:
             for name, t in table.items():
                 if t is not None:
                     table[name] = fake(t)
+    for path, t in tensor_attributes(model):  # NOTE: [Tensor attributes]
+        owner, _, name = path.rpartition(".")
+        setattr(model.get_submodule(owner), name, fake(t))
 
 
 def build_fake(model_file: ModelFile, mode):
