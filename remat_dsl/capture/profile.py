@@ -281,7 +281,9 @@ def _describe(node: fx.Node, value, args, kwargs) -> NodeProfile:
             continue
         if not isinstance(item, torch.Tensor):
             raise RematError(
-                f"error: operation {node.target} returns a {type(item).__name__}, which remat-dsl cannot schedule"
+                f"{model_line(node)}error: operation {node.target} returns a {type(item).__name__}, which remat-dsl cannot schedule",
+                hint="a Python number read from a tensor (`.item()`, `bool(tensor)`) makes the step depend on the data; "
+                "compute with tensors instead, or leave the check out of the forward",
             )
         storage = item.untyped_storage()
         alias = view or (storage.nbytes() > 0 and _storage_id(item) in inputs)
