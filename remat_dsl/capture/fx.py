@@ -702,15 +702,15 @@ def _keep_discarded_draws(joint: fx.GraphModule, fw: fx.GraphModule, discarded: 
         return
     by_name = {n.name: n for n in fw.graph.nodes}
     env = {n: by_name[n.name] for n in joint.graph.nodes if n.name in by_name}
-    todo = set(discarded)
-    output = next(n for n in fw.graph.nodes if n.op == "output")
-    order = list(joint.graph.nodes)
-    for k, node in enumerate(order):
-        if node not in todo or node in env:
-            continue
-        anchor = next((env[n] for n in order[k + 1 :] if n in env and env[n].op == "call_function"), output)
-        with fw.graph.inserting_before(anchor):
-            env[node] = fw.graph.node_copy(node, lambda n: env[n])
+    anchor, anchors = fw.graph.output_node(), {}
+    for node in reversed(joint.graph.nodes):  # for each node, the first forward op after it
+        anchors[node] = anchor
+        if node in env and env[node].op == "call_function":
+            anchor = env[node]
+    for node in discarded:  # in graph order: copies before one anchor keep that order
+        if node not in env:
+            with fw.graph.inserting_before(anchors[node]):
+                env[node] = fw.graph.node_copy(node, lambda n: env[n])
     fw.graph.lint()
     fw.recompile()
 
