@@ -19,7 +19,12 @@ Hugging Face's `ModelOutput` (the plan writes them as `dict(loss=%a, ...)` or
 not tensors (`use_cache=False`) are constants of the captured graph: the plan lists them
 (`ConstantInput`) and the generated module refuses a call that passes another value.  A
 plan is a training step, so a forward with a `use_cache` parameter that the inputs leave
-out is captured with `use_cache=False` (a key/value cache is an inference output).  One
+out is captured with `use_cache=False` (a key/value cache is an inference output), as
+Hugging Face's gradient checkpointing runs it, and the plan says so above the constant
+(`Captured.defaulted`).  Eagerly with its default `use_cache=True`, a hybrid Mamba model
+(Bamba, Jamba, Zamba2, Falcon-H1) takes its mixer's cache path in training too: Bamba's
+slices the convolution's output (`[:, :, -seq_len:]`), which makes the gradient flowing
+back through it contiguous, and `silu_backward` then rounds other last bits.  One
 tensor passed as two arguments (`input_ids=ids, labels=ids`) is captured as two inputs
 (the second a copy), so the plan does not assume they are the same tensor.  Logging calls
 inside the forward (transformers warns once from inside `forward`) are ignored.
@@ -78,6 +83,7 @@ class Captured:
     out_spec: pytree.TreeSpec
     example_primals: list[torch.Tensor]
     constants: list[tuple[str, object]] = field(default_factory=list)
+    defaulted: tuple[str, ...] = ()  # constants capture filled in, that the inputs left out (`use_cache`)
     none_leaves: list[bool] = field(default_factory=list)  # per output leaf: is it None
     graph_key: tuple | None = None  # NOTE: [Capture key]: None when a shape is not static
     order: list[int] = field(default_factory=list)  # NOTE: [Output order]: the graph output each tensor leaf was
@@ -116,7 +122,9 @@ def capture(
     unsupported outputs or arguments), with the reason PyTorch gave.
     """
     model = copy.deepcopy(model) if copy_model else model
+    given = inputs
     inputs = _training_defaults(model, inputs)
+    defaulted = tuple(name for name in inputs.kwargs if name not in given.kwargs)
     named = _distinct_tensors(model, _named_arguments(model, inputs))
     constants = [(name, value) for name, value in named if not isinstance(value, torch.Tensor)]
     count = len(inputs.args)
@@ -129,7 +137,7 @@ def capture(
             names = _primal_names(model, example_inputs, tensors)
         except RematError:  # raised again, as the capture's error, once AOTAutograd has run
             return None
-        key = record["graph_key"] = _graph_key(gm, example_inputs, names, constants, portable, autocast)
+        key = record["graph_key"] = _graph_key(gm, example_inputs, names, (constants, defaulted), portable, autocast)
         return recall(key) if key is not None else None
 
     with torch.random.fork_rng(devices=_cuda_devices(call.leaves())):
@@ -145,7 +153,7 @@ def capture(
                     out = trace()
     _check_output_leaves(out)
     flat, spec = pytree.tree_flatten(out)
-    order = _output_order(out, record.get("returned"))
+    order = _output_order(out, record.get("returned"), model)
     if "recalled" in record:
         return Recalled(record["recalled"], repr(spec), [leaf is None for leaf in flat], order)
     if "backward" not in record:
@@ -169,6 +177,7 @@ def capture(
         out_spec=spec,
         example_primals=list(record["example_inputs"]),
         constants=constants,
+        defaulted=defaulted,
         none_leaves=[leaf is None for leaf in flat],
         graph_key=record.get("graph_key"),
         order=order,
@@ -311,10 +320,15 @@ def _same_bytes(made: torch.Tensor, flat: torch.Tensor) -> bool:
 # NOTE: [Capture key].)
 
 
+def _model_frames(node: fx.Node) -> list[tuple[str, str]]:
+    """(file, line) of the frames outside torch that made `node`, outermost first."""
+    frames = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
+    return [f for f in frames if not f[0].startswith(str(Path(torch.__file__).parent))]
+
+
 def model_line(node: fx.Node) -> str:
     """`FILE:LINE: ` of the model's innermost frame (outside torch) that made `node`, or ''."""
-    frames = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
-    frames = [f for f in frames if not f[0].startswith(str(Path(torch.__file__).parent))]
+    frames = _model_frames(node)
     return f"{frames[-1][0]}:{frames[-1][1]}: " if frames else ""
 
 
@@ -662,6 +676,51 @@ def _eager_cpu_dropout(joint: fx.GraphModule) -> None:
 # the forward's dropouts and recomputed what they read (GPT-2's attention scores).
 
 
+# NOTE: [Data reads]
+# A forward may read a Python number from a tensor: `.item()`, `bool(tensor)`, or a data
+# check that dynamo keeps in the graph, as transformers' `torch_compilable_check` does
+# with `torch._check_tensor_all` (Llava's count of image tokens).  Each is an
+# `aten._local_scalar_dense` in the joint graph, and the step's Python then depends on the
+# data.  Or it may make a tensor whose size depends on the data: GLPN's depth loss indexes
+# its prediction with a boolean mask (`pred[target > 0]`), a tensor of u0 elements.  A plan
+# cannot schedule either (it fixes every op and every tensor's size before the step runs),
+# and they failed later, in others' words: AOTAutograd's runtime said "expected all
+# symint_outs to be int/float/SymInt/SymFloat" (no model line), and profiling said that
+# `aten.sym_size.int` "returns a int".  So capture refuses the first such op at the
+# model's line, with the line that called it.
+
+
+def _refuse_data_reads(joint: fx.GraphModule) -> None:
+    """NOTE: [Data reads]: raise RematError at the first op that reads a number from a
+    tensor (`aten._local_scalar_dense`) or makes a tensor of a data-dependent size (an
+    unbacked symbolic size), naming the model's line and its caller."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    def caller(node):
+        frames = _model_frames(node)
+        return f" (called from {frames[-2][0]}:{frames[-2][1]})" if len(frames) > 1 else ""
+
+    for node in joint.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is torch.ops.aten._local_scalar_dense.default:
+            raise RematError(
+                f"{model_line(node)}error: the forward reads a number from a tensor{caller(node)}, which remat-dsl cannot schedule",
+                hint="a Python number read from a tensor (`.item()`, `bool(tensor)`, a data check such as "
+                "`torch._check_tensor_all`) makes the step depend on the data; compute with tensors instead, or leave "
+                "the check out of the forward (transformers leaves its own checks out with TRANSFORMERS_DISABLE_TORCH_CHECK=1)",
+            )
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor) and free_unbacked_symbols(value):
+            raise RematError(
+                f"{model_line(node)}error: operation {node.target} makes a tensor whose size depends on the data "
+                f"({list(value.shape)}){caller(node)}, which remat-dsl cannot plan",
+                hint="a plan fixes every tensor's size before the step runs; boolean-mask indexing (`x[mask]`), "
+                "`nonzero` and `masked_select` give sizes that depend on the values: use `torch.where(mask, x, 0)` "
+                "and sums weighted by the mask instead",
+            )
+
+
 def _discarded_draws(joint: fx.GraphModule) -> list[fx.Node]:
     """NOTE: [Discarded draws]: the forward nodes of `joint` that only feed random ops whose
     results nothing reads, with those random ops, in graph order.  A multi-output random
@@ -730,6 +789,7 @@ def _compile_and_run(model, inputs, record, eager_dropout: bool = True, lookup=N
     from torch._functorch.partitioners import default_partition
 
     def partition(joint, joint_inputs, **kwargs):
+        _refuse_data_reads(joint)
         if eager_dropout:
             _eager_cpu_dropout(joint)
         discarded = _discarded_draws(joint)
@@ -797,10 +857,11 @@ def _compile_and_run(model, inputs, record, eager_dropout: bool = True, lookup=N
 # a module) are refused: the generated module could not return them as the model does.
 
 
-def _output_order(out, returned) -> list[int]:
+def _output_order(out, returned, model: torch.nn.Module | None = None) -> list[int]:
     """NOTE: [Output order]: for each tensor leaf of `out` (pytree order), the index of
     the graph output (`returned`) it is.  Raises RematError for outputs the generated module
-    could not return as the model does."""
+    could not return as the model does, naming the attributes of `model` that hold a tensor
+    the forward kept outside its output."""
     leaves = pytree.tree_flatten_with_path(out)[0]
     paths = [("output" + pytree.keystr(path), leaf) for path, leaf in leaves if leaf is not None]
     returned = list(returned) if isinstance(returned, (list, tuple)) else []
@@ -814,9 +875,12 @@ def _output_order(out, returned) -> list[int]:
             )
         order.append(index[id(leaf)])
     if sorted(set(order)) != list(range(len(returned))):
+        kept = {id(value) for k, value in enumerate(returned) if k not in set(order)}
+        held = [name for name, value in tensor_attributes(model) if id(value) in kept] if model is not None else []
+        where = f": {', '.join(held[:3])}{', ...' if len(held) > 3 else ''}" if held else " (on a module or in a global)"
         raise RematError(
             f"error: the model's forward computes {len(returned) - len(set(order))} tensor(s) that it keeps outside its "
-            "output (on a module or in a global), which a plan of its training step would not set",
+            f"output{where}, which a plan of its training step would not set",
             hint="return every tensor the forward makes for the caller in its output",
         )
     return order

@@ -246,6 +246,17 @@ def _first_run(node: fx.Node, args, kwargs):
         return node.target(*args, **kwargs)
     except Exception as exc:
         lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+        for arg, value in zip(node.args, args):
+            traced = arg.meta.get("val") if isinstance(arg, fx.Node) else None
+            if isinstance(value, torch.Tensor) and isinstance(traced, torch.Tensor) and value.stride() != traced.stride():
+                raise RematError(
+                    f"{model_line(node)}error: operation {node.target} fails: {lines[0].rstrip('.') if lines else type(exc).__name__}; "
+                    f"its input {arg.target} ({model_line(arg).rstrip(': ') or 'the graph'}) has strides {tuple(value.stride())}, "
+                    f"where torch.compile's trace expected {tuple(traced.stride())}",
+                    hint="torch.compile's trace of this model disagrees with what the operators compute (a PyTorch bug: "
+                    "torch.compile(model, backend='aot_eager', fullgraph=True) fails on it too); remat-dsl plans the traced "
+                    "graph, so it cannot plan this model with this version of torch",
+                ) from None
         raise RematError(
             f"{model_line(node)}error: operation {node.target} fails on the sample inputs: {lines[0] if lines else type(exc).__name__}",
             hint="the model's forward and backward must run in eager PyTorch on sample_inputs() (token ids within the vocabulary, matching shapes)",
