@@ -160,7 +160,7 @@ def test_a_layer_module_run_for_every_layer_reaches_a_low_budget(tmp_path):
         ("hf_convnext", ("100%", "min")), ("hf_mobilenet", ("100%", "min")), ("hf_gpt_neox", ("100%", "min")),
         ("hf_resnet_deep", ("min",)), ("hf_clip", ("min",)), ("hf_bert_hidden_states", ("100%", "min")),
         ("hf_wav2vec2", ("100%", "min")), ("hf_canine", ("100%", "min")), ("hf_mamba", ("100%", "min")),
-        ("hf_videomae", ("100%", "min")), ("hf_bamba", ("100%", "min")),
+        ("hf_videomae", ("100%", "min")), ("hf_bamba", ("100%", "min")), ("hf_mixtral_batched_mm", ("100%", "min")),
     ])
 def test_stock_hugging_face_models_slow(name, budgets, tmp_path):
     run_stock(name, tmp_path, budgets)
@@ -290,6 +290,7 @@ def test_remat_plan_refuses_a_custom_operator_naming_its_op(tmp_path):
     assert (tmp_path / "m.plan").read_text() == ""
     expected = r"error: op 'model\.layers\.0\.mlp\.experts\.grouped_mm_fallback' calls `transformers\.grouped_mm_fallback\.default`"
     assert re.search(expected + ", which is not an aten operator", result.stderr), result.stderr[-2000:]
+    assert 'experts_implementation="batched_mm"' in result.stderr  # the option that plans it: hf_mixtral_batched_mm.py
 
 
 @pytest.mark.slow

@@ -186,7 +186,13 @@ def run(args) -> int:
             f"error: op '{custom.name}' calls `{custom.target}`, which is not an aten operator (a custom operator, "
             "registered by a library); a plan runs aten operators only",
             hint="run the model with an implementation made of torch operations (a library option that turns its "
-            "custom kernel off), or plan the modules around it",
+            "custom kernel off), or plan the modules around it"
+            + (
+                "; Hugging Face's mixture-of-experts models run their experts with torch operations when their config "
+                'has experts_implementation="batched_mm"'
+                if str(custom.target).startswith("transformers.grouped_mm")
+                else ""
+            ),
         )
     for warning in unmatched(graph, request.constraints):
         if args.strict:

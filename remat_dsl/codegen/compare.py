@@ -47,7 +47,28 @@ def compare_training(model_file: ModelFile, generated, steps: int = 3, lr: float
 
     With the model file's `autocast` (torch.bfloat16, torch.float16), forward and loss run
     under `torch.autocast(device, dtype)` and the backward after it, as mixed-precision
-    training does."""
+    training does.
+
+    Both train under `torch.use_deterministic_algorithms(True, warn_only=True)`: some ops
+    sum in a run-to-run order otherwise (on the CPU, `index_put` with `accumulate`, the
+    backward of `weight[index]` in Hugging Face's `batched_mm` experts), and then two eager
+    runs differ in the last bits as well."""
+    with _deterministic():
+        return _compare(model_file, generated, steps, lr)
+
+
+@contextlib.contextmanager
+def _deterministic():
+    """`torch.use_deterministic_algorithms(True, warn_only=True)`, then the mode as it was."""
+    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=warn_only)
+
+
+def _compare(model_file: ModelFile, generated, steps: int, lr: float) -> Comparison:
     eager, twin = model_file.build_model(), model_file.build_model()
     fast = generated.FastModel(twin)
     inputs = model_file.sample_inputs()
