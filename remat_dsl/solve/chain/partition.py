@@ -256,17 +256,19 @@ def _assign_backward(backward: list[ir.Op], fw_blocks: list[list[ir.Op]]) -> lis
     block that made them, and one that reads only gradients to the module's last block at
     or before the block that made them."""
     last = len(fw_blocks) - 1
-    blocks_of: dict[tuple[str, ...], set[int]] = {}
+    blocks_of: dict[tuple[str, ...], set[int]] = {}  # module path (every prefix of an op's name) -> its blocks
     made_in: dict[str, int] = {}
     for index, block in enumerate(fw_blocks):
         for op in block:
-            blocks_of.setdefault(tuple(op.name.split(".")), set()).add(index)
+            parts = tuple(op.name.split("."))
+            for length in range(1, len(parts) + 1):
+                blocks_of.setdefault(parts[:length], set()).add(index)
             made_in.update((t, index) for t in op.outputs)
     made_by: dict[str, int] = {}
     result: list[list[ir.Op]] = [[] for _ in fw_blocks]
     for op in backward:
         module = tuple(op.name.split(".bwd.")[0].split(".")) if ".bwd." in op.name else ()
-        held = sorted({i for key, where in blocks_of.items() if module and key[: len(module)] == module for i in where})
+        held = sorted(blocks_of.get(module, ())) if module else []
         made = min((made_by[t] for t in op_uses(op, made_by.keys())), default=last)
         reads = [made_in[t] for t in op_uses(op, made_in.keys())]
         if not held:
