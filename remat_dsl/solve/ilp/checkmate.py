@@ -12,6 +12,7 @@ available and not counted: the chain or the caller counts them.
 from __future__ import annotations
 
 import time
+import weakref
 
 from remat_dsl.plan import ir
 from remat_dsl.plan.ir import op_uses, pinned_tensors
@@ -56,19 +57,19 @@ def op_hgraph(graph: ir.Graph, forward: tuple[str, ...], backward: tuple[str, ..
     return HGraph(tuple(nodes), tuple(values))
 
 
-_LOOKUPS: list = [None, None]  # the last graph `_lookups` was asked for, and its answer
+_LOOKUPS: list = [lambda: None, None]  # a weak reference to the last graph `_lookups` was asked for, and its answer
 
 
 def _lookups(graph: ir.Graph) -> tuple[dict[str, ir.Op], dict[str, ir.TensorDecl], dict[str, set[str]]]:
     """Ops and tensors by name, and the names of the ops that read each tensor, of `graph`:
     made once per graph, since Rockmate and HiRemate build one HGraph per block (266 of
     them for a stock RWKV of 20,000 ops)."""
-    if _LOOKUPS[0] is not graph:
+    if _LOOKUPS[0]() is not graph:
         readers: dict[str, set[str]] = {}
         for op in graph.ops:
             for ref in ir.op_refs(op):
                 readers.setdefault(ref.name, set()).add(op.name)
-        _LOOKUPS[:] = [graph, ({op.name: op for op in graph.ops}, {t.name: t for t in graph.tensors}, readers)]
+        _LOOKUPS[:] = [weakref.ref(graph), ({op.name: op for op in graph.ops}, {t.name: t for t in graph.tensors}, readers)]
     return _LOOKUPS[1]
 
 
