@@ -690,6 +690,13 @@ def _eager_cpu_dropout(joint: fx.GraphModule) -> None:
 # model's line, with the line that called it.
 
 
+DATA_READ_HINT = (
+    "a Python number read from a tensor (`.item()`, `bool(tensor)`, a data check such as `torch._check_tensor_all`) "
+    "makes the step depend on the data; compute with tensors instead, or leave the check out of the forward "
+    "(transformers leaves its own checks out with TRANSFORMERS_DISABLE_TORCH_CHECK=1)"
+)
+
+
 def _refuse_data_reads(joint: fx.GraphModule) -> None:
     """NOTE: [Data reads]: raise RematError at the first op that reads a number from a
     tensor (`aten._local_scalar_dense`) or makes a tensor of a data-dependent size (an
@@ -706,9 +713,7 @@ def _refuse_data_reads(joint: fx.GraphModule) -> None:
         if node.target is torch.ops.aten._local_scalar_dense.default:
             raise RematError(
                 f"{model_line(node)}error: the forward reads a number from a tensor{caller(node)}, which remat-dsl cannot schedule",
-                hint="a Python number read from a tensor (`.item()`, `bool(tensor)`, a data check such as "
-                "`torch._check_tensor_all`) makes the step depend on the data; compute with tensors instead, or leave "
-                "the check out of the forward (transformers leaves its own checks out with TRANSFORMERS_DISABLE_TORCH_CHECK=1)",
+                hint=DATA_READ_HINT,
             )
         value = node.meta.get("val")
         if isinstance(value, torch.Tensor) and free_unbacked_symbols(value):
@@ -875,7 +880,8 @@ def _output_order(out, returned, model: torch.nn.Module | None = None) -> list[i
             )
         order.append(index[id(leaf)])
     if sorted(set(order)) != list(range(len(returned))):
-        kept = {id(value) for k, value in enumerate(returned) if k not in set(order)}
+        leaves = set(order)
+        kept = {id(value) for k, value in enumerate(returned) if k not in leaves}
         held = [name for name, value in tensor_attributes(model) if id(value) in kept] if model is not None else []
         where = f": {', '.join(held[:3])}{', ...' if len(held) > 3 else ''}" if held else " (on a module or in a global)"
         raise RematError(

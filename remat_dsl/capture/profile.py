@@ -47,7 +47,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch.profiler import record_function
 
-from remat_dsl.capture.fx import Captured, model_line
+from remat_dsl.capture.fx import DATA_READ_HINT, Captured, model_line
 from remat_dsl.plan.errors import RematError
 from remat_dsl.capture.measure import memory_events, memory_profiler
 from remat_dsl.plan.operators import is_view
@@ -293,8 +293,7 @@ def _describe(node: fx.Node, value, args, kwargs) -> NodeProfile:
         if not isinstance(item, torch.Tensor):
             raise RematError(
                 f"{model_line(node)}error: operation {node.target} returns a {type(item).__name__}, which remat-dsl cannot schedule",
-                hint="a Python number read from a tensor (`.item()`, `bool(tensor)`) makes the step depend on the data; "
-                "compute with tensors instead, or leave the check out of the forward",
+                hint=DATA_READ_HINT,
             )
         storage = item.untyped_storage()
         alias = view or (storage.nbytes() > 0 and _storage_id(item) in inputs)
