@@ -51,6 +51,9 @@ def smallest_budget(model: Path, cwd: Path, options: str = "") -> int:
     return int(found.group(1))
 
 
+EAGER_WARNING = "warning: eagerly, on the sample inputs, the model computes other bits"
+
+
 def plan_and_train(model: Path, budget: str, cwd: Path, options: str = ""):
     """The user's pipeline through the shell (`options`: more `remat plan` options); then
     two SGD steps against eager."""
@@ -59,6 +62,7 @@ def plan_and_train(model: Path, budget: str, cwd: Path, options: str = ""):
         cwd,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    assert EAGER_WARNING not in result.stderr, result.stderr[-3000:]  # NOTE: [Eager agreement]: no false alarm
     text = (cwd / "m.plan").read_text()
     assert text.startswith("remat-plan 2\n")
     model_file = load_model_file(str(model))
@@ -304,3 +308,30 @@ def test_stock_models_with_constants_upsampling_and_drop_paths(name, solver, tmp
     smallest = smallest_budget(model, tmp_path, f"--solver {solver}")
     for budget in ("100%", str(smallest * 11 // 10)):
         plan_and_train(model, budget, tmp_path, f"--solver {solver}")
+
+
+def test_a_step_traced_other_than_eager_is_said(tmp_path):
+    """NOTE: [Eager agreement] in remat_dsl/capture/agreement.py: tests/models/traced_branch.py
+    adds its mask of ones to the attention scores only while traced, as stock BigBird does;
+    under its bfloat16 autocast the traced step rounds elsewhere.  `remat plan` says so on
+    stderr and above the plan's header, again from the cache, and the module it generates
+    indeed trains otherwise than eager; in float32 (adding zeros) the two agree and nothing
+    is said."""
+    model = MODELS / "traced_branch.py"
+    result = shell(f"remat plan {model} --budget 100% --repeats 1 > m.plan\nremat check m.plan > report.txt\nremat codegen m.plan -o fast.py", tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert EAGER_WARNING in result.stderr
+    text = (tmp_path / "m.plan").read_text()
+    assert text.startswith("# warning: eagerly, on the sample inputs")
+    header = text.split("remat-plan 2\n")[0]
+    assert "7 of 7 parameter gradients (embed.weight, attention.qkv.weight, attention.qkv.bias and 4 more)" in " ".join(
+        line.removeprefix("# ") for line in header.splitlines()
+    )
+    comparison = compare_training(load_model_file(str(model)), load_generated(tmp_path / "fast.py"), steps=1)
+    assert not comparison.identical  # the warning is true: the module computes the traced step
+    again = shell(f"remat plan {model} --budget 100% --repeats 1 > again.plan", tmp_path)
+    assert "op times from the cache" in again.stderr and EAGER_WARNING in again.stderr
+    assert (tmp_path / "again.plan").read_text() == text
+    single = shell(f"remat plan {model} --budget 100% --repeats 1 --autocast none > single.plan", tmp_path)
+    assert single.returncode == 0, single.stderr[-3000:]  # float32: they agree, and nothing is said
+    assert EAGER_WARNING not in single.stderr and (tmp_path / "single.plan").read_text().startswith("remat-plan 2\n")

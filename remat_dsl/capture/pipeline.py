@@ -34,6 +34,7 @@ class Captured:
     costs: str | None = None
     noisy: int = 0
     cached: bool = False  # the step profile from the cache (NOTE: [Profile key])
+    eager: tuple[str, ...] = ()  # NOTE: [Eager agreement]: comment lines where eager computes other bits
 
 
 def device_of(inputs, model: torch.nn.Module) -> str:
@@ -204,11 +205,11 @@ def capture_graph(
     if isinstance(captured, Recalled):
         recalled = _graph_of(captured)
         if recalled is not None:
-            graph, noisy = recalled
+            graph, noisy, eager = recalled
             if progress:  # nothing runs, nothing is traced further
                 progress.start(len(graph.ops))
                 progress.advance(len(graph.ops))
-            return Captured(graph, kind, None, noisy, cached=True)
+            return Captured(graph, kind, None, noisy, cached=True, eager=eager)
         with _fake_warnings_silenced():  # the output's structure changed: capture it all, and store it anew
             captured = capture(model, inputs, kind != captured_on, autocast, copy_model=False, recall=lambda parts: None)
     calls = sum(1 for g in (captured.forward, captured.backward) for n in g.graph.nodes if is_call(n))
@@ -226,17 +227,23 @@ def capture_graph(
             step = profile_step(
                 captured, captured.example_primals, repeats, progress.advance if progress else None, measure_time, device_model,
             )  # fmt: skip
+    graph, noisy = build_graph(captured, step, inputs, device_kinds), step.noisy
+    if not cached:
+        if not fake and kind == captured_on:  # NOTE: [Eager agreement]; the eager step may update buffers
+            from remat_dsl.capture.agreement import disagreement
+
+            step.eager = disagreement(model, inputs, captured, step.outputs, step.gradients, autocast)
+        step.outputs, step.gradients = [], []
         if key is not None:
             cache.put("profiles", key, _step_entry(step))
-    graph, noisy = build_graph(captured, step, inputs, device_kinds), step.noisy
     costs = None
     if device_model is not None:
         costs = f"roofline {device_model.name}" + (FAKE_COSTS if fake else "")
     if autocast is not None:
         graph = replace(graph, autocast=ir.Autocast(str(autocast).removeprefix("torch.")))
     if use_cache and captured.graph_key is not None:
-        _keep_graph(cache, _graph_cache_key(captured.graph_key, device_kinds, repeats), graph, noisy, captured)
-    return Captured(graph, kind, costs, noisy, cached)
+        _keep_graph(cache, _graph_cache_key(captured.graph_key, device_kinds, repeats), graph, noisy, captured, step.eager)
+    return Captured(graph, kind, costs, noisy, cached, step.eager)
 
 
 def _graph_cache_key(parts: tuple, device_kinds: dict[str, str], repeats: int) -> str:
@@ -255,7 +262,7 @@ def _graph_cache_key(parts: tuple, device_kinds: dict[str, str], repeats: int) -
     return Cache.key("profiled graph", settings, _machine(), repeats, sorted(device_kinds.items()), _code_digest(), parts)
 
 
-def _keep_graph(cache, key: str, graph: ir.Graph, noisy: int, captured) -> None:
+def _keep_graph(cache, key: str, graph: ir.Graph, noisy: int, captured, eager: tuple[str, ...]) -> None:
     """Store the profiled graph under NOTE: [Capture key], with the output structure to
     compare on a hit; a graph whose JSON does not read back equal is not stored."""
     from remat_dsl.plan.cache import decode_ir, encode_ir
@@ -265,12 +272,12 @@ def _keep_graph(cache, key: str, graph: ir.Graph, noisy: int, captured) -> None:
         return
     cache.put("graphs", key, {
         "graph": encoded, "noisy": noisy, "out_spec": repr(captured.out_spec), "none_leaves": captured.none_leaves,
-        "order": captured.order,
+        "order": captured.order, "eager": list(eager),
     })  # fmt: skip
 
 
-def _graph_of(recalled: Recalled) -> tuple[ir.Graph, int] | None:
-    """(graph, noisy) of a cache entry found by NOTE: [Capture key], or None when the entry
+def _graph_of(recalled: Recalled) -> tuple[ir.Graph, int, tuple[str, ...]] | None:
+    """(graph, noisy, NOTE: [Eager agreement]'s lines) of a cache entry found by NOTE: [Capture key], or None when the entry
     is not one or the model's output is now built into another structure (or from the graph's
     outputs in another order: NOTE: [Output order] in fx.py)."""
     from remat_dsl.plan.cache import decode_ir
@@ -280,7 +287,8 @@ def _graph_of(recalled: Recalled) -> tuple[ir.Graph, int] | None:
         if (entry["out_spec"], entry["none_leaves"], entry["order"]) != (recalled.out_spec, recalled.none_leaves, recalled.order):
             return None
         graph = decode_ir(entry["graph"])
-        return (graph, int(entry["noisy"])) if isinstance(graph, ir.Graph) else None
+        eager = tuple(str(line) for line in entry["eager"])
+        return (graph, int(entry["noisy"]), eager) if isinstance(graph, ir.Graph) else None
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -368,7 +376,7 @@ def _step_entry(step) -> dict:
             for node, info in profiles.items()
         ]
         for phase, profiles in (("forward", step.forward), ("backward", step.backward))
-    }
+    } | {"eager": list(step.eager)}
 
 
 def _step_of(entry, captured) -> StepProfile | None:
@@ -393,6 +401,7 @@ def _step_of(entry, captured) -> StepProfile | None:
                     for o in outputs
                 ]
                 profiles[node] = NodeProfile(described, bool(multi), int(time_us), int(temp_bytes), bool(random))
+        step.eager = tuple(str(line) for line in entry["eager"])
     except (KeyError, TypeError, ValueError, IndexError):
         return None
     return step

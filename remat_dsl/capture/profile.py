@@ -86,6 +86,12 @@ class StepProfile:
     forward: dict[fx.Node, NodeProfile] = field(default_factory=dict)
     backward: dict[fx.Node, NodeProfile] = field(default_factory=dict)
     noisy: int = 0  # ops whose timing passes never agreed (NOTE: [Robust timing])
+    # the traced step's values on the sample inputs, first runs (NOTE: [Eager agreement] in
+    # capture/agreement.py): the forward's model outputs, and the backward's outputs (one per
+    # forward placeholder, None where it computes none); not cached
+    outputs: list = field(default_factory=list, repr=False)
+    gradients: list = field(default_factory=list, repr=False)
+    eager: tuple[str, ...] = ()  # NOTE: [Eager agreement]'s comment lines (cached with the profile)
 
 
 PASSES = 2  # timing passes over every op (NOTE: [Robust timing])
@@ -140,7 +146,12 @@ def profile_step(
     with torch.random.fork_rng(devices=devices), torch.no_grad():
         env = run.graph(captured.forward, inputs_by_primal, result.forward)
         bw_inputs = _backward_inputs(captured, env)
-        run.graph(captured.backward, bw_inputs, result.backward)
+        first = len(captured.mutated)
+        model_outputs = list(captured.forward.graph.output_node().args[0])[first : first + captured.num_outputs]
+        result.outputs = [env[n.name] if isinstance(n, fx.Node) else n for n in model_outputs]
+        del env
+        bw_env = run.graph(captured.backward, bw_inputs, result.backward)
+        result.gradients = [bw_env[n.name] if isinstance(n, fx.Node) else n for n in captured.backward.graph.output_node().args[0]]
     result.noisy = run.noisy
     return result
 

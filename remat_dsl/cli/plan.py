@@ -179,7 +179,7 @@ def run(args) -> int:
         model_file = load_model_file(args.model)
     if args.autocast is not None:  # overrides the model file's `autocast`
         model_file = replace(model_file, autocast=autocast)
-    graph, device, costs = _captured(model_file, args, request)
+    graph, device, costs, eager = _captured(model_file, args, request)
     custom = first_custom_operator(graph)
     if custom is not None:  # NOTE: [Custom operators] in remat_dsl/check/verify.py
         raise RematError(
@@ -211,7 +211,7 @@ def run(args) -> int:
     limit = f", time limit {args.time_limit:g} s" if args.time_limit is not None else ""
     status(f"solving with {args.solver} for a budget of {format_bytes(budget)}{limit}")
     plan = planner.plan(budget, args.solver)
-    plan = replace(plan, header=replace(plan.header, costs=costs))
+    plan = replace(plan, header=replace(plan.header, costs=costs, comments=plan.header.comments + eager))
     seconds = plan.header.solve_seconds
     if not args.record_solve_time:
         plan = replace(plan, header=replace(plan.header, solve_seconds=None))
@@ -264,8 +264,9 @@ def imports_without_collection(whole_process: bool):
 
 
 def _captured(model_file, args, request: PlanRequest):
-    """(graph, device kind, costs) of the model: measured, predicted for --device (NOTE:
-    [Fake capture] in capture/pipeline.py), or with costs from --profile."""
+    """(graph, device kind, costs, comment lines) of the model: measured, predicted for
+    --device (NOTE: [Fake capture] in capture/pipeline.py), or with costs from --profile;
+    the lines say where eager PyTorch computes other bits (NOTE: [Eager agreement])."""
     from remat_dsl.capture.pipeline import capture_graph, too_large_for_host
     from remat_dsl.plan.units import format_bytes
 
@@ -290,13 +291,17 @@ def _captured(model_file, args, request: PlanRequest):
         report_noisy_timing(captured)
         if captured.cached:
             status("op times from the cache: measured on this machine in an earlier run (--no-cache measures them again)")
-        return captured.graph, captured.device, captured.costs
+        if captured.eager:  # NOTE: [Eager agreement] in remat_dsl/capture/agreement.py; also above the plan's header
+            status(" ".join(captured.eager).replace("  ", " "))
+        return captured.graph, captured.device, captured.costs, captured.eager
     from remat_dsl.capture.profile_file import apply_profile
 
     with Progress(f"capturing {model_file.spec}") as progress:
         captured = capture_graph(model_file, args.repeats, progress, measure_time=False, device_model=device_model, fake=fake)
     status(f"costs from {args.profile}")
-    return apply_profile(captured.graph, request.profile, model=model_file.spec), captured.device, None
+    if captured.eager:
+        status(" ".join(captured.eager).replace("  ", " "))
+    return apply_profile(captured.graph, request.profile, model=model_file.spec), captured.device, None, captured.eager
 
 
 def _cache(args):
