@@ -6,31 +6,33 @@ gradients bit for bit.  Where a library takes another path while it is traced th
 runs eagerly, the traced step is not the eager one, and the module would differ from the
 model in the last bits without anyone being told.  Capture takes the eager path where it
 knows it (NOTE: [Eager branches] in capture/fx.py); this check finds the paths it does not
-know.  When capture profiles a step on real tensors for the device kind it runs on, the
-first run of every op leaves the traced step's model outputs and gradients (tangents of
-ones, as profiling runs the backward); the model then runs the same step eagerly, from the
-same random-number state, with the inputs capture called it with (`use_cache=False` where it
-filled that in), its forward under the same autocast, and `backward` with the same tangents.
-Each output and each parameter's gradient is compared bit for bit.  Where they differ, and
-a second eager run agrees with the first (an op without a deterministic kernel, such as the
-CPU's `index_put` with `accumulate`, gives other bits from run to run, and then neither run
-says anything), `disagreement` returns comment lines that name what differs and by how much:
-`remat plan` prints them as a warning and writes them above the plan's header.
+know.  When `remat plan` profiles a step on real tensors for the device kind it runs on
+(capture_graph's `check_eager`), the first run of every op leaves the traced step's model
+outputs and gradients (tangents of ones, as profiling runs the backward); the model then
+runs the same step eagerly, from the same random-number state, with the inputs capture
+called it with (`use_cache=False` where it filled that in), its forward under the same
+autocast, and `backward` with the same tangents.  Each output and each parameter's gradient
+is compared bit for bit.  Where they differ, and a second eager run agrees with the first
+(an op without a deterministic kernel, such as the CPU's `index_put` with `accumulate`,
+gives other bits from run to run, and then neither run says anything), `disagreement`
+returns comment lines that name what differs and by how much: `remat plan` prints them as a
+warning and writes them above the plan's header.  It costs one eager step (two where they
+differ) in a plan that profiles; a plan whose profile comes from the cache takes the lines
+from there.
 
 Found this way (2026-11-26): transformers' masking utilities leave out an attention mask of
 ones when the model runs eagerly (`_ignore_bidirectional_mask_sdpa` reads the mask's values)
 and keep it, a tensor of zeros added to the scores, when traced.  In float32 adding zeros
 changes nothing; under bfloat16 autocast the float32 mask makes the scores, the softmax and
 the attention dropout float32, where eagerly they are bfloat16, and the dropout's scaling
-rounds elsewhere: a stock BigBird (`attention_type="original_full"`) trained under autocast
-with every gradient differing in the last bits.  Which path eager takes there depends on the
-mask's values, which a plan for other batches cannot assume, so capture keeps the traced
-path and says so.
+rounds elsewhere: a stock BigBird (`attention_type="original_full"`, 2 layers) trained under
+autocast with its loss and 40 of its 43 gradients differing, by up to 1.1 of a gradient's
+largest magnitude.  Which path eager takes there depends on the mask's values, which a plan
+for other batches cannot assume, so capture keeps the traced path and says so.
 
 Not checked: captures with fake tensors (no values), and plans for another device kind than
 the one capturing (their ops are not this device's: NOTE: [Fake capture] in
-capture/pipeline.py), and steps whose profile came from the cache (the check ran, and its
-result was kept, when the profile was measured).
+capture/pipeline.py).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import textwrap
 import torch
 import torch.utils._pytree as pytree
 
-from remat_dsl.capture.fx import Captured, _autocast, _cuda_devices, _training_defaults
+from remat_dsl.capture.fx import Captured, cuda_devices, training_defaults
 from remat_dsl.capture.model_file import Inputs
 
 SHOWN = 3  # names listed per kind of difference
@@ -76,7 +78,7 @@ def disagreement(model: torch.nn.Module, inputs: Inputs, captured: Captured, out
 
 
 def _rng_state(inputs: Inputs, model) -> tuple:
-    devices = _cuda_devices([*inputs.leaves(), *model.parameters()])
+    devices = cuda_devices([*inputs.leaves(), *model.parameters()])
     return torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in devices], devices
 
 
@@ -86,7 +88,7 @@ def _eager_step(model, inputs: Inputs, captured: Captured, autocast, state) -> t
     cpu, cuda, devices = state
     for p in model.parameters():
         p.grad = None
-    call = _training_defaults(model, inputs)
+    call = training_defaults(model, inputs)
     try:
         with torch.random.fork_rng(devices=devices):
             torch.set_rng_state(cpu)

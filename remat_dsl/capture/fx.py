@@ -123,7 +123,7 @@ def capture(
     """
     model = copy.deepcopy(model) if copy_model else model
     given = inputs
-    inputs = _training_defaults(model, inputs)
+    inputs = training_defaults(model, inputs)
     defaulted = tuple(name for name in inputs.kwargs if name not in given.kwargs)
     named = _distinct_tensors(model, _named_arguments(model, inputs))
     constants = [(name, value) for name, value in named if not isinstance(value, torch.Tensor)]
@@ -140,7 +140,7 @@ def capture(
         key = record["graph_key"] = _graph_key(gm, example_inputs, names, (constants, defaulted), portable, autocast)
         return recall(key) if key is not None else None
 
-    with torch.random.fork_rng(devices=_cuda_devices(call.leaves())):
+    with torch.random.fork_rng(devices=cuda_devices(call.leaves())):
         with _math_attention() if portable else contextlib.nullcontext(), _autocast(call.leaves(), model, autocast):
             with _eager_branches(model, named), _native_kernels():
                 trace = functools.partial(_compile_and_run, model, call, record, not portable, lookup if recall is not None else None)
@@ -235,7 +235,7 @@ def _graph_key(gm: fx.GraphModule, example_inputs, names, constants, portable: b
 
 def named_inputs(model, inputs: Inputs) -> list[tuple[str, object]]:
     """The arguments capture names, as it names them: (name, value) in call order."""
-    return _named_arguments(model, _training_defaults(model, inputs))
+    return _named_arguments(model, training_defaults(model, inputs))
 
 
 def _inline_constants(gm: fx.GraphModule) -> None:
@@ -332,7 +332,7 @@ def model_line(node: fx.Node) -> str:
     return f"{frames[-1][0]}:{frames[-1][1]}: " if frames else ""
 
 
-def _training_defaults(model, inputs: Inputs) -> Inputs:
+def training_defaults(model, inputs: Inputs) -> Inputs:
     """`use_cache=False` when the forward takes `use_cache` and the inputs leave it out
     (NOTE: [Stock models])."""
     try:
@@ -779,7 +779,7 @@ def _keep_discarded_draws(joint: fx.GraphModule, fw: fx.GraphModule, discarded: 
     fw.recompile()
 
 
-def _cuda_devices(values) -> list[int]:
+def cuda_devices(values) -> list[int]:
     return sorted({t.device.index or 0 for t in values if isinstance(t, torch.Tensor) and t.is_cuda})
 
 

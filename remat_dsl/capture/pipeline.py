@@ -165,6 +165,7 @@ def capture_graph(
     fake: bool = False,
     kind: str | None = None,
     cache=None,
+    check_eager: bool = False,
 ) -> Captured:
     """Build the model, capture its training step and measure (or predict) every op.
 
@@ -179,6 +180,9 @@ def capture_graph(
     bytes and measured time) is taken from it, without running any op, when this graph
     was profiled here before, and stored in it otherwise (NOTE: [Solution cache], NOTE:
     [Profile key]); `Captured.cached` says which.
+    check_eager: after profiling, run the step eagerly and compare (NOTE: [Eager agreement]
+    in capture/agreement.py; `Captured.eager`); the cache keeps the result, so a caller that
+    passes a cache passes True (as `remat plan` does).
     The model file's `autocast` (torch.bfloat16, torch.float16, None) is the autocast
     state it is captured under (NOTE: [Autocast] in capture/fx.py); `dataclasses.replace`
     the ModelFile to override it.
@@ -229,7 +233,7 @@ def capture_graph(
             )  # fmt: skip
     graph, noisy = build_graph(captured, step, inputs, device_kinds), step.noisy
     if not cached:
-        if not fake and kind == captured_on:  # NOTE: [Eager agreement]; the eager step may update buffers
+        if check_eager and not fake and kind == captured_on:  # NOTE: [Eager agreement]; the eager step may update buffers
             from remat_dsl.capture.agreement import disagreement
 
             step.eager = disagreement(model, inputs, captured, step.outputs, step.gradients, autocast)

@@ -287,7 +287,7 @@ def _captured(model_file, args, request: PlanRequest):
     if request.profile is None:
         verb = "capturing" if device_model is not None else "profiling"
         with Progress(f"{verb} {model_file.spec}" + (" with fake tensors" if fake else "")) as progress:
-            captured = capture_graph(model_file, args.repeats, progress, device_model=device_model, fake=fake, cache=_cache(args))
+            captured = capture_graph(model_file, args.repeats, progress, device_model=device_model, fake=fake, cache=_cache(args), check_eager=True)
         report_noisy_timing(captured)
         if captured.cached:
             status("op times from the cache: measured on this machine in an earlier run (--no-cache measures them again)")
@@ -297,7 +297,9 @@ def _captured(model_file, args, request: PlanRequest):
     from remat_dsl.capture.profile_file import apply_profile
 
     with Progress(f"capturing {model_file.spec}") as progress:
-        captured = capture_graph(model_file, args.repeats, progress, measure_time=False, device_model=device_model, fake=fake)
+        captured = capture_graph(
+            model_file, args.repeats, progress, measure_time=False, device_model=device_model, fake=fake, check_eager=True
+        )
     status(f"costs from {args.profile}")
     if captured.eager:
         status(" ".join(captured.eager).replace("  ", " "))
