@@ -281,9 +281,10 @@ def _keep_graph(cache, key: str, graph: ir.Graph, noisy: int, captured, eager: t
 
 
 def _graph_of(recalled: Recalled) -> tuple[ir.Graph, int, tuple[str, ...]] | None:
-    """(graph, noisy, NOTE: [Eager agreement]'s lines) of a cache entry found by NOTE: [Capture key], or None when the entry
-    is not one or the model's output is now built into another structure (or from the graph's
-    outputs in another order: NOTE: [Output order] in fx.py)."""
+    """(graph, noisy, NOTE: [Eager agreement]'s lines) of a cache entry found by NOTE:
+    [Capture key], or None when the entry is not one or the model's output is now built into
+    another structure (or from the graph's outputs in another order: NOTE: [Output order]
+    in fx.py)."""
     from remat_dsl.plan.cache import decode_ir
 
     entry = recalled.value
