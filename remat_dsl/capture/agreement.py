@@ -18,7 +18,8 @@ gives other bits from run to run, and then neither run says anything), `disagree
 returns comment lines that name what differs and by how much: `remat plan` prints them as a
 warning and writes them above the plan's header.  It costs one eager step (two where they
 differ) in a plan that profiles; a plan whose profile comes from the cache takes the lines
-from there.
+from there.  Each eager run starts from the buffers the traced one read (a training step
+updates batch norm's running statistics), which are put back after it.
 
 Found this way (2026-11-26): transformers' masking utilities leave out an attention mask of
 ones when the model runs eagerly (`_ignore_bidirectional_mask_sdpa` reads the mask's values)
@@ -61,15 +62,15 @@ def disagreement(model: torch.nn.Module, inputs: Inputs, captured: Captured, out
     `outputs` (the forward graph's, in its order) and `gradients` (the backward graph's
     outputs, one per forward placeholder) eager PyTorch computes with other bits, or () when
     it computes them all alike (or gives other bits from run to run itself).  Runs `model`
-    eagerly twice at most (its parameters' `.grad` are None afterwards; a forward that
-    updates buffers, such as batch norm's running statistics, updates them).  Raises
-    nothing: an eager run that fails is said in the lines."""
+    eagerly twice at most; afterwards its parameters' `.grad` are None and its buffers hold
+    what they held before.  Raises nothing: an eager run that fails is said in the lines."""
     state = _rng_state(inputs, model)
     try:
         first = _eager_step(model, inputs, captured, autocast, state)
     except Exception as exc:  # the trace ran; eagerly the model fails
         text = str(exc).strip().splitlines()
-        return (f"eager PyTorch could not run the step that was captured, to compare: {text[0] if text else type(exc).__name__}",)
+        reason = text[0] if text else type(exc).__name__
+        return (f"warning: eager PyTorch could not run the captured step, to compare its bits with it: {reason}",)
     differ = _differences(captured, first, outputs, gradients)
     if not differ:
         return ()
@@ -93,6 +94,7 @@ def _eager_step(model, inputs: Inputs, captured: Captured, autocast, state) -> t
     cpu, cuda, devices = state
     for p in model.parameters():
         p.grad = None
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
     call = training_defaults(model, inputs)
     try:
         with torch.random.fork_rng(devices=devices):
@@ -116,6 +118,9 @@ def _eager_step(model, inputs: Inputs, captured: Captured, autocast, state) -> t
     finally:
         for p in model.parameters():
             p.grad = None
+        with torch.no_grad():
+            for b, value in buffers:
+                b.copy_(value)
 
 
 def _autocast_only(call: Inputs, model, dtype):

@@ -233,7 +233,7 @@ def capture_graph(
             )  # fmt: skip
     graph, noisy = build_graph(captured, step, inputs, device_kinds), step.noisy
     if not cached:
-        if check_eager and not fake and kind == captured_on:  # NOTE: [Eager agreement]; the eager step may update buffers
+        if check_eager and not fake and kind == captured_on:  # NOTE: [Eager agreement]
             from remat_dsl.capture.agreement import disagreement
 
             step.eager = disagreement(model, inputs, captured, step.outputs, step.gradients, autocast)
