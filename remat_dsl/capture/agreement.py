@@ -43,13 +43,12 @@ capture/pipeline.py).
 
 from __future__ import annotations
 
-import contextlib
 import textwrap
 
 import torch
 import torch.utils._pytree as pytree
 
-from remat_dsl.capture.fx import Captured, cuda_devices, training_defaults
+from remat_dsl.capture.fx import Captured, cuda_devices, forward_autocast, training_defaults
 from remat_dsl.capture.model_file import Inputs
 
 SHOWN = 3  # names listed per kind of difference
@@ -101,7 +100,7 @@ def _eager_step(model, inputs: Inputs, captured: Captured, autocast, state) -> t
             torch.set_rng_state(cpu)
             for d, s in zip(devices, cuda):
                 torch.cuda.set_rng_state(s, d)
-            with _autocast_only(call, model, autocast):
+            with forward_autocast(call.leaves(), model, autocast):
                 out = call.call(model)
             leaves = [leaf for leaf in pytree.tree_leaves(out) if leaf is not None]
             by_output = {}
@@ -121,14 +120,6 @@ def _eager_step(model, inputs: Inputs, captured: Captured, autocast, state) -> t
         with torch.no_grad():
             for b, value in buffers:
                 b.copy_(value)
-
-
-def _autocast_only(call: Inputs, model, dtype):
-    """The forward's autocast (as capture ran it), without the backward setting it patches."""
-    if dtype is None:
-        return contextlib.nullcontext()
-    tensors = [t for t in (*model.parameters(), *call.leaves()) if isinstance(t, torch.Tensor)]
-    return torch.autocast(tensors[0].device.type if tensors else "cpu", dtype=dtype)
 
 
 def _same(a, b) -> bool:

@@ -576,15 +576,22 @@ def _math_attention():
 AUTOCAST_FLAGS = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16"}
 
 
-def _autocast(values, model, dtype: torch.dtype | None):
+def forward_autocast(values, model, dtype: torch.dtype | None):
     """`torch.autocast` on the device kind of the model's parameters (or inputs), or nothing."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    tensors = [t for t in (*model.parameters(), *values) if isinstance(t, torch.Tensor)]
+    return torch.autocast(tensors[0].device.type if tensors else "cpu", dtype=dtype)
+
+
+def _autocast(values, model, dtype: torch.dtype | None):
+    """`forward_autocast`, with the backward traced without autocast, as eager runs it."""
     if dtype is None:
         return contextlib.nullcontext()
     import torch._functorch.config  # imported lazily by torch.compile, which has not run yet
 
-    tensors = [t for t in (*model.parameters(), *values) if isinstance(t, torch.Tensor)]
     stack = contextlib.ExitStack()
-    stack.enter_context(torch.autocast(tensors[0].device.type if tensors else "cpu", dtype=dtype))
+    stack.enter_context(forward_autocast(values, model, dtype))
     # the backward is traced as `loss.backward()` runs after the autocast region: autocast off
     stack.enter_context(torch._functorch.config.patch(backward_pass_autocast="off"))
     return stack

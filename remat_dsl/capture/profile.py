@@ -145,10 +145,8 @@ def profile_step(
     run = _Run(repeats, progress, measure_time, device_model)
     with torch.random.fork_rng(devices=devices), torch.no_grad():
         env = run.graph(captured.forward, inputs_by_primal, result.forward)
-        bw_inputs = _backward_inputs(captured, env)
-        first = len(captured.mutated)
-        model_outputs = list(captured.forward.graph.output_node().args[0])[first : first + captured.num_outputs]
-        result.outputs = [env[n.name] if isinstance(n, fx.Node) else n for n in model_outputs]
+        result.outputs = _model_outputs(captured, env)
+        bw_inputs = _backward_inputs(captured, env, result.outputs)
         del env
         bw_env = run.graph(captured.backward, bw_inputs, result.backward)
         result.gradients = [bw_env[n.name] if isinstance(n, fx.Node) else n for n in captured.backward.graph.output_node().args[0]]
@@ -156,11 +154,14 @@ def profile_step(
     return result
 
 
-def _backward_inputs(captured: Captured, fw_env: dict[str, object]) -> list[torch.Tensor]:
-    out_node = captured.forward.graph.output_node()
-    flat_outputs = list(out_node.args[0])
+def _model_outputs(captured: Captured, fw_env: dict[str, object]) -> list:
+    """The forward graph's model outputs (after its buffer updates), as run in `fw_env`."""
     first = len(captured.mutated)
-    model_outputs = [fw_env[n.name] for n in flat_outputs[first : first + captured.num_outputs]]
+    nodes = list(captured.forward.graph.output_node().args[0])[first : first + captured.num_outputs]
+    return [fw_env[n.name] if isinstance(n, fx.Node) else n for n in nodes]
+
+
+def _backward_inputs(captured: Captured, fw_env: dict[str, object], model_outputs: list) -> list[torch.Tensor]:
     values, tangent_index = [], 0
     for node in captured.backward.graph.nodes:
         if node.op != "placeholder":

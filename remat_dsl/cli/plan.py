@@ -180,6 +180,8 @@ def run(args) -> int:
     if args.autocast is not None:  # overrides the model file's `autocast`
         model_file = replace(model_file, autocast=autocast)
     graph, device, costs, eager = _captured(model_file, args, request)
+    if eager:  # NOTE: [Eager agreement] in remat_dsl/capture/agreement.py; also above the plan's header
+        status(" ".join(eager).replace("  ", " "))
     custom = first_custom_operator(graph)
     if custom is not None:  # NOTE: [Custom operators] in remat_dsl/check/verify.py
         raise RematError(
@@ -291,8 +293,6 @@ def _captured(model_file, args, request: PlanRequest):
         report_noisy_timing(captured)
         if captured.cached:
             status("op times from the cache: measured on this machine in an earlier run (--no-cache measures them again)")
-        if captured.eager:  # NOTE: [Eager agreement] in remat_dsl/capture/agreement.py; also above the plan's header
-            status(" ".join(captured.eager).replace("  ", " "))
         return captured.graph, captured.device, captured.costs, captured.eager
     from remat_dsl.capture.profile_file import apply_profile
 
@@ -301,8 +301,6 @@ def _captured(model_file, args, request: PlanRequest):
             model_file, args.repeats, progress, measure_time=False, device_model=device_model, fake=fake, check_eager=True
         )
     status(f"costs from {args.profile}")
-    if captured.eager:
-        status(" ".join(captured.eager).replace("  ", " "))
     return apply_profile(captured.graph, request.profile, model=model_file.spec), captured.device, None, captured.eager
 
 
