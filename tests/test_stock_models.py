@@ -327,6 +327,9 @@ def test_a_step_traced_other_than_eager_is_said(tmp_path):
     assert "7 of 7 parameter gradients (embed.weight, attention.qkv.weight, attention.qkv.bias and 4 more)" in " ".join(
         line.removeprefix("# ") for line in header.splitlines()
     )
+    assert "as torch.compile(model) does: a library takes another path while traced than eagerly" in " ".join(
+        line.removeprefix("# ") for line in header.splitlines()
+    )
     comparison = compare_training(load_model_file(str(model)), load_generated(tmp_path / "fast.py"), steps=1)
     assert not comparison.identical  # the warning is true: the module computes the traced step
     again = shell(f"remat plan {model} --budget 100% --repeats 1 > again.plan", tmp_path)
@@ -335,3 +338,19 @@ def test_a_step_traced_other_than_eager_is_said(tmp_path):
     single = shell(f"remat plan {model} --budget 100% --repeats 1 --autocast none > single.plan", tmp_path)
     assert single.returncode == 0, single.stderr[-3000:]  # float32: they agree, and nothing is said
     assert EAGER_WARNING not in single.stderr and (tmp_path / "single.plan").read_text().startswith("remat-plan 2\n")
+
+
+def test_a_weight_autocast_casts_once_eagerly_is_named_in_the_warning(tmp_path):
+    """NOTE: [Eager agreement]: tests/models/shared_weight.py applies one Linear twice under
+    bfloat16 autocast, as ALBERT shares its layers.  Eagerly autocast casts the weight once
+    and sums the gradients of both uses in bfloat16; the captured step casts it at each use.
+    The warning names that cause, the gradients that differ are the shared layer's, and
+    the module indeed trains otherwise than eager."""
+    model = MODELS / "shared_weight.py"
+    result = shell(f"remat plan {model} --budget 100% --repeats 1 > m.plan\nremat codegen m.plan -o fast.py", tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    warning = " ".join(line for line in result.stderr.splitlines() if line.startswith("warning: eagerly"))
+    assert "2 of 6 parameter gradients (layer.weight, layer.bias) differ" in warning, result.stderr[-3000:]
+    assert "each of those parameters cast to the autocast dtype at more than one op of the captured step" in warning
+    comparison = compare_training(load_model_file(str(model)), load_generated(tmp_path / "fast.py"), steps=1)
+    assert not comparison.identical

@@ -41,6 +41,7 @@ from remat_dsl.codegen.generate import generate
 from remat_dsl.plan.parser import parse
 from remat_dsl.plan.printer import print_plan
 from remat_dsl.solve.driver import make_plan, smallest_budget
+from test_stock_models import EAGER_WARNING
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -189,6 +190,7 @@ def plan_and_generate(model: str, flags: str, tmp_path: Path) -> tuple[str, Path
     """(plan text, generated module path) of `remat plan MODEL FLAGS > m.plan; remat codegen m.plan`."""
     planned = shell(f"{shlex.quote(REMAT)} plan {shlex.quote(model)} {flags} > m.plan", tmp_path)
     assert planned.returncode == 0, planned.stderr
+    assert EAGER_WARNING not in planned.stderr, planned.stderr  # NOTE: [Eager agreement]: the traced step is eager's
     generated = shell(f"{shlex.quote(REMAT)} codegen m.plan -o fast_m.py", tmp_path)
     assert generated.returncode == 0, generated.stderr
     return (tmp_path / "m.plan").read_text(), tmp_path / "fast_m.py"
@@ -199,6 +201,7 @@ def plan_and_generate(model: str, flags: str, tmp_path: Path) -> tuple[str, Path
     [
         ("gpt2", None, "--autocast bf16 --budget 60% --solver rotor --device cpu"),
         ("bert", "tests/models/hf_bert.py", "--autocast bf16 --budget 75% --solver rotor --device cpu"),
+        ("transposed", "tests/models/transposed_dropout.py", "--autocast bf16 --budget 70% --device cpu"),
     ],
 )
 def test_autocast_plan_trains_exactly_like_eager_autocast(name, model, flags, tmp_path):

@@ -30,11 +30,19 @@ rounds elsewhere: a stock BigBird (`attention_type="original_full"`, 2 layers) t
 autocast with its loss and 40 of its 43 gradients differing, by up to 1.1 of a gradient's
 largest magnitude.  Which path eager takes there depends on the mask's values, which a plan
 for other batches cannot assume, so capture keeps the traced path and says so.  Planned at
-100% under bfloat16 autocast, 10 of 128 stock Hugging Face models that plan got the warning
-(BigBird, ConvBERT, RoFormer, SqueezeBERT, RemBERT, ALBERT, SegFormer, WavLM, LUKE,
-Perceiver), and in float32 none; ALBERT's 12 differing gradients are also what
-`torch.compile(model, backend="aot_eager")` computes.  For SqueezeBERT, SegFormer, RoFormer,
-ALBERT and BigBird the generated modules trained otherwise than eager, as the warning said.
+100% under bfloat16 autocast, 10 of 128 stock Hugging Face models that plan got the warning,
+and in float32 none.  Their causes (2026-11-26, each shown by making eager take the traced
+path and getting the traced step's bits):
+- transformers' `is_tracing()` branches (eager with `is_tracing` made to answer True gives
+  `torch.compile(model, backend="eager")`'s bits): BigBird, ConvBERT, RoFormer,
+  SqueezeBERT, RemBERT, LUKE, Perceiver;
+- autocast's cache of a weight's cast (eager under `torch.autocast(..., cache_enabled=False)`
+  gives `backend="aot_eager"`'s bits): ALBERT, whose layers share their weights; the warning
+  names this cause where a differing gradient's parameter is cast at more than one op
+  (`_cast_more_than_once`, tests/models/shared_weight.py);
+- our own capture: SegFormer and WavLM dropped out transposed bfloat16 tensors with other
+  masks than eager (NOTE: [Draws in memory order] in capture/fx.py), fixed; they no longer
+  warn.
 
 Not checked: captures with fake tensors (no values), and plans for another device kind than
 the one capturing (their ops are not this device's: NOTE: [Fake capture] in
@@ -79,7 +87,7 @@ def disagreement(model: torch.nn.Module, inputs: Inputs, captured: Captured, out
         return ()
     if _differences(captured, first, second[0], second[1]):  # eager itself is not deterministic here
         return ()
-    return _lines(differ, captured)
+    return _lines(differ, captured, _cast_more_than_once(captured, autocast))
 
 
 def _rng_state(inputs: Inputs, model) -> tuple:
@@ -162,7 +170,23 @@ def _relative(a, b) -> float:
     return (a - b).abs().max().item() / scale if scale > 0 else 0.0
 
 
-def _lines(differ: list[tuple[str, str, float]], captured: Captured) -> tuple[str, ...]:
+def _cast_more_than_once(captured: Captured, autocast: torch.dtype | None) -> set[str]:
+    """The parameters (plan names) that the captured forward casts to `autocast`'s dtype at
+    more than one op: eagerly autocast casts such a weight once and reuses the cast (its
+    cache of leaf casts), so the gradients of its uses are summed in that dtype and cast back
+    once; the trace casts it at each use, and casts each use's gradient back before summing."""
+    if autocast is None:
+        return set()
+    placeholders = [n for n in captured.forward.graph.nodes if n.op == "placeholder"]
+    found = set()
+    for node, (kind, name) in zip(placeholders, captured.primal_names):
+        casts = [u for u in node.users if u.target is torch.ops.aten._to_copy.default and u.kwargs.get("dtype") == autocast]
+        if kind == "parameter" and len(casts) > 1:
+            found.add(name)
+    return found
+
+
+def _lines(differ: list[tuple[str, str, float]], captured: Captured, cast_twice: set[str]) -> tuple[str, ...]:
     outputs = [name for kind, name, _ in differ if kind == "output"]
     grads = [name for kind, name, _ in differ if kind == "gradient"]
     trainable = sum(1 for (kind, _), p in zip(captured.primal_names, captured.example_primals) if kind == "parameter" and p.requires_grad)
@@ -170,11 +194,18 @@ def _lines(differ: list[tuple[str, str, float]], captured: Captured) -> tuple[st
     parts = [_listed(outputs)] if outputs else []
     if grads:
         parts.append(f"{len(grads)} of {trainable} parameter gradients ({_listed(grads)})")
+    shared = [name for name in grads if name in cast_twice]
+    cause = (
+        ("each of those parameters" if shared == grads else f"{_listed(shared)} {'is' if len(shared) == 1 else 'are'}")
+        + " cast to the autocast dtype at more than one op of the captured step, where eager autocast casts a weight "
+        "once and sums the gradients of its uses in that dtype"
+        if shared else "a library takes another path while traced than eagerly"
+    )  # fmt: skip
     text = (
         "warning: eagerly, on the sample inputs, the model computes other bits than the step captured here: "
         f"{' and '.join(parts)} differ, by up to {largest:.2g} of their largest magnitude.  The plan, and the "
-        "module generated from it, compute the captured step, as torch.compile(model) does: a library takes "
-        "another path while traced than eagerly (NOTE: [Eager agreement] in remat_dsl/capture/agreement.py)."
+        f"module generated from it, compute the captured step, as torch.compile(model) does: {cause} (NOTE: "
+        "[Eager agreement] in remat_dsl/capture/agreement.py)."
     )
     return tuple(textwrap.wrap(text, WIDTH, break_long_words=False, break_on_hyphens=False))
 

@@ -636,7 +636,12 @@ def _eager_cpu_dropout(joint: fx.GraphModule) -> None:
                 made.meta["val"] = target(*[a.meta["val"] if isinstance(a, fx.Node) else a for a in args])
             return made
 
-        noise = call(aten.bernoulli.p, (x, 1 - p), node)
+        order = _memory_order(value)
+        if order is None:
+            noise = call(aten.bernoulli.p, (x, 1 - p), node)
+        else:  # NOTE: [Draws in memory order]
+            drawn = call(aten.bernoulli.p, (call(aten.permute.default, (x, order), node), 1 - p), node)
+            noise = call(aten.permute.default, (drawn, [order.index(d) for d in range(len(order))]), node)
         scaled = call(aten.div.Scalar, (noise, 1 - p), node)
         out = call(aten.mul.Tensor, (x, scaled), node)
         for user in list(node.users):
@@ -663,6 +668,28 @@ def _eager_cpu_dropout(joint: fx.GraphModule) -> None:
     if changed:
         joint.graph.lint()
         joint.recompile()
+
+
+# NOTE: [Draws in memory order]
+# Eager's noise is `empty_like(input)`, which keeps the strides of a dense input, and
+# `bernoulli_` fills it in memory order; `bernoulli.p` draws into a contiguous tensor, in
+# the order of its indices.  For a transposed input the two put the same draws at other
+# places: WavLM's attention output (`out_proj(...).transpose(0, 1)`, bfloat16 under
+# autocast) was dropped out with other masks than eager's, and its loss differed.  So for
+# a dense input whose memory order is not its index order, the draws are made into the
+# input permuted to memory order and permuted back (two views of the plan), which puts
+# each draw where eager puts it.
+
+
+def _memory_order(value: torch.Tensor) -> list[int] | None:
+    """NOTE: [Draws in memory order]: the permutation of `value`'s dims that makes it
+    contiguous, when it is not contiguous already and one does (it is dense and does not
+    overlap itself), else None (`empty_like` gives other tensors contiguous strides)."""
+    if value.is_contiguous():
+        return None
+    # by stride, largest first; size-1 dims hold no order: last, where they change nothing
+    order = sorted(range(value.dim()), key=lambda d: (value.size(d) == 1, -value.stride(d), d))
+    return order if value.permute(order).is_contiguous() else None
 
 
 # NOTE: [Discarded draws]
@@ -867,6 +894,10 @@ def _compile_and_run(model, inputs, record, eager_dropout: bool = True, lookup=N
 # tensor at each, as the model does (`Captured.leaves`).  A leaf that the graph did not
 # return (an input returned as it is) and a graph output that is no leaf (a tensor kept on
 # a module) are refused: the generated module could not return them as the model does.
+# The refusal names the attributes that hold such a tensor after the forward, and the
+# buffers the forward replaced by one: Wav2Vec2-Conformer's relative positions under
+# autocast (`self.pe = pe.to(x.dtype)`: a new bfloat16 buffer on the first step, the same
+# one on the next), where a plan of the first step is not a plan of the next.
 
 
 def _output_order(out, returned, model: torch.nn.Module | None = None) -> list[int]:
@@ -889,14 +920,31 @@ def _output_order(out, returned, model: torch.nn.Module | None = None) -> list[i
     if sorted(set(order)) != list(range(len(returned))):
         leaves = set(order)
         kept = {id(value) for k, value in enumerate(returned) if k not in leaves}
-        held = [name for name, value in tensor_attributes(model) if id(value) in kept] if model is not None else []
-        where = f": {', '.join(held[:3])}{', ...' if len(held) > 3 else ''}" if held else " (on a module or in a global)"
+        held, replaced = _held_tensors(model, kept) if model is not None else ([], [])
+        names = held + [
+            f"{name} (a buffer it replaces by a new {str(t.dtype).removeprefix('torch.')} tensor of shape {list(t.shape)})"
+            for name, t in replaced
+        ]
+        where = f": {', '.join(names[:3])}{', ...' if len(names) > 3 else ''}" if names else " (on a module or in a global)"
         raise RematError(
             f"error: the model's forward computes {len(returned) - len(set(order))} tensor(s) that it keeps outside its "
             f"output{where}, which a plan of its training step would not set",
-            hint="return every tensor the forward makes for the caller in its output",
+            hint="return every tensor the forward makes for the caller in its output"
+            + ("; for a buffer the forward replaces (a cast to autocast's dtype, a longer table), give it in build_model "
+               "the value the forward makes of it, so that the forward keeps it as it is" if replaced else ""),
         )
     return order
+
+
+def _held_tensors(model: torch.nn.Module, kept: set[int]) -> tuple[list[str], list[tuple[str, torch.Tensor]]]:
+    """NOTE: [Output order]: the paths of `model`'s plain tensor attributes, and (path,
+    tensor) of its buffers, that hold one of the tensors `kept` (ids of graph outputs that
+    are no output leaf) after the forward ran.  A buffer among them is one the forward
+    replaced by a new tensor (`self.pe = self.pe.to(x.dtype)`), not one it updated in
+    place (which AOTAutograd makes a buffer update of the plan)."""
+    held = [name for name, value in tensor_attributes(model) if id(value) in kept]
+    replaced = [(name, value) for name, value in model.named_buffers(remove_duplicate=False) if id(value) in kept]
+    return held, replaced
 
 
 def _reorder_outputs(forward: fx.GraphModule, first: int, order: list[int]) -> None:
