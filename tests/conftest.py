@@ -1,6 +1,4 @@
-"""Suite-wide settings: the longest test files run first; a few long cases whose checks a
-shorter case makes too are left to `pytest -m slow` (SLOW_CASES); every test has its own
-empty cache.
+"""Suite-wide settings: the longest test files run first; every test has its own empty cache.
 
 `make test` runs two xdist workers with `--dist loadfile`, which hands out whole files in
 collection order.  A long file collected last leaves one worker alone at the end, so the
@@ -34,22 +32,7 @@ LONGEST_FIRST = (
 )
 
 
-# Cases left to `pytest -m slow` because they are long and what they check is checked in
-# `make test` by a shorter case (durations measured on this 2-core machine, idle).
-SLOW_CASES = {
-    # 96-137 s, almost all of it HiGHS building the fallback's block ILPs for the smallest
-    # budget; rockmate's smallest budget trains bit for bit in [examples/gpt2.py-min-rockmate]
-    # and in test_milp_solvers_cnn.py's [examples/unet.py-min-rockmate]
-    "test_milp_solvers.py::test_plan_trains_identically_within_budget[examples/transformer.py-min-rockmate]",
-}
-
-
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the marker must be there by then
 def pytest_collection_modifyitems(session, config, items):
-    for item in items:
-        if f"{item.path.name}::{item.name}" in SLOW_CASES:
-            item.add_marker(pytest.mark.slow)
-
     def rank(item) -> int:
         name = item.path.name
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
