@@ -354,3 +354,19 @@ def test_a_weight_autocast_casts_once_eagerly_is_named_in_the_warning(tmp_path):
     assert "each of those parameters cast to the autocast dtype at more than one op of the captured step" in warning
     comparison = compare_training(load_model_file(str(model)), load_generated(tmp_path / "fast.py"), steps=1)
     assert not comparison.identical
+
+
+def test_a_failure_of_remat_dsl_inside_the_capture_backend_is_called_a_bug(monkeypatch):
+    """An exception raised by our own code inside torch.compile's backend (here a broken
+    `_memory_order`, which the capture of tests/models/transposed_dropout.py reaches under
+    bfloat16 autocast) is said as a remat-dsl bug with its type, text and line, not as a
+    model that cannot be captured with an empty reason."""
+    from remat_dsl.capture import fx
+    from remat_dsl.plan.errors import RematError
+
+    model_file = load_model_file(str(MODELS / "transposed_dropout.py"))
+    monkeypatch.setattr(fx, "_memory_order", lambda value: fx.tensor_attributes(None))
+    with pytest.raises(RematError) as raised:
+        fx.capture(model_file.build_model(), model_file.sample_inputs(), autocast=torch.bfloat16)
+    assert str(raised.value).startswith("error: remat-dsl failed while capturing the model: AttributeError: ")
+    assert "remat_dsl/capture/fx.py:" in str(raised.value) and "a bug in remat-dsl" in raised.value.hint
