@@ -1072,18 +1072,18 @@ def _capture_error(exc: Exception) -> RematError:
     """`FILE:LINE:COL: error: cannot capture ...` at the user's line dynamo stopped on, with
     PyTorch's own explanation in the hint."""
     inner = getattr(exc, "inner_exception", None)  # raised inside our backend: by AOTAutograd, or by us
-    if inner is not None:
-        raised = traceback.extract_tb(inner.__traceback__)[-1:] or [None]
-        if raised[0] is not None and Path(raised[0].filename).resolve().is_relative_to(_PACKAGE):
-            return RematError(
-                f"error: remat-dsl failed while capturing the model: {type(inner).__name__}: {inner} "
-                f"({raised[0].filename}:{raised[0].lineno})",
-                hint="this is a bug in remat-dsl, not in the model: please report it with the model file",
-            )
+    frames = traceback.extract_tb(inner.__traceback__) if inner is not None else []
+    if frames and Path(frames[-1].filename).resolve().is_relative_to(_PACKAGE):
+        return RematError(
+            f"error: remat-dsl failed while capturing the model: {type(inner).__name__}: {inner} "
+            f"({frames[-1].filename}:{frames[-1].lineno})",
+            hint="this is a bug in remat-dsl, not in the model: please report it with the model file",
+        )
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
     first = lines[0] if lines else type(exc).__name__
     if inner is not None and first.endswith("raised:"):  # dynamo puts the reason on the next lines, or nowhere
-        first = f"{first} {type(inner).__name__}: {str(inner).strip().splitlines()[0] if str(inner).strip() else ''}".rstrip(": ")
+        reason = str(inner).strip().splitlines()
+        first = f"{first} {type(inner).__name__}" + (f": {reason[0]}" if reason else "")
     explanation = next((line.removeprefix("Explanation:").strip() for line in lines if line.startswith("Explanation:")), None)
     torch_dir = str(Path(torch.__file__).resolve().parent)
     user = [f for f in getattr(exc, "real_stack", None) or () if not str(Path(f.filename).resolve()).startswith(torch_dir)]
