@@ -149,6 +149,16 @@ cache (one solve per core); the relaxation given all of the time (STAGE_SHARE 1.
 beside it) gave 1.53%, and HiGHS's log of its first solve alone showed 2.0% at 142 s and
 1.29% at 350 s.  So on that machine a gap under 1% in 10 minutes depends on the profile;
 STAGE_SHARE is kept: one run's 0.2 points are less than two profiles differ by.
+The first Rockmate plan of a target (its first hint) is not cut: it is what makes a
+result when CP-SAT finds nothing.  Later hint rounds do not start past the deadline, and
+the CP model is not built with under a second left, since CP-SAT would not run.  So a
+solve ends within the limit, or within the relaxation's share and one Rockmate plan, plus
+what began before the deadline (the CP model's build, the lowering, the polish).  CI's
+`make test` once took 10.0 s for a 6 s limit (stock GPT-2 at 60%, tests beside it); on
+its own, 2026-11-26, the relaxation took 1.7-2.4 s, the Rockmate hint 2.6-3.6 s, the CP
+model 0.5-1.1 s, and CP-SAT had under a second left, so it did not run.  With a 12 s
+limit CP-SAT (given 3.6-4.6 s) stopped with no solution, its complete hint feasible, in
+or just after its presolve: at such limits the plan is the hint's or the relaxation's.
 """
 
 from __future__ import annotations
@@ -570,11 +580,13 @@ class Moccasin:
         """The schedule's time (microseconds): each run of each op."""
         return sum(self.ops[v].time_us * len(times) for v, times in runs.items())
 
-    def _incumbent(self, capacity: int):
+    def _incumbent(self, capacity: int, deadline: float | None = None):
         """The fastest schedule known that fits `capacity` bytes of the model (earlier
-        solutions, Rockmate's plans at this capacity), or None (NOTE: [Hints])."""
+        solutions, Rockmate's plans at this capacity), or None (NOTE: [Hints]).  No
+        Rockmate plan after the first starts past `deadline` (time.perf_counter() seconds;
+        NOTE: [Deadline])."""
         if capacity not in self._rockmate_capacities:
-            self._rockmate_schedules(capacity)
+            self._rockmate_schedules(capacity, deadline)
         fitting = [(time_us, runs) for peak, time_us, runs in self._schedules if peak <= capacity]
         return min(fitting, key=lambda item: item[0])[1] if fitting else None
 
@@ -587,13 +599,16 @@ class Moccasin:
             self._rockmate = Planner(p.graph, device=p.device, constraints=p.constraints, time_limit=p.time_limit)
         return self._rockmate
 
-    def _rockmate_schedules(self, capacity: int) -> None:
+    def _rockmate_schedules(self, capacity: int, deadline: float | None = None) -> None:
         """The driver's Rockmate plans (its fallbacks and budget correction included) at
         budget `capacity` + offset, then lowered by the mapped schedule's excess in the
-        model until one fits (at most HINT_ROUNDS plans), kept as schedules."""
+        model until one fits (at most HINT_ROUNDS plans, and none after the first once
+        time.perf_counter() passes `deadline`), kept as schedules."""
         self._rockmate_capacities.add(capacity)
         budget = capacity + self.offset
-        for _ in range(HINT_ROUNDS):
+        for round in range(HINT_ROUNDS):
+            if round and deadline is not None and time.perf_counter() >= deadline:
+                return  # NOTE: [Deadline]
             try:
                 plan = self._planner().plan(budget, "rockmate")
             except RematError:
@@ -702,24 +717,27 @@ class Moccasin:
             return None
         if stage.runs is not None:
             self._schedules.append((self._peak(stage.runs), self._time(stage.runs), stage.runs))
-        incumbent = self._incumbent(capacity * self._unit())
+        incumbent = self._incumbent(capacity * self._unit(), start + limit)
         if incumbent is not None and stage.bound is not None:
             gap = _gap(self._time(incumbent), stage.bound)
             if gap <= GAP_OPTIMAL:  # proven by the relaxation: CP-SAT has nothing to add
                 self._status.append((Status.OPTIMAL, gap))
                 self._solved[target] = (self._order(incumbent), self._time(incumbent), Status.OPTIMAL, gap)
                 return self._solved[target]
-        hint = incumbent or stage.closest  # a schedule that breaks the capacity still guides CP-SAT
-        intervals = max([self.intervals, *(len(t) for t in hint.values())] if hint else [self.intervals])
-        self.used_intervals = max(self.used_intervals, intervals)
-        model, cp_model, variables, objective, _ = self._model(capacity, intervals)
-        model.minimize(objective)  # "min_runtime"
-        if stage.bound is not None:
-            model.add(objective >= stage.bound)  # proven (NOTE: [Stage bound]): lets CP-SAT stop there
-        if hint:
-            self._hint(model, variables, hint)
-        left = limit - (time.perf_counter() - start)  # NOTE: [Deadline]
-        solver, status = self._run(model, cp_model, left, stage.bound) if left >= 1 else (None, None)
+        solver, status = None, None
+        if limit - (time.perf_counter() - start) >= 1:  # NOTE: [Deadline]: else no CP-SAT, so no CP model
+            hint = incumbent or stage.closest  # a schedule that breaks the capacity still guides CP-SAT
+            intervals = max([self.intervals, *(len(t) for t in hint.values())] if hint else [self.intervals])
+            self.used_intervals = max(self.used_intervals, intervals)
+            model, cp_model, variables, objective, _ = self._model(capacity, intervals)
+            model.minimize(objective)  # "min_runtime"
+            if stage.bound is not None:
+                model.add(objective >= stage.bound)  # proven (NOTE: [Stage bound]): lets CP-SAT stop there
+            if hint:
+                self._hint(model, variables, hint)
+            left = limit - (time.perf_counter() - start)  # NOTE: [Deadline]
+            if left >= 1:
+                solver, status = self._run(model, cp_model, left, stage.bound)
         result = None
         if status is not None:
             runs = self._solution(solver, variables)
