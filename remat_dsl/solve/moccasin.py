@@ -606,8 +606,8 @@ class Moccasin:
         time.perf_counter() passes `deadline`), kept as schedules."""
         self._rockmate_capacities.add(capacity)
         budget = capacity + self.offset
-        for round in range(HINT_ROUNDS):
-            if round and deadline is not None and time.perf_counter() >= deadline:
+        for attempt in range(HINT_ROUNDS):
+            if attempt and deadline is not None and time.perf_counter() >= deadline:
                 return  # NOTE: [Deadline]
             try:
                 plan = self._planner().plan(budget, "rockmate")
