@@ -704,9 +704,9 @@ class Moccasin:
         if self._floor_proven and target < self.floor():
             self._solved[target] = None
             return None
-        start = time.perf_counter()  # NOTE: [Deadline]
-        capacity = max(target - self.offset, 0) // self._unit()
         limit = float(self.problem.time_limit or TIME_LIMIT)
+        deadline = time.perf_counter() + limit  # NOTE: [Deadline]
+        capacity = max(target - self.offset, 0) // self._unit()
         relaxation = self._stage_relaxation()
         first = len(relaxation.results)
         stage = relaxation.solve(capacity * self._unit(), limit * STAGE_SHARE)  # NOTE: [Stage bound]
@@ -717,7 +717,7 @@ class Moccasin:
             return None
         if stage.runs is not None:
             self._schedules.append((self._peak(stage.runs), self._time(stage.runs), stage.runs))
-        incumbent = self._incumbent(capacity * self._unit(), start + limit)
+        incumbent = self._incumbent(capacity * self._unit(), deadline)
         if incumbent is not None and stage.bound is not None:
             gap = _gap(self._time(incumbent), stage.bound)
             if gap <= GAP_OPTIMAL:  # proven by the relaxation: CP-SAT has nothing to add
@@ -725,7 +725,7 @@ class Moccasin:
                 self._solved[target] = (self._order(incumbent), self._time(incumbent), Status.OPTIMAL, gap)
                 return self._solved[target]
         solver, status = None, None
-        if limit - (time.perf_counter() - start) >= 1:  # NOTE: [Deadline]: else no CP-SAT, so no CP model
+        if deadline - time.perf_counter() >= 1:  # NOTE: [Deadline]: else no CP-SAT, so no CP model
             hint = incumbent or stage.closest  # a schedule that breaks the capacity still guides CP-SAT
             intervals = max([self.intervals, *(len(t) for t in hint.values())] if hint else [self.intervals])
             self.used_intervals = max(self.used_intervals, intervals)
@@ -735,7 +735,7 @@ class Moccasin:
                 model.add(objective >= stage.bound)  # proven (NOTE: [Stage bound]): lets CP-SAT stop there
             if hint:
                 self._hint(model, variables, hint)
-            left = limit - (time.perf_counter() - start)  # NOTE: [Deadline]
+            left = deadline - time.perf_counter()
             if left >= 1:
                 solver, status = self._run(model, cp_model, left, stage.bound)
         result = None

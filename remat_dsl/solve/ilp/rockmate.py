@@ -358,8 +358,8 @@ class Rockmate(OverBlocks):
     blocks are `affordable`: none larger than both Rockmate's largest and
     LARGE_BLOCK_FORWARD_OPS.  Not only where they are more blocks: the Transformer
     example's 6 rotor blocks (up to 40 forward ops; 72 ILPs, 35 s when this was written,
-    99-153 s on 2026-11-26, the time varying with the profile measured) reach 27.2% of the autograd peak
-    where Rockmate's 11 reach 28.0%."""
+    99-153 s in later sessions, varying with the profile measured) reach 27.2% of the
+    autograd peak where Rockmate's 11 reach 28.0%."""
 
     name = "rockmate"
     auto_rank = 2
