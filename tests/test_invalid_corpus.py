@@ -77,3 +77,50 @@ def test_every_diagnostic_locates_quotes_and_fixes():
         assert ": error: " in lines[0], name
         assert "^" in lines[2], name
         assert lines[-1].startswith("  hint: "), name
+
+
+def test_the_parser_read_back_from_its_cached_tables_gives_every_diagnostic(tmp_path, monkeypatch):
+    # NOTE: [Parser tables]: the first parser is built and kept; the next is read back, and
+    # must say exactly what the built one says, on every invalid plan and every valid one.
+    from lark import Lark
+
+    from remat_dsl.plan import parser
+
+    monkeypatch.setenv("REMAT_CACHE_DIR", str(tmp_path))
+    parser._lark.cache_clear()
+    try:
+        built = parser._lark()
+        (tables,) = (tmp_path / "parsers").glob("plan-*.lark")
+        valid = sorted((ROOT / "tests" / "plans").glob("*.plan"))
+        by_built = [parser.parse(path.read_text(), str(path)) for path in valid]
+        parser._lark.cache_clear()
+
+        def no_build(*args, **kwargs):
+            raise AssertionError("the parser was built again, not read from its tables")
+
+        monkeypatch.setattr(Lark, "open", no_build)
+        loaded = parser._lark()
+        assert loaded is not built
+        for name in NAMES:
+            status, _, stderr = make_corpus.check_in_process(make_corpus.relative_path(name))
+            assert (status, stderr) == (2, _golden(name)), name
+        assert [parser.parse(path.read_text(), str(path)) for path in valid] == by_built
+        assert parser._terminal_names() and loaded.options.propagate_positions
+        monkeypatch.undo()
+        monkeypatch.setenv("REMAT_CACHE_DIR", str(tmp_path))
+
+        # tables cut short (a crash while they were written elsewhere) are built again
+        tables.write_bytes(tables.read_bytes()[:1000])
+        parser._lark.cache_clear()
+        parser._terminal_names.cache_clear()
+        assert parser._lark() is not loaded
+        assert tables.stat().st_size > 100_000
+        status, _, stderr = make_corpus.check_in_process(make_corpus.relative_path(NAMES[0]))
+        assert (status, stderr) == (2, _golden(NAMES[0]))
+
+        # REMAT_CACHE_DIR=off keeps no tables
+        monkeypatch.setenv("REMAT_CACHE_DIR", "off")
+        assert parser._tables_path() is None
+    finally:
+        parser._lark.cache_clear()
+        parser._terminal_names.cache_clear()

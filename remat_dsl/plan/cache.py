@@ -20,10 +20,13 @@ plan's solve time), although neither depends on the budget.  Both are now kept h
 * `blocks`: a block class's RK-Checkmate schedules and the MILP statuses that made them,
   keyed by the block's whole H-graph (ops, costs, sizes), the grid, the MILP settings and
   the versions of pulp and HiGHS.  A solve under a time limit depends on the machine's
-  load and is not kept.
+  load and is not kept;
+* `parsers`: the plan parser's LALR tables (NOTE: [Parser tables] in remat_dsl.plan.parser),
+  in Lark's own format (a pickle), named by a digest of the grammar; they depend on the
+  grammar alone, so `--no-cache` leaves them in use (REMAT_CACHE_DIR=off does not).
 
 Keys are SHA-256 digests of a canonical text of those inputs, so a changed model, cost,
-setting or version is a miss, never a stale hit.  Entries are JSON files written
+setting or version is a miss, never a stale hit.  The other entries are JSON files written
 atomically (a temporary file renamed), and each holds its own key: an unreadable,
 truncated or foreign entry is ignored and recomputed.  The same inputs give the same
 entry, so a plan made from the cache is byte-identical to the plan of the run that filled

@@ -78,8 +78,12 @@ from __future__ import annotations
 
 import difflib
 import functools
+import hashlib
 import json
+import os
 import re
+import sys
+import tempfile
 from dataclasses import dataclass, replace
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
@@ -132,15 +136,55 @@ VERB_ALIASES = {
 }  # fmt: skip
 
 
+LARK_OPTIONS = dict(parser="lalr", lexer="contextual", propagate_positions=True, maybe_placeholders=False)
+
+
 @functools.cache
 def _lark() -> Lark:
-    return Lark.open(
-        str(GRAMMAR_PATH),
-        parser="lalr",
-        lexer="contextual",
-        propagate_positions=True,
-        maybe_placeholders=False,
-    )
+    """The plan parser, its LALR tables read from the cache when they are there.
+
+    NOTE: [Parser tables]
+    Lark builds the LALR(1) tables of grammar/plan.lark in 1.6 s on this 2-core machine
+    (`start` and `header` spell out every combination of their optional sections, see the
+    grammar), which was most of a `remat fmt`, `remat diff` or `remat textconv` run, and
+    git runs `remat textconv` once per file and revision.  The built parser is kept (Lark's
+    own `save`, a pickle) under `parsers/` of the cache directory (remat_dsl.plan.cache,
+    NOTE: [Solution cache]) and read back in 0.1 s.  The file is named by a SHA-256 of
+    the grammar files, Lark's options and the versions of Lark and Python, so another
+    grammar is another file, never a stale hit; it is written atomically (a temporary file
+    renamed), and one that does not load is built again.  REMAT_CACHE_DIR=off keeps none.
+    """
+    path = _tables_path()
+    if path is not None:
+        try:
+            with path.open("rb") as handle:
+                return Lark.load(handle)
+        except Exception:  # missing, truncated or foreign: build it again
+            pass
+    parser = Lark.open(str(GRAMMAR_PATH), **LARK_OPTIONS)
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("wb", dir=path.parent, suffix=".tmp", delete=False) as handle:
+                parser.save(handle)
+            os.replace(handle.name, path)
+        except OSError:  # a cache that cannot be written only costs time
+            pass
+    return parser
+
+
+def _tables_path() -> Path | None:
+    """Where NOTE: [Parser tables] keeps the plan parser (None: REMAT_CACHE_DIR=off)."""
+    import lark
+
+    from remat_dsl.plan.cache import default_cache
+
+    root = default_cache().root
+    if root is None:
+        return None
+    texts = [(path.name, path.read_text()) for path in sorted(GRAMMAR_PATH.parent.glob("*.lark"))]  # with its %imports
+    key = hashlib.sha256(repr((texts, sorted(LARK_OPTIONS.items()), lark.__version__, sys.version_info[:2])).encode()).hexdigest()
+    return root / "parsers" / f"plan-{key[:32]}.lark"
 
 
 MAX_NESTING = 64  # brackets inside one argument; captured graphs stay far below
