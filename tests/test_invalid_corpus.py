@@ -118,6 +118,16 @@ def test_the_parser_read_back_from_its_cached_tables_gives_every_diagnostic(tmp_
         status, _, stderr = make_corpus.check_in_process(make_corpus.relative_path(NAMES[0]))
         assert (status, stderr) == (2, _golden(NAMES[0]))
 
+        # tables that cannot be written (a directory in their place): the parser is built,
+        # and no temporary file is left
+        blocked = tmp_path / "blocked"
+        monkeypatch.setenv("REMAT_CACHE_DIR", str(blocked))
+        parser._tables_path().mkdir(parents=True)
+        parser._lark.cache_clear()
+        status, _, stderr = make_corpus.check_in_process(make_corpus.relative_path(NAMES[0]))
+        assert (status, stderr) == (2, _golden(NAMES[0]))
+        assert sorted(path.relative_to(blocked) for path in blocked.rglob("*")) == [parser._tables_path().relative_to(blocked).parent, parser._tables_path().relative_to(blocked)]
+
         # REMAT_CACHE_DIR=off keeps no tables
         monkeypatch.setenv("REMAT_CACHE_DIR", "off")
         assert parser._tables_path() is None

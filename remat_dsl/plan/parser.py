@@ -163,13 +163,16 @@ def _lark() -> Lark:
             pass
     parser = Lark.open(str(GRAMMAR_PATH), **LARK_OPTIONS)
     if path is not None:
+        temporary = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile("wb", dir=path.parent, suffix=".tmp", delete=False) as handle:
+                temporary = Path(handle.name)
                 parser.save(handle)
-            os.replace(handle.name, path)
+            os.replace(temporary, path)
         except OSError:  # a cache that cannot be written only costs time
-            pass
+            if temporary is not None:
+                temporary.unlink(missing_ok=True)
     return parser
 
 
