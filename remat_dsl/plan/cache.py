@@ -84,16 +84,23 @@ class Cache:
     def put(self, kind: str, key: str, value) -> None:
         """Store a JSON-able `value`; a cache that cannot be written is skipped silently
         (it only saves time)."""
-        if self.root is None:
-            return
-        path = self._path(kind, key)
+        if self.root is not None:
+            self.write(self._path(kind, key), json.dumps({"key": key, "value": value}).encode())
+
+    @staticmethod
+    def write(path: Path, data: bytes) -> None:
+        """Write `data` to `path` atomically (a temporary file renamed); a cache that cannot
+        be written is skipped silently (it only saves time), and leaves no temporary."""
+        temporary = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as handle:
-                json.dump({"key": key, "value": value}, handle)
-            os.replace(handle.name, path)
+            with tempfile.NamedTemporaryFile("wb", dir=path.parent, suffix=".tmp", delete=False) as handle:
+                temporary = Path(handle.name)
+                handle.write(data)
+            os.replace(temporary, path)
         except OSError:
-            return
+            if temporary is not None:
+                temporary.unlink(missing_ok=True)
 
 
 NO_CACHE = Cache(None)

@@ -79,11 +79,10 @@ from __future__ import annotations
 import difflib
 import functools
 import hashlib
+import io
 import json
-import os
 import re
 import sys
-import tempfile
 from dataclasses import dataclass, replace
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
@@ -94,6 +93,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedTok
 from lark.lexer import PatternStr
 
 from remat_dsl.plan import ir
+from remat_dsl.plan.cache import Cache, default_cache
 from remat_dsl.plan.errors import PlanError
 from remat_dsl.plan.resources import data_path
 from remat_dsl.plan.printer import FORMAT_VERSION, OP_HEADING, PEAK_AT_RE, PHASES, SOLVE_TIME_UNIT, STATUSES, SYM_PREFIX, TENSOR_HEADING, TENSOR_HEADING_V1
@@ -163,24 +163,15 @@ def _lark() -> Lark:
             pass
     parser = Lark.open(str(GRAMMAR_PATH), **LARK_OPTIONS)
     if path is not None:
-        temporary = None
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile("wb", dir=path.parent, suffix=".tmp", delete=False) as handle:
-                temporary = Path(handle.name)
-                parser.save(handle)
-            os.replace(temporary, path)
-        except OSError:  # a cache that cannot be written only costs time
-            if temporary is not None:
-                temporary.unlink(missing_ok=True)
+        tables = io.BytesIO()
+        parser.save(tables)
+        Cache.write(path, tables.getvalue())
     return parser
 
 
 def _tables_path() -> Path | None:
     """Where NOTE: [Parser tables] keeps the plan parser (None: REMAT_CACHE_DIR=off)."""
     import lark
-
-    from remat_dsl.plan.cache import default_cache
 
     root = default_cache().root
     if root is None:
