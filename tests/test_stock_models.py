@@ -25,8 +25,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from remat_dsl.capture.measure import peak_bytes, step_peak
 from remat_dsl.capture.model_file import load_model_file
 from remat_dsl.codegen.compare import compare_training, load_generated
+from remat_dsl.plan import ir
+from remat_dsl.plan.parser import parse
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "tests" / "models"
@@ -126,6 +129,33 @@ def test_outputs_that_alias_repeat_or_go_undifferentiated(budget, tmp_path):
     assert out["pair"][1] is out["h"] and out["h_t"]._base is None and out["x_t"]._base is None
     model_file.loss_fn(out).backward()
     assert fast.model.side.weight.grad is None and fast.model.fc.weight.grad is not None
+
+
+def test_an_absent_logits_gradient_is_not_held(tmp_path):
+    """NOTE: [Gradient zeros] in remat_dsl/capture/fbgraph.py: `loss.backward()` on a causal
+    LM gives no gradient for its logits.  The module held autograd's zeros for them through
+    its backward (256 KiB here), which neither eager nor the plan's memory counts; it now
+    makes none (the sum with the loss's gradient is that gradient).  Measured, the step
+    peaks at the prediction plus the loss's own gradient, the 4-byte scalar autograd's
+    engine makes (the caller's, like the logits' when given)."""
+    model = MODELS / "hf_llama_gqa.py"
+    text, _ = plan_and_train(model, "100%", tmp_path)
+    plan = parse(text)
+    assert ir.gradient_zeros(plan.graph) == {"bwd.nll_loss_backward": 4, "bwd.add": 2 * 128 * 256 * 4}
+    model_file = load_model_file(str(model))
+    fast = load_generated(tmp_path / "fast.py").FastModel(model_file.build_model())
+    inputs = model_file.sample_inputs()
+
+    def step():
+        model_file.loss_fn(inputs.call(fast)).backward()
+
+    with torch.random.fork_rng():
+        step()
+        fast.zero_grad(set_to_none=True)
+        measured = peak_bytes(step)
+    assert measured == plan.header.peak_bytes + 4
+    fast.zero_grad(set_to_none=True)
+    assert step_peak(fast, inputs) == plan.header.peak_bytes  # every output's gradient given
 
 
 @pytest.mark.parametrize("budget", ["100%", "min"])

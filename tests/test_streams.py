@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from remat_dsl.capture.measure import memory_profiler, training_step
+from remat_dsl.capture.measure import memory_profiler, training_step, unit_output_gradients
 from remat_dsl.capture.model_file import load_model_file
 from remat_dsl.check.replay import simulate, with_predictions
 from remat_dsl.check.verify import verify
@@ -284,9 +284,12 @@ def peak_without(prof, addresses: set[int]) -> int:
 
 
 def measured(fast, model_file) -> tuple[int, int]:
-    """(peak, peak without the host buffers) of one training step on CPU (bytes)."""
+    """(peak, peak without the host buffers) of one training step on CPU (bytes), its output
+    gradients made before it from an eager forward (the caller's: not counted)."""
     module = sys.modules[type(fast).__module__]
-    step = training_step(fast, model_file.sample_inputs())
+    with torch.random.fork_rng():
+        grads = unit_output_gradients(model_file.build_model(), model_file.sample_inputs())
+    step = training_step(fast, model_file.sample_inputs(), grads)
     fast.zero_grad(set_to_none=True)
     with torch.random.fork_rng(), memory_profiler() as prof:
         step()

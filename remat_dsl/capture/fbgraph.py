@@ -46,7 +46,7 @@ def build_graph(captured: Captured, step: StepProfile, inputs: tuple, device_kin
     bw_out = list(captured.backward.graph.output_node().args[0])
     first = len(captured.mutated)
     model_outputs = [builder.arg(n, fw_env) for n in fw_out[first : first + captured.num_outputs]]
-    return ir.Graph(
+    graph = ir.Graph(
         inputs=_values(captured, "input"),
         parameters=_values(captured, "parameter"),
         buffers=_values(captured, "buffer"),
@@ -60,6 +60,23 @@ def build_graph(captured: Captured, step: StepProfile, inputs: tuple, device_kin
             ir.ConstantInput(name, value, DEFAULTED if name in captured.defaulted else ()) for name, value in captured.constants
         ),
     )
+    return ir.with_gradient_zeros(graph)  # NOTE: [Gradient zeros]
+
+
+# NOTE: [Gradient zeros]
+# A model output's gradient (tangent, `grad_output.k`) is the caller's memory, like an
+# input: no plan holds it (NOTE: [Memory model] in remat_dsl.check.replay).  When the
+# caller gives none (a Hugging Face causal LM returns its logits beside the loss, and
+# `loss.backward()` differentiates the loss alone), the generated module makes the zeros
+# autograd would have used at each op that reads it, and frees them after that op (NOTE:
+# [Absent output gradients] in templates/module.py.jinja); a sum with the other operand in
+# its layout makes none.  So every op that reads a tangent counts the tangent's bytes among
+# its temporaries (`ir.with_gradient_zeros`), once per tangent, whatever the caller does,
+# so the module holds no more than the plan predicts.  Before 2026-11-26 the tangents were
+# counted from the backward's start to its end and the module held the zeros as long:
+# bench/models/llama_d512.py's logits gradient, float32[4, 256, 8000], is 31.25 MiB, 9.5%
+# of its autograd peak.  A profile file keeps the measured temporaries alone
+# (`write_profile` takes the zeros out, `apply_profile` puts them back).
 
 
 # The comment above a constant that capture filled in (NOTE: [Stock models] in fx.py).

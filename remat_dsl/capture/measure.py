@@ -1,8 +1,10 @@
 """Measure the peak memory and time of a training step, the way the budget counts it.
 
 The budget counts what one forward and backward allocate above what is resident before the
-step (parameters, buffers, inputs): activations, temporaries, the outputs, the output
-gradients and the parameter gradients.  On CPU the PyTorch profiler's raw `[memory]`
+step (parameters, buffers, inputs, and the gradients the caller gives for the outputs):
+activations, temporaries, the outputs and the parameter gradients (NOTE: [Gradient zeros]
+in remat_dsl.capture.fbgraph).  So a step's unit output gradients are made before the
+step measured: `step_peak` runs one step first, whose outputs give their shapes.  On CPU the PyTorch profiler's raw `[memory]`
 allocator events, ordered by time, with a running sum of their sizes give an exact,
 repeatable peak (../shared/notes/capture-probe.md); on CUDA we use
 `torch.cuda.max_memory_allocated` above the allocation at the start.
@@ -56,13 +58,24 @@ def memory_events(prof: profile) -> list[tuple[int, int]]:
     return sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
 
 
-def training_step(module: torch.nn.Module, inputs: Inputs | tuple) -> Callable[[], None]:
-    """One forward and backward of `module`, with unit output gradients made in the step."""
+def unit_output_gradients(module: torch.nn.Module, inputs: Inputs | tuple) -> list[torch.Tensor]:
+    """`torch.ones_like` of each output leaf of `module(inputs)` that needs a gradient, in
+    pytree order, from one forward whose outputs are then dropped."""
+    outputs = call_with(module, inputs)
+    return [torch.ones_like(t) for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def training_step(module: torch.nn.Module, inputs: Inputs | tuple, grads: list[torch.Tensor] | None = None) -> Callable[[], None]:
+    """One forward and backward of `module` with unit gradients for every output that needs
+    one: `grads` (`unit_output_gradients`), else made at the first call and kept for the
+    later ones (the caller's memory, made before the step like the inputs)."""
+    grads = [] if grads is None else list(grads)
 
     def step() -> None:
         outputs = call_with(module, inputs)
         flat = [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor) and t.requires_grad]
-        grads = [torch.ones_like(t) for t in flat]
+        if not grads:
+            grads.extend(torch.ones_like(t) for t in flat)
         torch.autograd.backward(flat, grads)
 
     return step
@@ -87,10 +100,14 @@ def peak_bytes(step: Callable[[], None], device: str = "cpu") -> int:
 
 
 def step_peak(module: torch.nn.Module, inputs: Inputs | tuple, device: str = "cpu") -> int:
-    """Measured peak of one training step of `module`; its gradients are reset first."""
-    module.zero_grad(set_to_none=True)
+    """Measured peak of one training step of `module`, after one that makes the output
+    gradients (`training_step`); its gradients are reset before each."""
+    step = training_step(module, inputs)
     with torch.random.fork_rng():
-        peak = peak_bytes(training_step(module, inputs), device)
+        module.zero_grad(set_to_none=True)
+        step()
+        module.zero_grad(set_to_none=True)
+        peak = peak_bytes(step, device)
     module.zero_grad(set_to_none=True)
     return peak
 

@@ -127,7 +127,7 @@ def write_profile(graph: ir.Graph, *, model: str, device: str, torch_version: st
     for value in graph.inputs:
         lines.append(f"{'input':<{KEY_WIDTH}}{value.name:<{width}}  {value.dtype}{_shape(value.shape)}")
     rows = []
-    for op in graph.ops:
+    for op in ir.with_gradient_zeros(graph, -1).ops:  # the measured costs (NOTE: [Gradient zeros] in fbgraph.py)
         if not _NAME.fullmatch(op.name):
             raise ValueError(f"cannot write op name {op.name!r} to a profile")
         number, unit = format_duration(op.time_us).split()
@@ -316,7 +316,9 @@ def _same_model(a: str, b: str) -> bool:
 
 
 def apply_profile(graph: ir.Graph, profile: ProfileFile, *, model: str | None = None) -> ir.Graph:
-    """`graph` with every op's time_us and temp_bytes taken from `profile`.
+    """`graph` with every op's time_us and temp_bytes taken from `profile`, each temp_bytes
+    with the zeros of the tangents the op reads added (NOTE: [Gradient zeros] in
+    remat_dsl.capture.fbgraph; write_profile takes them out).
 
     model: the spec of the model file the graph was captured from; when given it must
     name the same file and factory as the profile's header.
@@ -350,4 +352,4 @@ def apply_profile(graph: ir.Graph, profile: ProfileFile, *, model: str | None = 
         if op.name not in names:
             raise error(f"the graph has no op `{op.name}`", op.span, len(op.name))
     ops = tuple(replace(op, time_us=costs[op.name].time_us, temp_bytes=costs[op.name].temp_bytes) for op in graph.ops)
-    return replace(graph, ops=ops)
+    return ir.with_gradient_zeros(replace(graph, ops=ops))  # NOTE: [Gradient zeros] in remat_dsl/capture/fbgraph.py

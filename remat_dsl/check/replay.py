@@ -8,9 +8,10 @@ the peak, the predicted time and what crosses from forward to backward.
 `with_predictions(plan, sim)` writes the predictions into the plan's header.
 
 NOTE: [Memory model]
-Device memory (bytes) is the sum of the resident tensors' `nbytes`; inputs, parameters
-and buffers are not counted (they are the same in every plan).  The tangents
-(`grad_output.k`) are added at the start of the backward section and stay to its end.
+Device memory (bytes) is the sum of the resident tensors' `nbytes`; inputs, parameters,
+buffers and the tangents (`grad_output.k`, the caller's gradients of the model outputs)
+are not counted (they are the same in every plan; the zeros made for an absent tangent are
+a temporary of each op that reads it: NOTE: [Gradient zeros] in remat_dsl.capture.fbgraph).
 `compute`/`recompute OP` peaks at resident + all of OP's outputs + OP.temp_bytes; outputs
 already resident are discarded right after the op.  A random op that is recomputed
 somewhere in the plan saves its RNG state at its `compute` (`rng_state_bytes(device)`
@@ -40,34 +41,11 @@ from dataclasses import dataclass, field
 from typing import NoReturn
 
 from remat_dsl.plan import ir
-from remat_dsl.plan.ir import iter_refs, op_refs
+from remat_dsl.plan.ir import DTYPE_ITEMSIZE, iter_refs, op_refs
 from remat_dsl.plan.errors import PlanError
 
 CPU_RNG_STATE_BYTES = 5056  # torch.get_rng_state() on CPU: a uint8 tensor of 5056 bytes
 
-# Bytes per element of the dtypes a captured graph may declare (ValueDecl.dtype).
-DTYPE_ITEMSIZE = {
-    "bool": 1,
-    "uint8": 1,
-    "int8": 1,
-    "float8_e4m3fn": 1,
-    "float8_e4m3fnuz": 1,
-    "float8_e5m2": 1,
-    "float8_e5m2fnuz": 1,
-    "int16": 2,
-    "uint16": 2,
-    "float16": 2,
-    "bfloat16": 2,
-    "int32": 4,
-    "uint32": 4,
-    "float32": 4,
-    "complex32": 4,
-    "int64": 8,
-    "uint64": 8,
-    "float64": 8,
-    "complex64": 8,
-    "complex128": 16,
-}
 
 
 def rng_state_bytes(device: str) -> int:
@@ -161,7 +139,7 @@ class Simulation:
     at the end.  compute_us / recompute_us: sums of op times of compute / recompute
     instructions.  transfer_us: sum of offload and prefetch durations.  host_peak_bytes:
     the most host memory held by offloaded copies.  crossing: what the forward hands to
-    the backward (`Crossing`); tangent_bytes: the tangents the backward starts with.
+    the backward (`Crossing`).
     """
 
     peak_bytes: int
@@ -173,7 +151,6 @@ class Simulation:
     host_peak_bytes: int
     timeline: tuple[Step, ...]
     crossing: Crossing
-    tangent_bytes: int = 0
 
     @property
     def saved(self) -> tuple[str, ...]:
@@ -206,7 +183,6 @@ def simulate(plan: ir.Plan, *, device: str | None = None) -> Simulation:
     sim = _Simulator(plan, graph, rng_state_bytes(device or plan.header.device))
     sim.run_section(ir.FORWARD, plan.forward)
     sim.end_forward(plan.forward)
-    sim.start_backward()
     sim.run_section(ir.BACKWARD, plan.backward)
     sim.end_backward(plan.backward)
     return sim.result()
@@ -334,7 +310,6 @@ class _Simulator:
         self.rng_bytes = rng_bytes
         self.section = ir.FORWARD
         self.resident: dict[str, int] = {}  # tensor -> nbytes on the device
-        self.tangents: dict[str, int] = {}  # resident in backward only
         self.rng: dict[str, int] = {}  # random op -> bytes of its saved RNG state
         self.computed: dict[str, str] = {}  # op -> where its compute is
         self.deleted_at: dict[str, str] = {}
@@ -351,7 +326,7 @@ class _Simulator:
         self.made_in_backward: set[str] = set()
         self.needed: set[str] = set()
         self.last_recompute = self._last_random_recomputes(plan)
-        self.current = 0  # device bytes in use now: resident + tangents + RNG states
+        self.current = 0  # device bytes in use now: resident + RNG states
         self.index = 0  # the instruction being replayed, 1-based in its section
         self.instr: ir.Instruction | None = None
         self._freed: list[tuple[str, int]] = []  # NOTE: [Step events] of the instruction replayed
@@ -425,11 +400,6 @@ class _Simulator:
             saved=tuple(n for n in names if n in self.resident or n in self.offloaded_at),
         )
 
-    def start_backward(self) -> None:
-        """The caller hands in the tangents: they are resident from here to the end."""
-        self.tangents = {t.name: value_nbytes(t) for t in self.plan.graph.tangents}
-        self.current += sum(self.tangents.values())
-
     def end_backward(self, instructions: tuple[ir.Instruction, ...]) -> None:
         """Every backward op ran and every parameter gradient is resident."""
         span = instructions[-1].span if instructions else None
@@ -484,7 +454,6 @@ class _Simulator:
             host_peak_bytes=self.host_peak,
             timeline=tuple(timeline),
             crossing=dataclasses.replace(self.crossing, needed=tuple(n for n in self.crossing.saved if n in self.needed)),
-            tangent_bytes=sum(self.tangents.values()),
         )
 
     # -- helpers ------------------------------------------------------------
@@ -508,15 +477,15 @@ class _Simulator:
         self.peak = (step.mem_peak, len(self.steps) - 1)
         # copies only (C speed): sorting what is live at every new peak made a store-all
         # plan of 20,000 ops take 88 s to simulate; `peak_live` sorts the last one
-        self._peak_state = (dict(self.resident), dict(self.tangents), dict(self.rng), self._freed + extra)
+        self._peak_state = (dict(self.resident), dict(self.rng), self._freed + extra)
 
     @property
     def peak_live(self) -> tuple[tuple[str, int], ...]:
         """What is live at the peak step, largest first (Step.live)."""
         if self._peak_state is None:
             return ()
-        resident, tangents, rng, freed = self._peak_state
-        live = [*resident.items(), *tangents.items()]
+        resident, rng, freed = self._peak_state
+        live = list(resident.items())
         live += [(f"rng state of {op}", n) for op, n in rng.items()]
         live += freed  # freed by the peak's instruction: still live at its peak
         return tuple(sorted((item for item in live if item[1]), key=lambda item: (-item[1], item[0])))

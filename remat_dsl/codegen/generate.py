@@ -321,12 +321,13 @@ class _Renderer:
         """`OUTPUTS = aten_X(ARGS)`, assigning the outputs the step makes resident; `wrap(call,
         args)`, if given, is the expression that stands for the call (the RNG helpers)."""
         args = [render_arg(a, self.var) for a in op.args] + [f"{k}={render_arg(v, self.var)}" for k, v in op.kwargs]
-        call = f"{callable_name(op.target)}({', '.join(args)})"
-        if op.target == "aten.add.Tensor" and len(op.args) == 2 and not op.kwargs:  # NOTE: [Absent output gradients]
-            absent = [self._absent(a) for a in op.args]
-            if absent != ["False", "False"]:
-                any_layout = self._any_layout(op.outputs[0])
-                call = f"_add_gradients({', '.join(args)}, {', '.join(absent)}, {any_layout})"
+        absent = [self._absent(a) for a in op.args]
+        if op.target == "aten.add.Tensor" and len(op.args) == 2 and not op.kwargs and absent != ["False", "False"]:
+            any_layout = self._any_layout(op.outputs[0])  # NOTE: [Absent output gradients]
+            call = f"_add_gradients({', '.join(args)}, {', '.join(absent)}, {any_layout}, device)"
+        else:
+            args = [self._real(a) for a in op.args] + [f"{k}={self._real(v)}" for k, v in op.kwargs]
+            call = f"{callable_name(op.target)}({', '.join(args)})"
         if wrap is not None:
             call = wrap(call, args)
         fresh = {key for key, _ in step.added}
@@ -398,14 +399,29 @@ class _Renderer:
         return [tangents.get(f"grad_output.{i}", f"_unused_grad_{i}") for i in range(len(flat))]
 
     def _tangent_prologue(self) -> list[str]:
-        """NOTE: [Absent output gradients]: each model output's gradient, as autograd would
-        materialize it (contiguous zeros) where the caller gave none, and whether it did."""
+        """NOTE: [Absent output gradients]: each model output's gradient, where the caller gave
+        none the shape and layout of autograd's zeros on the meta device (no memory: the ops
+        that read it make the zeros), and whether it did."""
         lines = []
         for i, tangent in enumerate(self.plan.graph.tangents):
             var, absent, where = self.var[tangent.name], self.names.absent(tangent.name), self._section_where("tangents", i + 1)
-            zeros = f"torch.zeros({list(tangent.shape)}, dtype=torch.{tangent.dtype}, device=device)"
+            zeros = f"torch.empty({list(tangent.shape)}, dtype=torch.{tangent.dtype}, device='meta')"
             lines += [f"{absent} = {var} is None  # {where}", f"{var} = {zeros} if {absent} else {var}  # {where}"]
         return lines
+
+    def _real(self, arg: ir.Arg) -> str:
+        """`arg` rendered, wrapped in `_zeros_if_absent` where it is a model output's gradient
+        or a view of it, which is a shape on the meta device when the caller gave none
+        (NOTE: [Absent output gradients]); a list or tuple of arguments item by item."""
+        if isinstance(arg, ir.ListArg):
+            return "[" + ", ".join(self._real(a) for a in arg.items) + "]"
+        if isinstance(arg, ir.TupleArg):
+            items = [self._real(a) for a in arg.items]
+            return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+        rendered = render_arg(arg, self.var)
+        if isinstance(arg, (ir.Ref, ir.Call)) and set(refs_in(arg)) & self.tangent_names:
+            return f"_zeros_if_absent({rendered}, device)"
+        return rendered
 
     def _absent(self, arg: ir.Arg) -> str:
         """`absent_X` when `arg` is a model output's gradient or a view of it (NOTE: [Absent

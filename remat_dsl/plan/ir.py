@@ -41,8 +41,9 @@ consumed as in eager PyTorch.
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator, Union
 
 from remat_dsl.plan.units import round_gap, round_seconds
@@ -475,6 +476,54 @@ def op_predecessors(graph: Graph) -> list[list[int]]:
 def op_uses(op: Op, tensors: set[str]) -> list[str]:
     """Tensor names (allocations, not parameters/inputs) that `op` reads, in order, unique."""
     return list(dict.fromkeys(ref.name for ref in op_refs(op) if ref.name in tensors))
+
+
+# Bytes per element of the dtypes a captured graph may declare (ValueDecl.dtype).
+DTYPE_ITEMSIZE = {
+    "bool": 1,
+    "uint8": 1,
+    "int8": 1,
+    "float8_e4m3fn": 1,
+    "float8_e4m3fnuz": 1,
+    "float8_e5m2": 1,
+    "float8_e5m2fnuz": 1,
+    "int16": 2,
+    "uint16": 2,
+    "float16": 2,
+    "bfloat16": 2,
+    "int32": 4,
+    "uint32": 4,
+    "float32": 4,
+    "complex32": 4,
+    "int64": 8,
+    "uint64": 8,
+    "float64": 8,
+    "complex64": 8,
+    "complex128": 16,
+}
+
+
+def gradient_zeros(graph: Graph) -> dict[str, int]:
+    """op name -> bytes of the distinct tangents (`grad_output.k`) its arguments refer to,
+    for the ops that read one: the zeros the generated module makes for that op when the
+    caller gives no gradient for the output, which capture counts among the op's
+    temporaries (NOTE: [Gradient zeros] in remat_dsl.capture.fbgraph).  A tangent of a
+    dtype not in DTYPE_ITEMSIZE counts 0 bytes (the simulation refuses it at its line)."""
+    sizes = {t.name: math.prod(t.shape) * DTYPE_ITEMSIZE.get(t.dtype, 0) for t in graph.tangents}
+    zeros = {}
+    for op in graph.ops:
+        read = {ref.name for ref in op_refs(op)} & sizes.keys()
+        if read:
+            zeros[op.name] = sum(sizes[t] for t in read)
+    return zeros
+
+
+def with_gradient_zeros(graph: Graph, sign: int = 1) -> Graph:
+    """`graph` with each op's temp_bytes raised by `gradient_zeros` (sign -1: lowered, to
+    write the measured costs alone to a profile file)."""
+    zeros = gradient_zeros(graph)
+    ops = tuple(replace(op, temp_bytes=op.temp_bytes + sign * zeros[op.name]) if op.name in zeros else op for op in graph.ops)
+    return replace(graph, ops=ops)
 
 
 def pinned_tensors(graph: Graph) -> set[str]:

@@ -22,7 +22,7 @@ from remat_dsl.plan import ir
 SAVED = "saved for backward"
 OUTPUTS = "model outputs"
 FORWARD_TEMPS = "forward temporaries"
-GRADIENTS = "gradients & tangents"
+GRADIENTS = "gradients"
 OP_TEMPS = "op temporaries & RNG states"
 CATEGORIES = (SAVED, OUTPUTS, FORWARD_TEMPS, GRADIENTS, OP_TEMPS)
 COLORS = {
@@ -66,7 +66,7 @@ class CategoryTimeline:
 
 
 def tensor_categories(graph: ir.Graph) -> dict[str, str]:
-    """Category of every tensor and tangent of the graph (see CATEGORIES)."""
+    """Category of every tensor of the graph (see CATEGORIES)."""
     from remat_dsl.plan.ir import iter_refs, op_refs
 
     producer_phase = {op.name: op.phase for op in graph.ops}
@@ -74,7 +74,7 @@ def tensor_categories(graph: ir.Graph) -> dict[str, str]:
         ref.name for op in graph.ops if op.phase == ir.BACKWARD for ref in op_refs(op)
     }
     outputs = {ref.name for ref in iter_refs(graph.outputs)}
-    categories = {t.name: GRADIENTS for t in graph.tangents}
+    categories = {}
     for tensor in graph.tensors:
         if producer_phase.get(tensor.producer) == ir.BACKWARD:
             categories[tensor.name] = GRADIENTS
@@ -91,8 +91,8 @@ def category_timeline(verified) -> CategoryTimeline:
     """The simulation's memory timeline split by category (CATEGORIES).
 
     Reads each step's events (NOTE: [Step events] in remat_dsl.check.replay): nothing is
-    replayed here.  Tensors and tangents count in their category (`tensor_categories`),
-    temporaries and RNG states in OP_TEMPS; the tangents arrive when the backward starts.
+    replayed here.  Tensors count in their category (`tensor_categories`), temporaries
+    (the zeros of an absent tangent among them) and RNG states in OP_TEMPS.
     Raises AssertionError when the categories do not add up to the simulation's totals
     (NOTE: [Categories must agree with the simulator]).
     """
@@ -113,8 +113,6 @@ def category_timeline(verified) -> CategoryTimeline:
     steps: list[StepUsage] = []
     peak_live: tuple = ()
     for step in sim.timeline:
-        if step.section == ir.BACKWARD and step.index == 1:
-            usage = plus(usage, [(t.name, nbytes) for t, nbytes in _tangents(plan)])
         before = usage
         peak = plus(before, step.at_peak)
         usage = plus(plus(before, step.added), step.removed, -1)
@@ -123,12 +121,6 @@ def category_timeline(verified) -> CategoryTimeline:
             peak_live = tuple((name, nbytes, CATEGORIES[kind(name)]) for name, nbytes in step.live)
     _check_agreement(steps, sim)
     return CategoryTimeline(tuple(steps), peak_live)
-
-
-def _tangents(plan: ir.Plan) -> list[tuple[ir.ValueDecl, int]]:
-    from remat_dsl.check.replay import value_nbytes
-
-    return [(t, value_nbytes(t)) for t in plan.graph.tangents]
 
 
 def _check_agreement(steps: list[StepUsage], sim) -> None:

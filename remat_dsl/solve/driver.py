@@ -9,7 +9,7 @@ budget-fitting loop; `smallest_budget(solver)` the one smallest-budget search.
 NOTE: [Budget correction]
 A solver plans with its own model of memory (rotor's chain, section 3 of papers/rotor-*;
 Rockmate's blocks; the H-ILP's clusters), which does not see everything the exact
-simulation sees (the prelude's masks, the step's outputs and their tangents, a block's
+simulation sees (the prelude's masks, the step's outputs, a block's
 saved tensors freed during its own backward, the discretization, values crossing
 clusters; the chain solvers do count the parameter gradients piling up during the
 backward, NOTE: [Kept gradients] in remat_dsl.solve.chain.model).  So the driver lowers each order

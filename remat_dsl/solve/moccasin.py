@@ -19,7 +19,7 @@ here because they were not checked against the paper):
 * objective "min_runtime": the total compute time sum_v sum_i t_v a_v^i (microseconds).
 
 O(C n) interval variables, where Checkmate's ILP has O(n^2) Booleans.  Ours beyond cp.py:
-an interval per output of a node (NOTE: [Tensor ends]), the tangents and saved RNG states
+an interval per output of a node (NOTE: [Tensor ends]), the saved RNG states
 (NOTE: [RNG states]) in the "memory budget", redundant rows for CP-SAT's LP relaxation
 (NOTE: [Stage memory]) and the default solver's plan as the first solution (NOTE: [Hints]).
 
@@ -37,8 +37,9 @@ Memory (bytes) is what remat_dsl.check.replay counts (its NOTE: [Memory model]):
 output of an op over its own interval per run (NOTE: [Tensor ends]), except the pinned
 ones (model outputs, parameter gradients: remat_dsl.plan.ir.pinned_tensors), which get one
 interval from the op's first run to the end of the axis; its temp_bytes over [s, s + 1)
-of each run; the tangents from the backward's first time (F) to the end; the RNG states of
-recomputed random ops (NOTE: [RNG states]).  Parameters and inputs are counted by neither.
+of each run; the RNG states of recomputed random ops (NOTE: [RNG states]).  Parameters,
+inputs and tangents are counted by neither (the zeros of an absent tangent are in the
+temp_bytes of the ops that read it: NOTE: [Gradient zeros] in remat_dsl.capture.fbgraph).
 Measured 2026-11-24: the model's peak equals the simulated peak of the order for every
 schedule checked (examples/gpt2.py, rockmate's plans and CP-SAT's solutions at 50% and 30%
 of the autograd peak; tests/models/tiny_cnn.py at its floor), so the driver's first target
@@ -171,7 +172,7 @@ from collections import defaultdict
 from remat_dsl.plan import ir
 from remat_dsl.plan.constraints import matching
 from remat_dsl.plan.errors import RematError
-from remat_dsl.check.replay import rng_state_bytes, value_nbytes
+from remat_dsl.check.replay import rng_state_bytes
 from remat_dsl.plan.ir import op_predecessors, op_uses, pinned_tensors
 from remat_dsl.plan.units import format_bytes
 from remat_dsl.solve.api import BudgetError, Decision, Problem, SolverInfo, SolverResult, Status, refuse_above
@@ -231,7 +232,6 @@ class Moccasin:
         # NOTE: [Tensor ends] each output of an op has its own end
         self.outs = [[(t, sizes[t]) for t in op.outputs if t not in pinned and sizes[t]] for op in self.ops]
         self.reads = [set(op_uses(op, set(sizes))) for op in self.ops]
-        self.tangent_bytes = sum(value_nbytes(t) for t in graph.tangents)
         self.rng_bytes = rng_state_bytes(problem.device)  # NOTE: [RNG states]
         self.forward = [i for i, op in enumerate(self.ops) if op.phase == ir.FORWARD]
         self.backward = [i for i, op in enumerate(self.ops) if op.phase == ir.BACKWARD]
@@ -292,7 +292,6 @@ class Moccasin:
         model = cp_model.CpModel()
         unit = self._unit()
         total = (sum(self.free_bytes) + sum(self.pinned_bytes) + sum(op.temp_bytes for op in self.ops)) // unit
-        total += self.tangent_bytes // unit
         H, F = self.horizon, len(self.forward)
         starts: dict[int, list] = {}
         ends: dict[int, list] = {}
@@ -301,9 +300,6 @@ class Moccasin:
         rng: dict[int, tuple] = {}  # NOTE: [RNG states]: (end, length)
         lengths: dict[tuple[int, int, int], object] = {}
         cumulative, heights = [], []
-        if self.tangent_bytes:  # the tangents: from the backward's start to its end (NOTE: [Memory model], replay)
-            cumulative.append(model.new_fixed_size_interval_var(F, H - F, "tangents"))
-            heights.append(self.tangent_bytes // unit)
         for v, op in enumerate(self.ops):
             s0 = self.first_start(v)
             starts[v], ends[v], present[v] = [s0], [model.new_int_var(s0 + 1, H, f"e_{v}_0")], [True]
@@ -388,7 +384,7 @@ class Moccasin:
         "precedence constraint" (paper section 3), that let CP-SAT's LP relaxation see
         memory: the cumulative alone gives it no bound above the no-recompute time.  At
         the run of backward op b (time t_b) these are resident: b's inputs, outputs and
-        temporaries; the tangents; every backward output read after stage b; the pinned
+        temporaries; every backward output read after stage b; the pinned
         outputs made by then; and each output T of a forward op u that a backward op
         reads after stage b, by whichever interval of u serves that reader: either one
         covers t_b (Booleans k_Tb = [e_T^0 > t_b] for the first, j_Tb^i = [a_u^i,
@@ -406,7 +402,7 @@ class Moccasin:
                 last_reader[t] = max(last_reader.get(t, -1), stage[v])
         for b, w in enumerate(self.backward):
             t = self.first_start(w)
-            fixed = sum(n for _, n in self.outs[w]) + self.ops[w].temp_bytes + self.tangent_bytes
+            fixed = sum(n for _, n in self.outs[w]) + self.ops[w].temp_bytes
             fixed += sum(self.pinned_bytes[v] for v in range(len(self.ops)) if self.first_start(v) <= t)
             fixed += sum(n for v in self.preds[w] for name, n in self.outs[v] if name in self.reads[w])
             fixed += sum(
@@ -551,7 +547,6 @@ class Moccasin:
         in the model's memory (the "memory budget")."""
         (_, tensor_ends), H = self._ends(runs), self.horizon
         change = [0] * (H + 2)
-        change[len(self.forward)] += self.tangent_bytes
         for v, times in runs.items():
             for s, out_ends in zip(times, tensor_ends[v]):
                 change[s] += self.ops[v].temp_bytes
@@ -778,7 +773,7 @@ class Moccasin:
         return self._stage
 
     def _unit(self) -> int:
-        demands = [n for outs in self.outs for _, n in outs] + self.pinned_bytes + [self.tangent_bytes]
+        demands = [n for outs in self.outs for _, n in outs] + self.pinned_bytes
         demands += [op.temp_bytes for op in self.ops] + [self.rng_bytes]
         return functools.reduce(math.gcd, [d for d in demands if d], 0) or 1
 

@@ -33,8 +33,8 @@ interval from its run):
   T with u(T) at or before slot k and y_{T,b} = 1 (its copy alive at t_b was made by
   slot k); T with u(T) after slot k and y_{T,b} = 1, r_{u(T),b} = 0 (alive across the
   stage: h_{T,b} >= y_{T,b} - r_{u(T),b}); the inputs, outputs and temporaries of the op
-  at slot k when it runs (e >= r - y, so nothing is counted twice); backward tensors,
-  tangents and pinned outputs as Moccasin counts them (eq. 2.18 at these moments).
+  at slot k when it runs (e >= r - y, so nothing is counted twice); backward tensors
+  and pinned outputs as Moccasin counts them (eq. 2.18 at these moments).
   Left out: RNG states of recomputed random ops, and tensors alive within a stage that
   neither t_b nor the op at slot k needs (an input held for a later recomputation), so
   memory is never overcounted and the optimum is a lower bound.
@@ -150,7 +150,7 @@ class StageRelaxation:
         self.across: list[int] = []  # per stage: bytes alive across it besides forward outputs
         for b, w in enumerate(m.backward):
             tb = m.first_start(w)
-            across = m.tangent_bytes + sum(size[t] for t in btens if stage[producer[t]] < b and last[t] >= b)
+            across = sum(size[t] for t in btens if stage[producer[t]] < b and last[t] >= b)
             self.across.append(across + pinned_by(tb - 1))
             fixed = across + sum(n for _, n in m.outs[w]) + ops[w].temp_bytes + pinned_by(tb)
             self._row([(y[t, b], size[t]) for t in ftens if (t, b) in y], fixed)  # memory at t_b

@@ -308,7 +308,7 @@ class TWRemat:
         temporaries counted while an op runs; model outputs and gradients are never freed.
         Linear in the order's length, where the exact simulation (remat_dsl.check.replay)
         is too slow for the candidates of a 20,000-op graph; it leaves out what every
-        candidate holds alike (inputs, tangents, RNG states), and the driver simulates the
+        candidate holds alike (inputs, RNG states), and the driver simulates the
         order it is given exactly (NOTE: [Budget correction] in remat_dsl.solve.driver)."""
         last_read: dict[tuple[str, int], int] = {}  # (tensor, position of its making) -> last read
         made_at: dict[str, int] = {}  # tensor -> position of its latest making

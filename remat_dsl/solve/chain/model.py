@@ -43,7 +43,7 @@ NOTE: [Two chain models]
 Counting the kept gradients makes the chain exact about them, not about everything: a
 block's saved tensors are held through its whole B step, though the backward frees them
 as it goes, and tensors that cross blocks (a U-Net's skips, a Transformer's encoder output,
-a model's outputs and their tangents) are not counted at all.  On a chain of decoder layers
+a model's outputs) are not counted at all.  On a chain of decoder layers
 the counted model plans faster (8 Llama layers at 40%: 1.128 -> 1.109 of the time of every
 op once); where those other errors dominate, the paper's model, whose errors partly cancel,
 reached smaller budgets (GPT-2's rockmate 30.4% -> 29.9%, U-Net's rotor 51.9% -> 48.2%).

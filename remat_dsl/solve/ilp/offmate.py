@@ -814,8 +814,8 @@ class Offmate:
         A_t of eq. 4.17 is what a step holds besides the blocks' saved activations.
         Rotor's chain model sees only the interface activations and gradients; the exact
         simulation also sees the prelude, the model outputs kept to the end of the step,
-        the tangents, and the parameter gradients piling up during the backward (GPT-2's
-        logits and their tangent: 4 MiB where a block saves 5 MiB), and the block
+        and the parameter gradients piling up during the backward (GPT-2's logits: 2 MiB
+        where a block saves 5 MiB), and the block
         replays' peaks are not where the plan's are.  The store-all plan, then one plan
         per option of the first block of each class of identical blocks (that block on
         that option, the others as PyTorch; no solve) measure the difference for each
