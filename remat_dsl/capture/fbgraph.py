@@ -70,13 +70,15 @@ def build_graph(captured: Captured, step: StepProfile, inputs: tuple, device_kin
 # `loss.backward()` differentiates the loss alone), the generated module makes the zeros
 # autograd would have used at each op that reads it, and frees them after that op (NOTE:
 # [Absent output gradients] in templates/module.py.jinja); a sum with the other operand in
-# its layout makes none.  So every op that reads a tangent counts the tangent's bytes among
-# its temporaries (`ir.with_gradient_zeros`), once per tangent, whatever the caller does,
-# so the module holds no more than the plan predicts.  Before 2026-11-26 the tangents were
-# counted from the backward's start to its end and the module held the zeros as long:
-# bench/models/llama_d512.py's logits gradient, float32[4, 256, 8000], is 31.25 MiB, 9.5%
-# of its autograd peak.  A profile file keeps the measured temporaries alone
-# (`write_profile` takes the zeros out, `apply_profile` puts them back).
+# its layout makes none.  So where a step has two or more outputs to differentiate, every
+# op that reads a tangent counts the tangent's bytes among its temporaries
+# (`ir.with_gradient_zeros`), once per tangent, whatever the caller does, so the module
+# holds no more than the plan predicts; a step with one gets its gradient whenever its
+# backward runs.  Before 2026-11-26 the tangents were counted from the backward's start to
+# its end and the module held the zeros as long: bench/models/llama_d512.py's logits
+# gradient, float32[4, 256, 8000], is 31.25 MiB, 9.5% of its autograd peak.  A profile
+# file keeps the measured temporaries alone (`write_profile` takes the zeros out,
+# `apply_profile` puts them back).
 
 
 # The comment above a constant that capture filled in (NOTE: [Stock models] in fx.py).

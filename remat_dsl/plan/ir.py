@@ -507,8 +507,12 @@ def gradient_zeros(graph: Graph) -> dict[str, int]:
     """op name -> bytes of the distinct tangents (`grad_output.k`) its arguments refer to,
     for the ops that read one: the zeros the generated module makes for that op when the
     caller gives no gradient for the output, which capture counts among the op's
-    temporaries (NOTE: [Gradient zeros] in remat_dsl.capture.fbgraph).  A tangent of a
-    dtype not in DTYPE_ITEMSIZE counts 0 bytes (the simulation refuses it at its line)."""
+    temporaries (NOTE: [Gradient zeros] in remat_dsl.capture.fbgraph).  Empty for a graph
+    with one tangent: autograd runs the backward only when an output has a gradient, so a
+    step with one output to differentiate always gets its gradient.  A tangent of a dtype
+    not in DTYPE_ITEMSIZE counts 0 bytes (the simulation refuses it at its line)."""
+    if len(graph.tangents) < 2:
+        return {}
     sizes = {t.name: math.prod(t.shape) * DTYPE_ITEMSIZE.get(t.dtype, 0) for t in graph.tangents}
     zeros = {}
     for op in graph.ops:
