@@ -348,7 +348,9 @@ def test_chain_solvers_count_the_parameter_gradients_the_backward_keeps(tmp_path
     falls back on the paper's model, which does not.  On a 2-layer Hugging Face Llama with
     the CPU device model's costs (deterministic), rotor's smallest budget was 66.8% of the
     autograd peak when the chain did not count them; it is now below 65%, planned by the
-    counted model, and that plan trains bit for bit."""
+    counted model, and that plan trains bit for bit.  Since the output gradients are no
+    longer counted (NOTE: [Gradient zeros] in capture/fbgraph.py) the counted chain plans
+    61% and the paper's model 65% but not 64%: 63% is between them."""
     from remat_dsl.capture.cost import load_device
 
     model_file = load_model_file(str(ROOT / "tests/models/hf_llama.py"))
@@ -358,7 +360,7 @@ def test_chain_solvers_count_the_parameter_gradients_the_backward_keeps(tmp_path
     assert sum(b.kept_bytes for b in rotor.part.chain.blocks) == planner.gradient_bytes
     (paper,) = rotor.fallbacks()
     assert not any(b.kept_bytes for b in paper.part.chain.blocks) and paper.describe().endswith("gradients=uncounted")
-    budget = planner.autograd_peak * 65 // 100
+    budget = planner.autograd_peak * 63 // 100
     plan = planner.plan(budget, "rotor")
     assert "uncounted" not in plan.header.solver
     with pytest.raises(BudgetError):

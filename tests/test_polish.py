@@ -56,19 +56,21 @@ def runs(plan: ir.Plan) -> list[str]:
     return [i.target for i in plan.forward + plan.backward if i.verb in ("compute", "recompute")]
 
 
-def test_gpt2_at_30_percent_is_a_near_miss_repaired_and_trains_bit_exactly(gpt2, tmp_path):
-    """Rockmate's chain cannot meet 30% of GPT-2's autograd peak (4 layers); the driver took
-    the fallback's plan, 81,074 us predicted with these costs.  A near miss repaired and
-    polished predicts 59,821 us; it fits, says so in its header, and trains bit for bit
-    with the predicted peak."""
+def test_gpt2_at_28_percent_is_a_near_miss_repaired_and_trains_bit_exactly(gpt2, tmp_path):
+    """Rockmate's chain cannot meet 28% of GPT-2's autograd peak (4 layers); the driver took
+    the fallback's plan, 62,926 us predicted with these costs.  A near miss repaired and
+    polished predicts 58,558 us; it fits, says so in its header, and trains bit for bit
+    with the predicted peak.  (At 30% before the output gradients stopped being counted,
+    NOTE: [Gradient zeros] in capture/fbgraph.py: 81,074 and 59,821 us; at 30% Rockmate's
+    chain now fits.)"""
     model_file, captured, planner = gpt2
-    budget = planner.autograd_peak * 30 // 100
+    budget = planner.autograd_peak * 28 // 100
     before = first_fitting_unimproved(planner, budget, "rockmate")
     plan = planner.plan(budget, "rockmate")
     assert plan.header.peak_bytes <= budget
     assert "; repaired +" in plan.header.solver
     assert plan.header.status == "feasible" and plan.header.gap is None
-    assert plan.header.time_us < 0.8 * before.header.time_us
+    assert plan.header.time_us < 0.95 * before.header.time_us
     text = print_plan(plan)
     assert parse(text) == plan
     measured = trained_peak(model_file, text, tmp_path)
@@ -117,14 +119,14 @@ def test_a_budget_below_the_smallest_feasible_one_is_still_refused(gpt2):
         planner.plan(smallest - 1, "rockmate")
 
 
-def test_remat_plan_at_30_percent_as_users_type_it(tmp_path):
+def test_remat_plan_at_28_percent_as_users_type_it(tmp_path):
     """Through a shell with two hash seeds: the same bytes, the repair said in the plan's
     header (its solver) and above each run it added, and `remat check` accepts the plan
     against the model."""
     plans = []
     for seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        command = f"{REMAT} plan {ROOT}/examples/gpt2.py --device cpu --budget 30% --no-cache > p{seed}.plan"
+        command = f"{REMAT} plan {ROOT}/examples/gpt2.py --device cpu --budget 28% --no-cache > p{seed}.plan"
         result = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True)
         assert result.returncode == 0, result.stderr
         plans.append((tmp_path / f"p{seed}.plan").read_text())

@@ -33,8 +33,9 @@ fastest of these is the plan.  Near misses count from every candidate tried (a s
 whose own model cannot meet the budget, then its fallbacks), but only once one of them
 fits: a budget below the smallest feasible one (the floor plans') is still refused, so
 every budget at or above it gets a plan and none below it does.  On GPT-2 (4 layers) at
-30% of the autograd peak, with one measured profile, this gave 49,597 us where the
-fallback's plan took 83,881 us (NOTE: [Repair]; `python bench/polish.py` for more).
+30% of the autograd peak (output gradients counted, before 2026-11-26), with one measured
+profile, this gave 49,597 us where the fallback's plan took 83,881 us (NOTE: [Repair];
+`python bench/polish.py` for more).
 """
 
 from __future__ import annotations

@@ -39,9 +39,10 @@ per round.  Everything is in a fixed order, so the result is deterministic.
 
 NOTE: [Repair]
 A solver's plans near its floor can be a little above the budget while the plans it makes
-within the budget are much slower: at 30% of GPT-2's (4 layers) autograd peak, with one
-measured profile, Rockmate's smallest plans peaked 1.3% to 7% above the budget at 50,773
-to 54,954 us, and the plan the driver then took, from a fallback, predicted 83,881 us.
+within the budget are much slower: at 30% of GPT-2's (4 layers) autograd peak (its output
+gradients counted, before 2026-11-26), with one measured profile, Rockmate's smallest
+plans peaked 1.3% to 7% above the budget at 50,773 to 54,954 us, and the plan the driver
+then took, from a fallback, predicted 83,881 us.
 `repair` brings such a plan under the budget: at its exact peak it recomputes one of the
 tensors resident there and not used there, right before its next use (the lowering then
 deletes the tensor after its last use before the peak, and keeps the producer's inputs
