@@ -4,10 +4,10 @@ The budget counts what one forward and backward allocate above what is resident 
 step (parameters, buffers, inputs, and the gradients the caller gives for the outputs):
 activations, temporaries, the outputs and the parameter gradients (NOTE: [Gradient zeros]
 in remat_dsl.capture.fbgraph).  So a step's unit output gradients are made before the
-step measured: `step_peak` runs one step first, whose outputs give their shapes.  On CPU the PyTorch profiler's raw `[memory]`
-allocator events, ordered by time, with a running sum of their sizes give an exact,
-repeatable peak (../shared/notes/capture-probe.md); on CUDA we use
-`torch.cuda.max_memory_allocated` above the allocation at the start.
+step measured: `step_peak` runs one step first, whose outputs give their shapes.  On CPU
+the PyTorch profiler's raw `[memory]` allocator events, ordered by time, with a running
+sum of their sizes give an exact, repeatable peak (../shared/notes/capture-probe.md); on
+CUDA we use `torch.cuda.max_memory_allocated` above the allocation at the start.
 """
 
 from __future__ import annotations
