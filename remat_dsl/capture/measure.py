@@ -58,11 +58,15 @@ def memory_events(prof: profile) -> list[tuple[int, int]]:
     return sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
 
 
+def _differentiable(outputs) -> list[torch.Tensor]:
+    """The output leaves that need a gradient, in pytree order."""
+    return [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
 def unit_output_gradients(module: torch.nn.Module, inputs: Inputs | tuple) -> list[torch.Tensor]:
     """`torch.ones_like` of each output leaf of `module(inputs)` that needs a gradient, in
     pytree order, from one forward whose outputs are then dropped."""
-    outputs = call_with(module, inputs)
-    return [torch.ones_like(t) for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor) and t.requires_grad]
+    return [torch.ones_like(t) for t in _differentiable(call_with(module, inputs))]
 
 
 def training_step(module: torch.nn.Module, inputs: Inputs | tuple, grads: list[torch.Tensor] | None = None) -> Callable[[], None]:
@@ -72,8 +76,7 @@ def training_step(module: torch.nn.Module, inputs: Inputs | tuple, grads: list[t
     grads = [] if grads is None else list(grads)
 
     def step() -> None:
-        outputs = call_with(module, inputs)
-        flat = [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor) and t.requires_grad]
+        flat = _differentiable(call_with(module, inputs))
         if not grads:
             grads.extend(torch.ones_like(t) for t in flat)
         torch.autograd.backward(flat, grads)
