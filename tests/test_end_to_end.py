@@ -172,7 +172,7 @@ def test_names_do_not_shift_when_the_model_grows():
 # Statements of _Plan.forward/backward that move values in and out rather than run an
 # instruction: they name no plan line.
 PLUMBING = re.compile(
-    r"^\s*(.*= tensors\[: len\(INPUTS\)\]|device = tensors\[len\(INPUTS\)\]\.device|.*= ctx\.saved|[pb] = _Tensors|tensors, p, b = |del ctx\.|ctx\.|_check_versions\(|return \(out_|releases = ctx\.releases|anchor = |if releases is not None:|releases, sharded = ctx\.releases|_shards\(sharded, \d+\))"
+    r"^\s*(.*= \(tensors\[k\] for k in where\)|device = tensors\[len\(INPUTS\)\]\.device|.*= ctx\.saved|[pb] = _Tensors|tensors, where, p, b = |del ctx\.|ctx\.|_check_versions\(|return \(out_|releases = ctx\.releases|anchor = |if releases is not None:|releases, sharded = ctx\.releases|_shards\(sharded, \d+\))"
 )
 
 

@@ -52,6 +52,7 @@ EXAMPLES = {
     "resnet": ("examples/resnet.py", {}),
     "unet": ("examples/unet.py", {}),
     "tiny_mlp": ("tests/models/tiny_mlp.py", {}),
+    "hf_llama_gqa": ("tests/models/hf_llama_gqa.py", {}),  # stock, called with labels=input_ids
 }
 
 
@@ -155,6 +156,15 @@ def check_compiled(name: str, backend: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_compiled_module_trains_like_compiled_eager(backend, tmp_path):
     check_compiled("tiny_mlp", backend, tmp_path)  # the examples: test_compiled_examples, -m slow
+
+
+def test_compiled_module_takes_one_tensor_given_as_two_arguments(tmp_path):
+    """The stock Llama's inputs pass one tensor as `input_ids` and `labels`; dynamo refuses an
+    autograd.Function that takes a tensor twice, so the module passes it once (NOTE:
+    [Repeated inputs] in templates/module.py.jinja) and traces whole."""
+    inputs = model_file_of("hf_llama_gqa").sample_inputs()
+    assert inputs.kwargs["input_ids"] is inputs.kwargs["labels"]
+    check_compiled("hf_llama_gqa", "aot_eager", tmp_path)
 
 
 @pytest.mark.slow
