@@ -477,12 +477,14 @@ class _Renderer:
 
     def _backward_return(self, released: set[int] = frozenset()) -> str:
         """The gradients the plan's node returns: None for the releases and sharded
-        arguments, the buffers, the inputs' places (NOTE: [Repeated inputs]) and the inputs, then each parameter's (NOTE: [Gradient release]: a released
-        one only when nothing was released, i.e. compiled)."""
+        arguments, the buffers, the inputs' places (NOTE: [Repeated inputs]) and the
+        inputs, then each parameter's (NOTE: [Gradient release]: a released one only when
+        nothing was released, i.e. compiled)."""
         grads = {g.parameter: self._reached(g.value) for g in self.plan.graph.gradients}
         params = [grads.get(p.name, "None") for p in self.plan.graph.parameters]
         params = [f"(None if releases is not None else {g})" if i in released else g for i, g in enumerate(params)]
-        return "(" + ", ".join(["None"] * 4 + ["None"] * len(self.plan.graph.inputs) + params) + ")"
+        arguments = ["None"] * 4  # releases, sharded, buffers, where
+        return "(" + ", ".join(arguments + ["None"] * len(self.plan.graph.inputs) + params) + ")"
 
     def _parameter_uses(self) -> tuple[list[tuple], tuple[dict[int, list[str]], dict[int, list[str]]]]:
         """NOTE: [FSDP2] in templates/module.py.jinja: for each parameter, the first and last
