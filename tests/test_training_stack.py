@@ -14,8 +14,9 @@ here: the largest relative deviation from eager (max |x - eager| / max |eager| o
 loss and every gradient of both steps) is no larger than the compiled eager model's.  Inductor runs with `fallback_random`
 so that dropout draws what eager draws.
 
-Default runs stay small (the tiny MLP, with a recomputed dropout; GPT-2 with 2 layers and
-BERT under autocast); the four examples with both backends run with `pytest -m slow`
+Default runs stay small (the tiny MLP, with a recomputed dropout; the stock 2-layer Llama,
+given one tensor as two arguments, with `aot_eager`; GPT-2 with 2 layers and BERT under
+autocast); the four examples with both backends run with `pytest -m slow`
 (about 12 minutes on 2 cores, inductor's compilation most of it).
 """
 
