@@ -5,7 +5,8 @@ each of rockmate and hiremate, at 100%, 70%, 50% of the autograd
 peak and at the smallest budget the solver finds feasible: plan, round-trip the text,
 generate the module in a fresh process, run three SGD steps against eager with dropout on
 (torch.equal on losses, gradients, parameters, buffers), and measure the module's peak
-on CPU: at most the budget, within 5% of the prediction.  Then the pieces: RK-Rotor
+on CPU: at most the budget, within 5% of the prediction (the longest of these cases run
+with `pytest -m slow` only: SLOW_CASES in tests/conftest.py).  Then the pieces: RK-Rotor
 without options is rotor, the H-ILP's schedules are valid and within budget, MILP status
 is honest, auto picks by structure, checkmate runs small graphs exactly.
 """
