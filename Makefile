@@ -23,9 +23,10 @@ $(STAMP): pyproject.toml $(LOCK) | $(PY)
 	$(PIP) install -c $(LOCK) --no-build-isolation -e '.[test,examples]'
 	touch $(STAMP)
 
-# two workers, one test file each at a time (module fixtures are built once per file)
+# two workers, one test file each at a time (module fixtures are built once per file), in
+# the order tests/conftest.py gives (the longest files first)
 test: venv
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 # the long sweeps (3000 fuzzed plans, ...): not part of `make test`
 test-slow: venv

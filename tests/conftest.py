@@ -2,10 +2,12 @@
 models' or budgets' cases make too are left to `pytest -m slow` (SLOW_CASES); every test has
 its own empty cache.
 
-`make test` runs two xdist workers with `--dist loadfile`, which hands out whole files in
-collection order.  A long file collected last leaves one worker alone at the end, so the
-files measured longest (about 5-12 minutes each, `pytest --durations`) are collected
-first; the rest keep their alphabetical order.
+`make test` runs two xdist workers with `--dist loadfile --no-loadscope-reorder`, which
+hands out whole files in collection order (without the second flag, xdist 3.8 puts the
+files with the most tests first, whatever this file says).  A long file handed out last
+leaves one worker alone at the end: test_readme.py, one test of 5-6 minutes, ran alone for
+the last minutes when it came last.  So the files measured longest (`pytest --durations`,
+2026-11-27) are collected first, longest first; the rest keep their alphabetical order.
 
 `remat plan` keeps measured op times and block solutions in a cache directory (NOTE:
 [Solution cache] in remat_dsl/plan/cache.py).  Each test gets an empty one of its own
@@ -23,15 +25,19 @@ import pytest
 
 os.environ["REMAT_CACHE_DIR"] = "off"  # module and session fixtures: no cache
 
-LONGEST_FIRST = (
-    "test_milp_solvers.py",
-    "test_milp_solvers_cnn.py",
-    "test_end_to_end.py",
-    "test_readme.py",
-    "test_shell_pipeline.py",
-    "test_bad_invocations.py",
-    "test_stock_models.py",
-    "test_fake_capture.py",
+LONGEST_FIRST = (  # seconds summed over each file's tests, 2026-11-27
+    "test_milp_solvers.py",  # 541
+    "test_stock_models.py",  # 378
+    "test_end_to_end.py",  # 353-379
+    "test_readme.py",  # 279-380, one test
+    "test_moccasin.py",  # 219
+    "test_shell_pipeline.py",  # 197
+    "test_bad_invocations.py",  # 195
+    "test_milp_solvers_cnn.py",  # 176
+    "test_polish.py",  # 170
+    "test_random_edits.py",  # 139
+    "test_large_blocks.py",  # 112
+    "test_constraints.py",  # 103
 )
 
 
