@@ -4,10 +4,11 @@ its own empty cache.
 
 `make test` runs two xdist workers with `--dist loadfile --no-loadscope-reorder`, which
 hands out whole files in collection order (without the second flag, which pytest-xdist 3.8
-added, xdist puts the files with the most tests first, whatever this file says).  A long file handed out last
-leaves one worker alone at the end: test_readme.py, one test of 5-6 minutes, ran alone for
-the last minutes when it came last.  So the files measured longest (`pytest --durations`,
-2026-11-27) are collected first, longest first; the rest keep their alphabetical order.
+added, xdist puts the files with the most tests first, whatever this file says).  A long
+file handed out last leaves one worker alone at the end: test_readme.py, one test of 5-6
+minutes, ran alone for the last minutes when it came last.  So the files measured longest
+(`pytest --durations`, 2026-11-27) are collected first, longest first; the rest keep their
+alphabetical order.
 
 `remat plan` keeps measured op times and block solutions in a cache directory (NOTE:
 [Solution cache] in remat_dsl/plan/cache.py).  Each test gets an empty one of its own
