@@ -146,3 +146,53 @@ def test_remat_profile_warns_when_the_machine_was_busy(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "warning: the timings of 1 of" in result.stderr and "did not settle" in result.stderr
     assert (tmp_path / "busy.profile").read_text().startswith("remat-profile 1")
+
+
+COUNTS: dict[str, int] = {"shift": 0}
+
+
+@torch.library.custom_op("remat_test::counted_shift", mutates_args=())
+def counted_shift(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x + index (an integer tensor), counting its calls."""
+    COUNTS["shift"] += 1
+    return x + index.to(x.dtype)
+
+
+@counted_shift.register_fake
+def _(x, index):
+    return torch.empty_like(x)
+
+
+counted_shift.register_autograd(lambda ctx, grad: (grad, None))
+
+
+class Twice(torch.nn.Module):
+    """Two identical linear + stalling_scale branches, and two integer-argument calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 16)
+
+    def forward(self, x, first, second):
+        a = stalling_scale(self.fc(x))
+        b = stalling_scale(self.fc(x * 3))
+        return (counted_shift(a, first) + counted_shift(b, second)).sum()
+
+
+def test_identical_calls_are_timed_once_and_integer_arguments_alone():
+    """The two stalling_scale calls run the same kernel on alike arguments: one is timed,
+    both get its time.  The two counted_shift calls take integer tensors (values a time may
+    depend on): each is timed."""
+    inputs = (torch.randn(8, 16), torch.arange(128).reshape(8, 16), torch.zeros(8, 16, dtype=torch.long))
+    captured = capture(Twice(), Inputs(inputs))
+    STALLS.update(calls=0, sleep=lambda call: 0.002)
+    COUNTS["shift"] = 0
+    step = profile_step(captured, captured.example_primals, 5)
+    assert STALLS["calls"] == 2 + FIRST + RUNS * (PASSES - 1)  # two first runs, one op timed
+    # both timed (one timed alone would make at most 2 + FIRST + RUNS * (MAX_PASSES - 1) =
+    # 15 calls: a fast op's passes may disagree and be timed again)
+    assert COUNTS["shift"] >= 2 * (1 + FIRST + RUNS * (PASSES - 1))
+    scales = [p.time_us for n, p in step.forward.items() if "stalling_scale" in str(n.target)]
+    assert len(scales) == 2 and scales[0] == scales[1] and 2_000 <= scales[0] < 4_000
+    linears = [p.time_us for n, p in step.forward.items() if n.target is torch.ops.aten.addmm.default]
+    assert len(linears) == 2 and linears[0] == linears[1]

@@ -27,6 +27,16 @@ SPREAD_FLOOR_US, the timer's jitter on tiny ops) is timed again, in at most MAX_
 passes in all; an op still unsettled then is counted in `StepProfile.noisy`, which
 `remat plan` and `remat profile` report, so a plan made on a busy machine says so.
 
+Identical calls are timed once: the calls of one operator on arguments alike in
+everything its kernel sees (each tensor's shape, strides, storage offset, dtype and
+device, which arguments share storage, every other argument's value) run the same code on
+the same amount of data, so the least of their runs is one number.  A decoder's layers
+repeat their ops, so its 4 layers are timed as one (the 4-layer Llama of bench/models
+times 66 calls for 445, the GPT-2 example 89 for 310); each group is timed through its first call, and its time, settled
+or not, is every member's.  A call with an integer tensor argument (an index, a gather's
+positions) is timed alone, as its time may depend on the values; so is a call with an
+argument of another kind than those listed.
+
 With a device model (`remat_dsl.capture.cost.DeviceModel`, `remat plan --device`) nothing
 is timed or profiled: each op's duration and temporary memory are predicted from its
 shapes (roofline), so the graph may run on real tensors or on fake ones (NOTE: [Fake
@@ -197,7 +207,12 @@ class _Run:
             if self.progress:
                 self.progress(len(calls))
             return env
-        timed = [c for c in calls if profiles[c[0]].allocates]
+        groups: dict[object, list[fx.Node]] = {}  # identical calls, timed through the first
+        for node, fn_args, fn_kwargs in calls:
+            if profiles[node].allocates:
+                groups.setdefault(_timing_key(node, fn_args, fn_kwargs) or node, []).append(node)
+        firsts = {members[0] for members in groups.values()}
+        timed = [c for c in calls if c[0] in firsts]
         minima: dict[fx.Node, list[int]] = {node: [] for node, _, _ in timed}
         runs = -(-self.repeats // PASSES)  # `repeats` runs in all, split over the passes
         for number in range(PASSES):  # every op, a whole graph's timing apart
@@ -209,9 +224,11 @@ class _Run:
         for _ in range(MAX_PASSES - PASSES):  # the ops whose passes disagreed, again
             for node, fn_args, fn_kwargs in [c for c in timed if not _settled(minima[c[0]])]:
                 minima[node].append(_least_ns(node, fn_args, fn_kwargs, runs, warm_up=False))
-        for node, samples in minima.items():
-            profiles[node].time_us = max(1, round(min(samples) / 1000))
-            self.noisy += not _settled(samples)
+        for members in groups.values():
+            samples = minima[members[0]]
+            for node in members:
+                profiles[node].time_us = max(1, round(min(samples) / 1000))
+            self.noisy += 0 if _settled(samples) else len(members)
         return env
 
     def _predicted(self, gm: fx.GraphModule, args: list, profiles: dict) -> dict[str, object]:
@@ -334,6 +351,30 @@ def _attribute_temp(prof, calls: list[fx.Node], profiles: dict) -> None:
             position += 1
         allocated = sum(o.nbytes for o in profiles[node].outputs if o is not None)
         profiles[node].temp_bytes = max(0, peak - allocated)
+
+
+_PLAIN = (bool, int, float, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+def _timing_key(node: fx.Node, args, kwargs) -> tuple | None:
+    """What the call's time depends on: its operator and, per argument, a tensor's shape,
+    strides, storage offset, dtype, device and the first argument sharing its storage, or
+    another argument's type and value.  None (time it alone) when an argument is an
+    integer tensor or of another kind (NOTE: [Robust timing], identical calls)."""
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    first_of: dict[int, int] = {}
+    parts = []
+    for index, leaf in enumerate(leaves):
+        if isinstance(leaf, torch.Tensor):
+            if leaf.layout != torch.strided or not (leaf.is_floating_point() or leaf.is_complex() or leaf.dtype == torch.bool):
+                return None
+            storage = first_of.setdefault(_storage_id(leaf), index)
+            parts.append((tuple(leaf.shape), leaf.stride(), leaf.storage_offset(), leaf.dtype, str(leaf.device), storage))
+        elif isinstance(leaf, _PLAIN):
+            parts.append((type(leaf).__name__, repr(leaf)))
+        else:
+            return None
+    return (node.target, repr(spec), tuple(parts))
 
 
 def _settled(minima: list[int]) -> bool:
