@@ -10,7 +10,9 @@ each budget, generates the module, and times, interleaved round by round:
 * the generated module;
 * torch.utils.checkpoint (non-reentrant) around every decoder layer.
 
-It prints each one's median step time over eager's, and its measured peak (the profiler's
+It prints each one's median step time over eager's, the median and quartiles of its
+per-round ratios (its time over eager's in the same round: how much the machine's noise
+moves the ratio), and its measured peak (the profiler's
 allocator events, as the budget counts it) over eager's, beside the plan's predicted time
 and that time over its compute (every op once: the recomputation it predicts).  A budget below the default
 solver's smallest is reported and planned at that smallest budget.  Goal: at most 1.10x eager at 40%.
@@ -31,7 +33,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from overhead import CheckpointEveryBlock, interleaved_medians  # noqa: E402
+import statistics  # noqa: E402
+
+from overhead import CheckpointEveryBlock, interleaved_samples  # noqa: E402
 
 from remat_dsl.capture.measure import step_peak  # noqa: E402
 from remat_dsl.capture.model_file import load_model_file  # noqa: E402
@@ -72,19 +76,25 @@ def main() -> int:
             name = f"{plan.header.solver} {percent}%"
             modules[name] = load_generated(path).FastModel(model_file.build_model())
             predicted[name] = plan.header
-        times = interleaved_medians(modules, inputs, args.rounds)
+        samples = interleaved_samples(modules, inputs, args.rounds)
+    times = {name: statistics.median(values) for name, values in samples.items()}
+    ratios = {name: [t / e for t, e in zip(values, samples["eager"])] for name, values in samples.items()}
     eager_peak = step_peak(eager, inputs)
     print(
         f"{Path(args.model).name}, one thread, {args.rounds} interleaved rounds; eager step {times['eager'] * 1000:.1f} ms, peak {human_bytes(eager_peak)}"
     )
-    print(f"{'module':<44} {'time / eager':>12} {'peak / eager':>12} {'predicted time (over every op once)':>36}")
+    print(
+        f"{'module':<44} {'time / eager':>12} {'per round: median [q1, q3]':>27} {'peak / eager':>12} {'predicted time (over every op once)':>36}"
+    )
     for name, module in modules.items():
         peak = step_peak(module, inputs)
         header = predicted.get(name)
         guess = (
             f"{header.time_us / 1000:.1f} ms (x{header.time_us / header.compute_us:.3f})" if header is not None else ""
         )
-        print(f"{name:<44} {times[name] / times['eager']:>12.3f} {peak / eager_peak:>12.3f} {guess:>36}")
+        q1, q2, q3 = statistics.quantiles(ratios[name], n=4) if len(ratios[name]) > 1 else ratios[name] * 3
+        spread = f"{q2:.3f} [{q1:.3f}, {q3:.3f}]"
+        print(f"{name:<44} {times[name] / times['eager']:>12.3f} {spread:>27} {peak / eager_peak:>12.3f} {guess:>36}")
     return 0
 
 

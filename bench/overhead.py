@@ -77,6 +77,12 @@ def checkpointed(forward):
 
 def interleaved_medians(modules: dict[str, torch.nn.Module], inputs: tuple, rounds: int) -> dict[str, float]:
     """Median step time (s) of each module, timed round-robin so noise hits all alike."""
+    return {name: statistics.median(values) for name, values in interleaved_samples(modules, inputs, rounds).items()}
+
+
+def interleaved_samples(modules: dict[str, torch.nn.Module], inputs: tuple, rounds: int) -> dict[str, list[float]]:
+    """Each module's step times (s), one per round, timed round-robin (after one untimed
+    round) so noise hits all alike; a round's times are comparable with each other."""
     steps = {name: training_step(m, inputs) for name, m in modules.items()}
     samples: dict[str, list[float]] = {name: [] for name in modules}
     for round_index in range(rounds + 1):
@@ -86,7 +92,7 @@ def interleaved_medians(modules: dict[str, torch.nn.Module], inputs: tuple, roun
             step()
             if round_index:
                 samples[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return samples
 
 
 def bench_example(path: str, rounds: int, workdir: Path) -> list[tuple]:
