@@ -31,11 +31,11 @@ Identical calls are timed once: the calls of one operator on arguments alike in
 everything its kernel sees (each tensor's shape, strides, storage offset, dtype and
 device, which arguments share storage, every other argument's value) run the same code on
 the same amount of data, so the least of their runs is one number.  A decoder's layers
-repeat their ops, so its 4 layers are timed as one (the 4-layer Llama of bench/models
-times 66 calls for 445, the GPT-2 example 89 for 310); each group is timed through its first call, and its time, settled
-or not, is every member's.  A call with an integer tensor argument (an index, a gather's
-positions) is timed alone, as its time may depend on the values; so is a call with an
-argument of another kind than those listed.
+repeat their ops, so its layers are timed as one (the 4-layer Llama of bench/models times
+66 calls for its 445 ops, the GPT-2 example 89 for 310); each group is timed through its
+first call, and its time, settled or not, is every member's.  A call with an integer
+tensor argument (an index, a gather's positions) is timed alone, as its time may depend
+on the values; so is a call with an argument of another kind than those listed.
 
 With a device model (`remat_dsl.capture.cost.DeviceModel`, `remat plan --device`) nothing
 is timed or profiled: each op's duration and temporary memory are predicted from its
