@@ -1085,15 +1085,55 @@ def _capture_error(exc: Exception) -> RematError:
         reason = str(inner).strip().splitlines()
         first = f"{first} {type(inner).__name__}" + (f": {reason[0]}" if reason else "")
     explanation = next((line.removeprefix("Explanation:").strip() for line in lines if line.startswith("Explanation:")), None)
+    # the op's own error ends an explanation that lists every argument: the excerpt below cut
+    # it off (StableLM with more key/value heads than query heads: NOTE: [Capture errors])
+    got = re.search(r""": got (\w+)\((['"])(.*)\2\)$""", explanation or "")
+    if got:
+        first = f"an op fails on the sample inputs: {got[1]}: {got[3]}"
+        explanation = explanation[: got.start()]
     torch_dir = str(Path(torch.__file__).resolve().parent)
     user = [f for f in getattr(exc, "real_stack", None) or () if not str(Path(f.filename).resolve()).startswith(torch_dir)]
     where = f"{user[-1].filename}:{user[-1].lineno}:{(getattr(user[-1], 'colno', None) or 0) + 1}: " if user else ""
     said = f"PyTorch says: {explanation[:400].rstrip('.')}. " if explanation else ""
+    loss = ""
+    if user and _in_labels_branch(user[-1].filename, user[-1].lineno):
+        loss = (
+            "; this line is the model's own loss (under `if labels is not None`): leave `labels` out of "
+            "sample_inputs() and compute the loss in the model file's loss_fn(output), from its logits"
+        )
     return RematError(
         f"{where}error: cannot capture the model as one graph: {first}",
         hint=f"{said}remat-dsl needs a forward that torch.compile(fullgraph=True) captures whole: no data-dependent "
-        "Python control flow, no prints of tensors, and one that runs in eager PyTorch",
+        f"Python control flow, no prints of tensors, and one that runs in eager PyTorch{loss}",
     )
+
+
+# NOTE: [Capture errors]
+# Two things a user needs from a refused capture are not in dynamo's first line.  When an
+# op fails on the sample inputs' shapes, dynamo's explanation lists every argument before
+# the op's own error (`...): got RuntimeError('Attempting to broadcast ...')`), and
+# StableLM's attention call is long enough that the 400 characters quoted cut the error
+# off: the error line now ends with it.  When the line dynamo stops on is the model's loss
+# (DeBERTa-v2's sequence classifier counts the labels to keep with `nonzero()` and branches
+# on that count), the model captures whole without `labels=`, and the model file's
+# `loss_fn` can compute the loss: the hint says so when the line lies in an
+# `if labels ...:` block of its source (`_in_labels_branch`).
+
+
+def _in_labels_branch(filename: str, lineno: int) -> bool:
+    """Whether line `lineno` of the Python file lies inside an `if` whose test reads a name
+    `labels` (False when the file cannot be read or parsed)."""
+    import ast
+
+    try:
+        tree = ast.parse(Path(filename).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and node.lineno <= lineno <= (node.end_lineno or node.lineno):
+            if any(isinstance(n, ast.Name) and n.id == "labels" for n in ast.walk(node.test)):
+                return True
+    return False
 
 
 # NOTE: [Tensor attributes]
