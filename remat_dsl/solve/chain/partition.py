@@ -444,14 +444,41 @@ def block_name(part: ChainPartition, l: int, children: int = 3) -> str:
     return f"{'.'.join(common)}.{{{inner}}}" if common else f"{{{inner}}}"
 
 
-AUTO_CHAIN_SHARE = 0.3  # the largest block holds at most this share of the forward ops ...
+AUTO_CHAIN_SHARE = 0.4  # the largest block holds at most this share of the forward ops (NOTE: [Chains of two layers]) ...
 AUTO_BLOCK_OPS = 64  # ... and at most this many (a Llama decoder layer, attention and gated MLP, is 48)
+
+
+# NOTE: [Chains of two layers]
+# A stock decoder built from a small config has two layers, so its attention block holds
+# about a third of the forward ops: OLMo's 17 of 53, Qwen3's 34 of 102 (its q/k norms),
+# Gemma-2's 43 of 139.  With the share at 0.3 such chains went to HiRemate's H-ILP root
+# over its non-strict blocks, and planned worse than Rockmate over their strict blocks.
+# Measured on 2026-11-27 (this machine, one thread, `capture_graph(repeats=3)`; the
+# smallest feasible budget and the predicted time over every op once at 50/60/70% of the
+# autograd peak, `--` where infeasible), HiRemate's root | Rockmate's strict chain:
+#   OLMo          0.622, --, --, 1.144       | 0.497, 1.207, 1.114, 1.069
+#   Qwen3         0.464, 1.109, 1.079, 1.064 | 0.401, 1.121, 1.070, 1.026
+#   Gemma-2       0.410, 1.219, 1.172, 1.123 | 0.326, 1.142, 1.080, 1.039
+#   GPT-BigCode   0.572, --, 1.233, 1.185    | 0.481, 1.348, 1.195, 1.100
+#   DistilBERT    0.622, --, --, 1.154       | 0.523, --, 1.230, 1.145
+#   Swin          0.545, --, 1.167, 1.117    | 0.545, --, 1.155, 1.084
+#   Falcon        0.560, --, 1.074, 1.042    | 0.526, --, 1.078, 1.043
+#   GPT-J (0.48)  0.417, 1.167, 1.115, 1.068 | 0.431, 1.163, 1.130, 1.071
+# (shares 0.31-0.39 but GPT-J's).  Above 0.4 are graphs that are no chain of layers: the
+# strict cuts of BART (0.49), CLIP (0.52), T5 (0.52), the U-Net (0.86) leave one block
+# spanning what skip tensors cross (the encoder output every decoder layer reads), where
+# HiRemate's H-ILP sees every tensor; GPT-J's parallel attention and MLP is one block of
+# 42 of 88 ops, about as well planned by either.  The price is Gemma-2's: its eager
+# attention with soft-capping is a block of 42 forward ops, whose RK-Checkmate ILPs took
+# 70-100 s per block class, so `remat plan --budget 1%` took 2 min 47 s against 31 s
+# (smallest budget 3.72 MiB against 4.69 MiB); a deep Gemma-2 took this path before.
 
 
 def is_small_chain(graph: ir.Graph) -> bool:
     """Cut at the separators no skip tensor crosses (Rockmate's blocks), no block holds
     more than AUTO_CHAIN_SHARE of the forward ops nor more than AUTO_BLOCK_OPS of them:
-    a chain of small blocks (GPT-2, the ResNet), which chain solvers plan well."""
+    a chain of small blocks (GPT-2, the ResNet, a stock decoder of two layers), which
+    chain solvers plan well."""
     sizes = [len(b.forward) for b in partition(graph, refine=1).blocks]
     largest = max(sizes)
     return largest <= AUTO_CHAIN_SHARE * sum(sizes) and largest <= AUTO_BLOCK_OPS
