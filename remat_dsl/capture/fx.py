@@ -38,6 +38,7 @@ every model: 0.13 s more in a warm `remat plan` of a Llama decoder, three runs e
 
 from __future__ import annotations
 
+import ast
 import collections
 import contextlib
 import copy
@@ -1123,8 +1124,6 @@ def _capture_error(exc: Exception) -> RematError:
 def _in_labels_branch(filename: str, lineno: int) -> bool:
     """Whether line `lineno` of the Python file lies inside an `if` whose test reads a name
     `labels` (False when the file cannot be read or parsed)."""
-    import ast
-
     try:
         tree = ast.parse(Path(filename).read_text())
     except (OSError, SyntaxError, ValueError):
