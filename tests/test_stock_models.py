@@ -191,16 +191,10 @@ def test_a_layer_module_run_for_every_layer_reaches_a_low_budget(tmp_path):
 def test_a_stock_decoder_of_two_layers_plans_as_a_chain(tmp_path):
     """NOTE: [Chains of two layers] in remat_dsl/solve/chain/partition.py: OLMo built with
     two layers has an attention block of a third of its forward ops, so `auto` gave it
-    HiRemate's H-ILP root, whose smallest budget was 61% of the autograd peak.  As
-    Rockmate's chain it is under 50% (48.5% when this was written), and the plan at 55%
-    trains bit for bit."""
-    model = MODELS / "hf_olmo.py"
-    result = shell(f"remat plan {model} --budget 1% --repeats 1 > refused.plan", tmp_path)
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    one_percent = int(re.search(r"budget [^(]*\((\d+) B\) is infeasible", result.stderr).group(1))
-    smallest = int(re.search(r"smallest feasible budget is [^(]*\((\d+) B\)", result.stderr).group(1))
-    assert smallest < 0.5 * one_percent * 100, (smallest, one_percent)
-    text, _ = plan_and_train(model, "55%", tmp_path)
+    HiRemate's H-ILP root, whose smallest budget was 61-64% of the autograd peak, and 55%
+    was refused.  As Rockmate's chain its smallest is under 50% (48.5% when this was
+    written), and the plan at 55% trains bit for bit."""
+    text, _ = plan_and_train(MODELS / "hf_olmo.py", "55%", tmp_path)
     assert re.search(r'^  solver +"auto: rockmate ', text, re.M), text[:800]
 
 

@@ -453,7 +453,8 @@ AUTO_BLOCK_OPS = 64  # ... and at most this many (a Llama decoder layer, attenti
 # about a third of the forward ops: OLMo's 17 of 53, Qwen3's 34 of 102 (its q/k norms),
 # Gemma-2's 43 of 139.  With the share at 0.3 such chains went to HiRemate's H-ILP root
 # over its non-strict blocks, and planned worse than Rockmate over their strict blocks.
-# Measured on 2026-11-27 (this machine, one thread, `capture_graph(repeats=3)`; the
+# Measured on 2026-11-27 (this machine, one thread, beside another planning run,
+# `capture_graph(repeats=3)`; the
 # smallest feasible budget and the predicted time over every op once at 50/60/70% of the
 # autograd peak, `--` where infeasible), HiRemate's root | Rockmate's strict chain:
 #   OLMo          0.622, --, --, 1.144       | 0.497, 1.207, 1.114, 1.069
