@@ -454,9 +454,9 @@ AUTO_BLOCK_OPS = 64  # ... and at most this many (a Llama decoder layer, attenti
 # Gemma-2's 43 of 139.  With the share at 0.3 such chains went to HiRemate's H-ILP root
 # over its non-strict blocks, and planned worse than Rockmate over their strict blocks.
 # Measured on 2026-11-27 (this machine, one thread, beside another planning run,
-# `capture_graph(repeats=3)`; the
-# smallest feasible budget and the predicted time over every op once at 50/60/70% of the
-# autograd peak, `--` where infeasible), HiRemate's root | Rockmate's strict chain:
+# `capture_graph(repeats=3)`; the smallest feasible budget and the predicted time over
+# every op once at 50/60/70% of the autograd peak, `--` where infeasible), HiRemate's
+# root | Rockmate's strict chain:
 #   OLMo          0.622, --, --, 1.144       | 0.497, 1.207, 1.114, 1.069
 #   Qwen3         0.464, 1.109, 1.079, 1.064 | 0.401, 1.121, 1.070, 1.026
 #   Gemma-2       0.410, 1.219, 1.172, 1.123 | 0.326, 1.142, 1.080, 1.039
