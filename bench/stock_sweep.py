@@ -21,9 +21,7 @@ Usage: python bench/stock_sweep.py [--budget 70%] [NAME ...]   (default: every m
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +29,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from test_stock_models import shell  # noqa: E402  (the user's shell, as the stock-model tests run it)
 
 from remat_dsl.capture.model_file import load_model_file  # noqa: E402
 from remat_dsl.codegen.compare import compare_training, load_generated  # noqa: E402
@@ -111,11 +112,6 @@ def model_file(name: str) -> str:
         f"    return {model}({config}(**{keywords!r}))\n\n\ndef sample_inputs():\n    g = torch.Generator().manual_seed(1)\n"
         f"    {INPUTS[inputs]}\n"
     )
-
-
-def shell(script: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PATH": f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run(["bash", "-c", "set -eo pipefail\n" + script], cwd=cwd, env=env, capture_output=True, text=True)
 
 
 def run(name: str, budget: str, where: Path) -> str:
