@@ -1,5 +1,3 @@
-import sys
+from remat_dsl.cli import program
 
-from remat_dsl.cli import main
-
-sys.exit(main())
+program()

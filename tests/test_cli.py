@@ -154,6 +154,28 @@ def test_plan_prints_plan_on_stdout_and_progress_on_stderr(tmp_path):
     assert remat("check", str(plan_path)).returncode == 0
 
 
+def test_the_program_ends_as_python_would_for_what_outlives_the_command(tmp_path):
+    """NOTE: [Exit]: the `remat` program skips the interpreter's teardown, but still runs
+    the atexit functions and waits for the threads a model file started."""
+    model = tmp_path / "model_with_exit_work.py"
+    model.write_text(
+        Path(TINY).read_text()
+        + "\n\nimport atexit, threading, time\n"
+        + f"atexit.register(lambda: open({str(tmp_path / 'atexit.done')!r}, 'w').close())\n"
+        + "def after_main():  # a thread that outlives the command: it works once the main thread has ended\n"
+        + f"    threading.main_thread().join()\n    time.sleep(0.5)\n    open({str(tmp_path / 'thread.done')!r}, 'w').close()\n"
+        + "threading.Thread(target=after_main).start()\n"
+    )
+    result = subprocess.run(
+        f"'{Path(sys.executable).with_name('remat')}' plan {model.name} --budget 100% --repeats 1 > m.plan",
+        shell=True, cwd=tmp_path, capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "atexit.done").exists()
+    assert (tmp_path / "thread.done").exists()
+    assert parse_file(str(tmp_path / "m.plan")).graph.ops
+
+
 def test_check_against_the_model_named_in_the_header():
     result = remat("check", str(PLANS / "tiny_mlp_offload.plan"), "--model")
     assert result.returncode == 0, result.stderr

@@ -11,12 +11,16 @@ the plan and nothing else, or nothing at all.
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import io
+import os
 import sys
+import threading
+from typing import NoReturn
 
 from remat_dsl.cli import check, codegen, diff, fmt, git, plan, profile, show
-from remat_dsl.cli.console import stdout_to_stderr, write_stdout
+from remat_dsl.cli.console import flush_c_stdio, stdout_to_stderr, write_stdout
 from remat_dsl.plan.errors import RematError
 
 EXIT_USER_ERROR = 2
@@ -40,6 +44,45 @@ def main(argv: list[str] | None = None) -> int:
     if args.whole_process:
         gc.freeze()  # exiting need not traverse what the command made (NOTE: [Garbage collection])
     return code
+
+
+# NOTE: [Exit]
+# When a `remat` process has done its work, the interpreter still tears down every module
+# it imported: torch's, and a model file's transformers, hundreds of thousands of objects
+# freed one by one.  That took 0.25 s of a warm `remat plan` of a Llama decoder (6.5 s in
+# all; NOTE: [Garbage collection] in cli/plan.py removed the collector's share of it).
+# Nothing the command made needs it: its output is written and flushed (NOTE: [Stdout is
+# the data], NOTE: [Output files]).  So the program (`program`, what the `remat` script and
+# `python -m remat_dsl` run) does what a normal exit does that can matter (the atexit
+# functions, which finalize temporary directories too; Python's and C's buffered output),
+# and then ends the process with os._exit.  While a thread other than the main one still
+# runs, the exit is the normal one, which waits for it.  `main` itself returns as before:
+# the tests and the DDP workers call it inside their own process.
+
+
+def program() -> NoReturn:
+    """The `remat` program: `main()` on sys.argv, then exit with its status (0 success,
+    2 a user error, 130 interrupted) without tearing down the modules it imported (NOTE:
+    [Exit]).  An error of the tool itself (a traceback) exits as Python does."""
+    try:
+        code = main()
+    except SystemExit as exit:  # argparse: --help, a usage error
+        code = exit.code
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):  # sys.exit("message"): printed, status 1
+        print(code, file=sys.stderr)
+        code = 1
+    if any(thread is not threading.main_thread() and not thread.daemon for thread in threading.enumerate()):
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed, or a closed pipe: as at a normal exit, nothing more to write
+            pass
+    flush_c_stdio()
+    os._exit(code)
 
 
 def parser() -> argparse.ArgumentParser:

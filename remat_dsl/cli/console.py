@@ -50,12 +50,12 @@ def stdout_to_stderr() -> Iterator[None]:
             sys.stdout.flush()
         except (OSError, ValueError):
             pass
-        _flush_c_stdio()
+        flush_c_stdio()
         os.dup2(saved, 1)
         os.close(saved)
 
 
-def _flush_c_stdio() -> None:
+def flush_c_stdio() -> None:
     """fflush(NULL): C libraries' buffered stdout goes out now, to where fd 1 points now."""
     try:
         ctypes.CDLL(None).fflush(None)
