@@ -76,6 +76,7 @@ def register(subparsers) -> None:
     plan.add_argument("--host-budget", metavar="SIZE", help="host memory the offloaded activations may take (offmate; 8GiB, 500MB); default: unlimited")
     plan.add_argument("--repeats", type=positive_int, default=5, help="timed runs per operation, split over two timing passes; the least counts (default 5)")
     plan.add_argument("--time-limit", type=seconds, metavar="SECONDS", help="stop the solver after this many seconds (MILP solvers: the best plan found so far, status `feasible` with its gap); default: no limit (moccasin: 570 s per budget)")
+    plan.add_argument("--jobs", type=positive_int, metavar="N", help="worker processes that may solve a block's ILPs at once when they are slow; the plan is the same for any N (default: the cores this process may use)")
     plan.add_argument("--record-solve-time", action="store_true", help="write the solver's run time into the header (`solve-time`); off by default so that plans are byte-identical from run to run")
     plan.add_argument("--profile", help="take every operation's time and temporary memory from this profile file (see `remat profile`) instead of measuring")
     plan.add_argument("--no-cache", action="store_true", help="neither read nor write the cache of measured op times and block solutions ($REMAT_CACHE_DIR, else ~/.cache/remat-dsl); it makes another budget for the same model take seconds")
@@ -172,6 +173,7 @@ def run(args) -> int:
     from remat_dsl.plan.printer import print_plan
     from remat_dsl.plan.units import format_bytes, format_duration
     from remat_dsl.solve.driver import Planner
+    from remat_dsl.solve.ilp import workers
 
     request = read_request(args)
     autocast = autocast_dtype(args.autocast) if args.autocast is not None else None  # NOTE: [Fail fast]
@@ -204,6 +206,7 @@ def run(args) -> int:
         graph, model=model_file.spec, device=device, bandwidth=request.bandwidth,
         constraints=request.constraints, time_limit=args.time_limit, report=status,
         host_link=request.host_link, host_budget=request.host_budget, cache=_cache(args),
+        jobs=args.jobs or workers.usable_cores(),
     )  # fmt: skip
     if request.budget is None or request.budget_is_percent:
         peak = planner.autograd_peak
@@ -212,7 +215,10 @@ def run(args) -> int:
         budget = int(request.budget)
     limit = f", time limit {args.time_limit:g} s" if args.time_limit is not None else ""
     status(f"solving with {args.solver} for a budget of {format_bytes(budget)}{limit}")
-    plan = planner.plan(budget, args.solver)
+    try:
+        plan = planner.plan(budget, args.solver)
+    finally:
+        workers.stop()  # NOTE: [Parallel grid]
     plan = replace(plan, header=replace(plan.header, costs=costs, comments=plan.header.comments + eager))
     seconds = plan.header.solve_seconds
     if not args.record_solve_time:

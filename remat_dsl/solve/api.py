@@ -61,7 +61,9 @@ class Problem:
     constraints (remat_dsl.plan.constraints) and the time limit of each MILP (seconds).
     report: where solvers say what they are doing, one line per stage (`solving block
     class 2 of 4: ...`); the CLI prints them on stderr.  bandwidth, host_link and
-    host_budget describe the host link for solvers that offload (offmate)."""
+    host_budget describe the host link for solvers that offload (offmate).  jobs: worker
+    processes for a block's grid of ILPs (NOTE: [Parallel grid] in
+    remat_dsl.solve.ilp.workers); plans do not depend on it."""
 
     graph: ir.Graph
     device: str
@@ -72,6 +74,7 @@ class Problem:
     host_link: bool = False  # the user gave --bandwidth, or a --device with a host link: offload may pay
     host_budget: int | None = None  # bytes of host memory offloaded copies may take; None: unlimited
     cache: object = field(default=None, compare=False)  # a remat_dsl.plan.cache.Cache for block solutions, or None
+    jobs: int = field(default=1, compare=False)  # processes that may solve independent ILPs at once (NOTE: [Parallel grid])
 
 
 @dataclass(frozen=True)

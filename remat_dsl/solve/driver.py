@@ -68,15 +68,18 @@ class Planner:
     device with a host link (`auto` then considers offloading, remat_dsl.solve.auto);
     host_budget: bytes of host memory for offloaded copies (None: unlimited);
     constraints: keep/recompute/offload lines every solver honours
-    (remat_dsl.plan.constraints); time_limit: seconds per MILP.
+    (remat_dsl.plan.constraints); time_limit: seconds per MILP; jobs: worker processes
+    that may solve a block's grid of ILPs at once (NOTE: [Parallel grid] in
+    remat_dsl.solve.ilp.workers: the plan does not depend on it; the caller calls
+    `workers.stop()` when it is done planning).
     Raises RematError naming the lines when two constraints conflict.
     """
 
     def __init__(self, graph: ir.Graph, *, model: str = "", device: str = "cpu", bandwidth: int = DEFAULT_BANDWIDTH,
                  constraints: tuple[ir.Constraint, ...] = (), time_limit: float | None = None, report=None,
-                 host_link: bool = False, host_budget: int | None = None, cache=None):  # fmt: skip
+                 host_link: bool = False, host_budget: int | None = None, cache=None, jobs: int = 1):  # fmt: skip
         check_conflicts(graph, constraints)
-        self.problem = Problem(graph, device, tuple(constraints), time_limit, report, bandwidth, host_link, host_budget, cache)
+        self.problem = Problem(graph, device, tuple(constraints), time_limit, report, bandwidth, host_link, host_budget, cache, jobs)
         self.model, self.bandwidth = model, bandwidth
         self._solvers: dict[str, object] = {}
         self._fallbacks: dict[object, list] = {}

@@ -168,7 +168,7 @@ class _Root(TargetSolver):
         start = time.perf_counter()
         graph = problem.graph
         part = partition(graph, refine=1, strict=False)
-        rc = rockmate_chain(graph, part, per_ilp_limit(problem.time_limit, len(part.blocks)), problem.report, problem.cache)
+        rc = rockmate_chain(graph, part, per_ilp_limit(problem.time_limit, len(part.blocks)), problem.report, problem.cache, problem.jobs)
         if problem.report:
             problem.report(f"solving the clusters above the {len(part.blocks)} blocks (H-ILP per cluster class)")
         h = Hierarchy(graph, part, rc, problem.time_limit)

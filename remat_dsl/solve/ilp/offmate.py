@@ -689,7 +689,7 @@ class Offmate:
         graph = problem.graph
         self.part = part or partition(graph, refine=1, strict=is_small_chain(graph))
         limit = per_ilp_limit(problem.time_limit, len(self.part.blocks))
-        self.rc = rockmate_chain(graph, self.part, limit, problem.report)
+        self.rc = rockmate_chain(graph, self.part, limit, problem.report, jobs=problem.jobs)
         excluded = pinned_tensors(graph)
         for kind in ("offload", "no-offload", "recompute"):
             excluded |= set(matching(graph, problem.constraints, kind))

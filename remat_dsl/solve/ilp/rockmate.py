@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
@@ -31,7 +32,7 @@ from remat_dsl.solve.chain.partition import ChainPartition, affordable, block_na
 from remat_dsl.solve.chain.rk_rotor import min_feasible_budget as rk_min_feasible_budget
 from remat_dsl.solve.chain.rk_rotor import try_rk_rotor
 from remat_dsl.solve.chain.rotor import DEFAULT_SLOTS as ROTOR_SLOTS
-from remat_dsl.solve.ilp import milp
+from remat_dsl.solve.ilp import milp, workers
 from remat_dsl.solve.ilp.checkmate import op_hgraph
 from remat_dsl.solve.ilp.hilp import HGraph, HILP
 
@@ -152,10 +153,13 @@ def grid(hg: HGraph, store_all: Replay) -> list[tuple[int, int]]:
     return list(dict.fromkeys(pairs))  # a block whose saved tensors are its outputs has one M_save
 
 
-def rockmate_chain(graph: ir.Graph, part: ChainPartition, time_limit: float | None = None, report=None, cache=None) -> RockmateChain:
+def rockmate_chain(graph: ir.Graph, part: ChainPartition, time_limit: float | None = None, report=None, cache=None,
+                   jobs: int = 1) -> RockmateChain:  # fmt: skip
     """The chain of `part` with every block's RK-Checkmate options (NOTE: [Option costs]).
     report: optional callable(str), told of each block class as its ILPs start.  cache: a
-    remat_dsl.plan.cache.Cache whose block solutions are reused (NOTE: [Solution cache])."""
+    remat_dsl.plan.cache.Cache whose block solutions are reused (NOTE: [Solution cache]).
+    jobs: processes that may solve a block's grid ILPs at once (NOTE: [Parallel grid] in
+    remat_dsl.solve.ilp.workers); the result does not depend on it."""
     by_class: dict[tuple, int] = {}
     solved: dict[int, list[tuple[int, ...]]] = {}
     results: list[milp.MilpResult] = []
@@ -176,7 +180,7 @@ def rockmate_chain(graph: ir.Graph, part: ChainPartition, time_limit: float | No
                 same += " (from the cache)" if hit is not None else ""
                 reported += 1
                 report(f"solving block class {reported} of {with_ilps}: {block_name(part, l + 1)}, {len(hg.nodes)} ops{same}")
-            solved[cls] = _solve_block(hg, time_limit, results, cache, key, hit)
+            solved[cls] = _solve_block(hg, time_limit, results, cache, key, hit, jobs)
         names = ops.forward + ops.backward
         schedules = pareto_schedules(hg, [tuple(range(hg.boundary, len(hg.nodes)))] + solved[cls])
         blocks.append(_block_with_options(part.chain.blocks[l], part.chain.delta_bytes(l), hg, schedules))
@@ -185,10 +189,12 @@ def rockmate_chain(graph: ir.Graph, part: ChainPartition, time_limit: float | No
     return RockmateChain(chain, tuple(options), len(solved), len(results), tuple(results), tuple(keys))
 
 
-def _solve_block(hg: HGraph, time_limit: float | None, results: list[milp.MilpResult], cache=None, key=None, hit=None) -> list[tuple[int, ...]]:
-    """Distinct backward schedules (node indices) found over the budget grid; `key` and
-    `hit` from `_cached_block`: the cached solution is returned, or the new one stored
-    under `key` (NOTE: [Solution cache])."""
+def _solve_block(hg: HGraph, time_limit: float | None, results: list[milp.MilpResult], cache=None, key=None, hit=None,
+                 jobs: int = 1) -> list[tuple[int, ...]]:  # fmt: skip
+    """Distinct backward schedules (node indices) found over the budget grid, in grid
+    order; `key` and `hit` from `_cached_block`: the cached solution is returned, or the
+    new one stored under `key` (NOTE: [Solution cache]).  With jobs > 1 the points after
+    the first may be solved in worker processes (NOTE: [Parallel grid])."""
     if hg.boundary == len(hg.nodes) or hg.boundary == 0:
         return []
     if hit is not None:
@@ -197,19 +203,44 @@ def _solve_block(hg: HGraph, time_limit: float | None, results: list[milp.MilpRe
     first = len(results)
     store_all = replay(hg, tuple(range(hg.boundary, len(hg.nodes))))
     model = HILP(hg)
+    points = grid(hg, store_all)
+    solved = [_solve_point(model, peak, save, time_limit) for peak, save in points[:1]]
+    rest = None
+    if jobs > 1 and len(points) > 2 and solved[0][1].seconds >= workers.PARALLEL_AFTER_S:
+        token = next(_tokens)
+        rest = workers.run_all(_grid_point, [(token, hg, peak, save, time_limit) for peak, save in points[1:]], jobs)
+    if rest is None:
+        rest = [_solve_point(model, peak, save, time_limit) for peak, save in points[1:]]
     found: list[tuple[int, ...]] = []
-    for peak, save in grid(hg, store_all):
-        schedule = model.solve(peak, save, time_limit)
-        results.append(model.last_result)
-        if schedule is None:
-            continue
-        backward = tuple(k for k, _ in schedule.steps[schedule.boundary_step :])
-        if backward not in found and backward != tuple(range(hg.boundary, len(hg.nodes))):
+    for backward, result in solved + rest:
+        results.append(result)
+        if backward is not None and backward not in found and backward != tuple(range(hg.boundary, len(hg.nodes))):
             found.append(backward)
     if key is not None:
         entries = [[r.status, r.gap, r.seconds, r.backend] for r in results[first:]]
         cache.put("blocks", key, {"schedules": [list(s) for s in found], "results": entries})
     return found
+
+
+def _solve_point(model: HILP, peak: int, save: int, time_limit: float | None) -> tuple[tuple[int, ...] | None, milp.MilpResult]:
+    """(the backward schedule's node indices or None when no solution, the MILP's result)
+    of one grid point (section 2.6.0.0.1)."""
+    schedule = model.solve(peak, save, time_limit)
+    backward = None if schedule is None else tuple(k for k, _ in schedule.steps[schedule.boundary_step :])
+    return backward, model.last_result
+
+
+_tokens = itertools.count()  # names a block's H-graph for the workers (NOTE: [Parallel grid])
+_worker_model: tuple[int, HILP] | None = None  # in a worker: the H-ILP of the block it solved last
+
+
+def _grid_point(token: int, hg: HGraph, peak: int, save: int, time_limit: float | None):
+    """`_solve_point` in a worker process, whose H-ILP of `hg` is built at the block's
+    first point there and kept for the next ones (`token` names the block)."""
+    global _worker_model
+    if _worker_model is None or _worker_model[0] != token:
+        _worker_model = (token, HILP(hg))
+    return _solve_point(_worker_model[1], peak, save, time_limit)
 
 
 def _block_key(hg: HGraph) -> str:
@@ -292,7 +323,9 @@ class OverBlocks:
     def __init__(self, problem: Problem, part: ChainPartition, name: str, label: str = ""):
         start = time.perf_counter()
         self.name, self.label, self.part = name, label, part
-        self.rc = rockmate_chain(problem.graph, part, per_ilp_limit(problem.time_limit, len(part.blocks)), problem.report, problem.cache)
+        self.rc = rockmate_chain(
+            problem.graph, part, per_ilp_limit(problem.time_limit, len(part.blocks)), problem.report, problem.cache, problem.jobs
+        )
         status, gap = milp.status_of(self.rc.results)
         self.info = SolverInfo(Status(status), gap, time.perf_counter() - start)
         self.counted = True  # kept gradients counted (NOTE: [Two chain models] in chain/model.py)

@@ -1,0 +1,85 @@
+"""Worker processes that solve independent MILPs at once (NOTE: [Parallel grid]).
+
+NOTE: [Parallel grid]
+A block's RK-Checkmate grid (thesis section 2.6.0.0.1: PEAK_STEPS x SAVE_STEPS pairs of
+budgets) is a set of independent ILPs: each solve starts from a cleared model (NOTE:
+[Model reuse] in milp.py) and stops at a node count, not a time (NOTE: [Effort bound]),
+so the schedule it finds does not depend on which process solves it, nor in what order.
+Most grids are cheap (a Llama layer's two blocks: 24 ILPs, 0.8 s in all), but a stock
+Gemma-2's eager soft-capped attention makes blocks of 110-114 ops whose ILPs have about
+4,500 columns: the grid of each of its two attention classes took 89-91 s on one core,
+four of its twelve ILPs 14-28 s each.  So `rockmate_chain` solves a block's first grid
+point itself, and when that took at least PARALLEL_AFTER_S, hands the other points to
+`jobs` worker processes (`remat plan --jobs`, default: the cores it may use): a cheap
+grid never pays for starting a process, and the plan is the same whatever `jobs` is.
+
+The workers are spawned, not forked (the parent holds torch's OpenMP threads, which a
+forked child would not have), and import the solvers without torch (0.25 s); each
+builds a block's H-ILP once (0.65 s for Gemma-2's) and keeps it for that block's next
+points (`rockmate._grid_point`).  They ignore Ctrl-C, which the `remat` process handles;
+`stop()` kills them, and the `remat plan` command calls it when it ends, however it ends.
+A pool that breaks (a worker killed from outside) leaves the rest of the grid to the
+calling process.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import os
+import signal
+from typing import Callable
+
+PARALLEL_AFTER_S = 0.25  # a block's first grid ILP took this long (seconds): the rest go to workers
+
+_pool: tuple[int, concurrent.futures.ProcessPoolExecutor] | None = None  # (jobs, executor) of this process
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), the default `--jobs`."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def run_all(fn: Callable, calls: list[tuple], jobs: int) -> list | None:
+    """[fn(*args) for args in calls], computed in `jobs` worker processes; `fn` and its
+    arguments and results must pickle.  None when the pool broke (a worker died): the
+    caller computes them itself.  Any other exception (an error in `fn`, Ctrl-C) stops
+    the workers and is raised."""
+    executor = _executor(jobs)
+    try:
+        futures = [executor.submit(fn, *args) for args in calls]
+        return [future.result() for future in futures]
+    except concurrent.futures.process.BrokenProcessPool:
+        stop()
+        return None
+    except BaseException:
+        stop()
+        raise
+
+
+def stop() -> None:
+    """Kill this process's workers (an ILP they are solving is dropped) and forget them."""
+    global _pool
+    if _pool is None:
+        return
+    executor, _pool = _pool[1], None
+    for process in list((getattr(executor, "_processes", None) or {}).values()):  # no public way to stop them before 3.14
+        process.kill()
+    executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _executor(jobs: int) -> concurrent.futures.ProcessPoolExecutor:
+    global _pool
+    if _pool is not None and _pool[0] != jobs:
+        stop()
+    if _pool is None:
+        context = multiprocessing.get_context("spawn")
+        _pool = (jobs, concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context, initializer=_ignore_interrupts))
+    return _pool[1]
+
+
+def _ignore_interrupts() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
