@@ -204,15 +204,19 @@ def _solve_block(hg: HGraph, time_limit: float | None, results: list[milp.MilpRe
     store_all = replay(hg, tuple(range(hg.boundary, len(hg.nodes))))
     model = HILP(hg)
     points = grid(hg, store_all)
-    solved = [_solve_point(model, peak, save, time_limit) for peak, save in points[:1]]
-    rest = None
-    if jobs > 1 and len(points) > 2 and solved[0][1].seconds >= workers.PARALLEL_AFTER_S:
-        token = next(_tokens)
-        rest = workers.run_all(_grid_point, [(token, hg, peak, save, time_limit) for peak, save in points[1:]], jobs)
-    if rest is None:
-        rest = [_solve_point(model, peak, save, time_limit) for peak, save in points[1:]]
+    solved: list = []
+    while len(solved) < len(points):
+        if jobs > 1 and len(points) - len(solved) >= 2 and workers.slow(r.seconds for _, r in solved):
+            token = next(_tokens)
+            rest = workers.run_all(_grid_point, [(token, hg, peak, save, time_limit) for peak, save in points[len(solved) :]], jobs)
+            if rest is not None:
+                solved += rest
+                break
+            jobs = 1  # the pool broke: the rest here
+        peak, save = points[len(solved)]
+        solved.append(_solve_point(model, peak, save, time_limit))
     found: list[tuple[int, ...]] = []
-    for backward, result in solved + rest:
+    for backward, result in solved:
         results.append(result)
         if backward is not None and backward not in found and backward != tuple(range(hg.boundary, len(hg.nodes))):
             found.append(backward)

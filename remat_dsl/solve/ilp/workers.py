@@ -8,10 +8,13 @@ so the schedule it finds does not depend on which process solves it, nor in what
 Most grids are cheap (a Llama layer's two blocks: 24 ILPs, 0.8 s in all), but a stock
 Gemma-2's eager soft-capped attention makes blocks of 110-114 ops whose ILPs have about
 4,500 columns: the grid of each of its two attention classes took 89-91 s on one core,
-four of its twelve ILPs 14-28 s each.  So `rockmate_chain` solves a block's first grid
-point itself, and when that took at least PARALLEL_AFTER_S, hands the other points to
-`jobs` worker processes (`remat plan --jobs`, default: the cores it may use): a cheap
-grid never pays for starting a process, and the plan is the same whatever `jobs` is.
+four of its twelve ILPs 14-28 s each.  So `rockmate_chain` solves a block's grid points
+itself, in order, until they look slow (`slow`: the first took PARALLEL_AFTER_S, or those
+solved took PARALLEL_AFTER_TOTAL_S together), and then hands the rest to `jobs` worker
+processes (`remat plan --jobs`, default: the cores it may use).  The first ILP alone does
+not tell: a stock T5's largest block (3,724 columns) took 0.29 s at its first point and
+17-21 s at two later ones, its second largest (1,785 columns) 0.18 s and then 3.4 s.  A
+cheap grid never pays for starting a process, and the plan is the same whatever `jobs` is.
 
 The workers are spawned, not forked (the parent holds torch's OpenMP threads, which a
 forked child would not have), and import the solvers without torch (0.25 s); each
@@ -31,6 +34,14 @@ import signal
 from typing import Callable
 
 PARALLEL_AFTER_S = 0.25  # a block's first grid ILP took this long (seconds): the rest go to workers
+PARALLEL_AFTER_TOTAL_S = 1.0  # or its first ILPs took this long together
+
+
+def slow(seconds) -> bool:
+    """Whether a block's grid ILPs solved so far, which took `seconds` (an iterable), say
+    that the rest should go to workers (NOTE: [Parallel grid])."""
+    seconds = list(seconds)
+    return bool(seconds) and (seconds[0] >= PARALLEL_AFTER_S or sum(seconds) >= PARALLEL_AFTER_TOTAL_S)
 
 _pool: tuple[int, concurrent.futures.ProcessPoolExecutor] | None = None  # (jobs, executor) of this process
 
