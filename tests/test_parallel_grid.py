@@ -4,6 +4,7 @@ from `remat plan --jobs` as a user types it."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -57,3 +58,13 @@ def test_remat_plan_jobs_gives_the_same_plan_through_the_shell(tmp_path):
         assert result.returncode == 0, result.stderr
     assert (tmp_path / "j1.plan").read_text() == (tmp_path / "j2.plan").read_text()
     assert (tmp_path / "j1.plan").read_text().startswith("remat-plan")
+
+
+def test_a_pool_whose_worker_dies_leaves_the_work_to_the_caller():
+    """`run_all` answers None when a worker dies (the caller then solves the rest itself),
+    and the next call starts a pool that works."""
+    try:
+        assert workers.run_all(os._exit, [(3,), (3,)], 2) is None
+        assert workers.run_all(abs, [(-1,), (-2,), (3,)], 2) == [1, 2, 3]
+    finally:
+        workers.stop()

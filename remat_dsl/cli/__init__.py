@@ -66,8 +66,8 @@ def program() -> NoReturn:
     [Exit]).  An error of the tool itself (a traceback) exits as Python does."""
     try:
         code = main()
-    except SystemExit as exit:  # argparse: --help, a usage error
-        code = exit.code
+    except SystemExit as exc:  # argparse: --help, a usage error
+        code = exc.code
     if code is None:
         code = 0
     elif not isinstance(code, int):  # sys.exit("message"): printed, status 1

@@ -70,8 +70,9 @@ class Planner:
     constraints: keep/recompute/offload lines every solver honours
     (remat_dsl.plan.constraints); time_limit: seconds per MILP; jobs: worker processes
     that may solve a block's grid of ILPs at once (NOTE: [Parallel grid] in
-    remat_dsl.solve.ilp.workers: the plan does not depend on it; the caller calls
-    `workers.stop()` when it is done planning).
+    remat_dsl.solve.ilp.workers: the plan does not depend on it; the workers are spawned,
+    so a script that passes jobs > 1 runs its own code under `if __name__ == "__main__":`,
+    and it calls `workers.stop()` when it is done planning).
     Raises RematError naming the lines when two constraints conflict.
     """
 
