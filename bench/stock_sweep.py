@@ -9,7 +9,8 @@ m.plan -o fast.py`, then trains the generated module two SGD steps against eager
 (default 70% of the autograd peak); where the default solver refuses it, 110% of the
 smallest feasible budget its refusal names.  Prints one line per model: the budget, the
 solver `auto` chose, whether training was identical, and the seconds taken.  About 25 s
-per model on this machine (Gemma-2: 3 minutes, NOTE: [Chains of two layers]).
+per model on this machine (Gemma-2: 3 minutes in one process, NOTE: [Chains of two
+layers]; 100-111 s with its slow block ILPs in two workers, NOTE: [Parallel grid]).
 
 DeBERTa-v2 is planned with a `loss_fn` of the model file, without `labels=`: its own loss
 branches on the labels' values and cannot be captured (NOTE: [Capture errors] in

@@ -1,6 +1,8 @@
 """A block's grid of RK-Checkmate ILPs solved in worker processes (NOTE: [Parallel grid]
-in remat_dsl/solve/ilp/workers.py): the same plan as in one process, from the library and
-from `remat plan --jobs` as a user types it."""
+in remat_dsl/solve/ilp/workers.py): the same plan as in one process (from the library,
+with every grid handed to the workers), `remat plan --jobs` as a user types it (this small
+model's grids are too fast to reach the workers there: the option and the exit), and a
+pool whose worker dies."""
 
 from __future__ import annotations
 
