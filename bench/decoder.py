@@ -16,8 +16,12 @@ moves the ratio), and its measured peak (the profiler's
 allocator events, as the budget counts it) over eager's, beside the plan's predicted time
 and that time over its compute (every op once: the recomputation it predicts).  A budget below the default
 solver's smallest is reported and planned at that smallest budget.  Goal: at most 1.10x eager at 40%.
+With `--bound S`, it also gives each budget S seconds of HiGHS on the moment relaxation
+(NOTE: [Moment relaxation] in remat_dsl/solve/stage_relaxation.py) and prints the proven
+bound over every op once: no plan that runs the forward once and the backward in the
+captured order, recomputing in between, predicts less at that budget.
 
-Usage: python bench/decoder.py [--rounds 11] [--budgets 40] [MODEL.py]
+Usage: python bench/decoder.py [--rounds 11] [--budgets 40] [--bound S] [MODEL.py]
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from remat_dsl.codegen.generate import generate  # noqa: E402
 from remat_dsl.plan.units import human_bytes  # noqa: E402
 from remat_dsl.solve.api import BudgetError  # noqa: E402
 from remat_dsl.solve.driver import Planner  # noqa: E402
+from remat_dsl.solve.moccasin import Moccasin  # noqa: E402
 
 
 def main() -> int:
@@ -53,6 +58,7 @@ def main() -> int:
     parser.add_argument("model", nargs="?", default=str(ROOT / "bench" / "models" / "llama_d512.py"))
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--budgets", default="40", help="comma-separated percentages of the autograd peak")
+    parser.add_argument("--bound", type=float, default=None, help="seconds of HiGHS for a proven bound at each budget")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model_file = load_model_file(args.model)
@@ -76,6 +82,15 @@ def main() -> int:
             name = f"{plan.header.solver} {percent}%"
             modules[name] = load_generated(path).FastModel(model_file.build_model())
             predicted[name] = plan.header
+            if args.bound:
+                Moccasin.MAX_OPS = max(Moccasin.MAX_OPS, len(captured.graph.ops))  # a bound, not a plan: any size
+                bound = planner.solver("moccasin").moment_bound(plan.header.budget, args.bound)
+                shown = "none proven in time" if bound is None else f"x{bound / plan.header.compute_us:.4f} of every op once"
+                print(
+                    f"{percent}%: plan predicts x{plan.header.time_us / plan.header.compute_us:.4f}; moment relaxation's bound "
+                    f"({args.bound:.0f} s): {shown}",
+                    flush=True,
+                )
         samples = interleaved_samples(modules, inputs, args.rounds)
     times = {name: statistics.median(values) for name, values in samples.items()}
     ratios = {name: [t / e for t, e in zip(values, samples["eager"])] for name, values in samples.items()}

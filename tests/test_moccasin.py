@@ -148,6 +148,49 @@ def test_every_schedule_of_the_model_is_a_point_of_the_stage_relaxation(model):
     assert tight >= 1
 
 
+@pytest.mark.parametrize("model", ["tests/models/tiny_cnn.py", "tests/models/hf_gpt2.py"])
+def test_every_schedule_of_the_model_is_a_point_of_the_moment_relaxation(model):
+    """NOTE: [Moment relaxation]: its optimum bounds Moccasin's model's only if every
+    schedule satisfies its rows at the schedule's own peak, whatever moments it keeps:
+    checked with one, three and every backward stage as moments, on Rockmate's plans
+    from the store-all budget down to the smallest (and on GPT-2, dropout's RNG states
+    and pinned gradients); with every stage a moment, 1 byte less than some schedule's
+    peak breaks a row.  On the CNN, with every stage a moment it proves what the stage
+    relaxation without slot rows proves, and with four it proves no more than Moccasin's
+    optimum, at three budgets."""
+    from remat_dsl.solve.api import Problem
+    from remat_dsl.solve.moccasin import Moccasin
+    from remat_dsl.solve.stage_relaxation import MomentRelaxation, StageRelaxation
+
+    model_file = load_model_file(str(ROOT / model))
+    captured = capture_graph(model_file, repeats=1)
+    m = Moccasin(Problem(captured.graph, captured.device))
+    planner = Planner(captured.graph, model=model_file.spec, device=captured.device)
+    peak, smallest = planner.autograd_peak, planner.smallest_budget("rockmate")
+    budgets = [smallest + (peak - smallest) * k // 4 for k in range(5)]
+    for budget in budgets:
+        m._rockmate_schedules(budget)
+    schedules = [runs for _, _, runs in m._schedules]
+    assert len(schedules) >= 4 and sum(any(len(times) > 1 for times in runs.values()) for runs in schedules) >= 3
+    stages = len(m.backward)
+    for moments in (1, 3, stages):
+        relaxation = MomentRelaxation(m, moments)
+        assert relaxation.moments[-1] == stages - 1 and len(relaxation.moments) - 1 <= moments + 1
+        for runs in schedules:
+            assert relaxation.point(runs, m._peak(runs)) == []
+    assert relaxation.moments == [-1, *range(stages)]
+    assert any(relaxation.point(runs, m._peak(runs) - 1) for runs in schedules)
+    if model != "tests/models/tiny_cnn.py":
+        return
+    stage = StageRelaxation(m)
+    for budget in budgets[:3]:
+        capacity = budget - m.offset
+        assert MomentRelaxation(m, stages).bound(capacity, None).bound == stage.first_bound(capacity, None)
+        optimum = planner.plan(budget, "moccasin").header
+        assert optimum.status == "optimal"
+        assert MomentRelaxation(m, 4).bound(capacity, None).bound <= optimum.time_us
+
+
 def test_remat_plan_moccasin_proves_a_stock_gpt2_optimum_with_the_stage_bound(tmp_path):
     """NOTE: [Stage bound] on a stock Hugging Face GPT-2 (173 ops, dropout), as users type
     it, with roofline costs: the relaxation's bound and schedule meet, so the plan is

@@ -250,6 +250,7 @@ class Moccasin:
         self._floor_proven = False
         self.used_intervals = self.intervals
         self._stage = None  # NOTE: [Stage bound], built on first use
+        self._moments: dict[int, object] = {}  # moments -> MomentRelaxation (NOTE: [Moment relaxation])
 
     def describe(self) -> str:
         return f"ops={len(self.ops)} intervals={self.used_intervals}"
@@ -763,6 +764,24 @@ class Moccasin:
         bound = relaxation.first_bound(max(target - self.offset, 0) // self._unit() * self._unit(), time_limit)
         self.seconds += sum(r.seconds for r in relaxation.results[first:])
         return bound
+
+    def moment_bound(self, target: int, time_limit: float | None, moments: int | None = None) -> int | None:
+        """A proven lower bound (microseconds) on the predicted time of every schedule of
+        the model whose peak is at most `target` bytes, from the moment relaxation (NOTE:
+        [Moment relaxation] in remat_dsl.solve.stage_relaxation) with `moments` backward
+        moments (default MOMENTS there), HiGHS's dual bound after at most `time_limit`
+        seconds.  None when HiGHS proved no bound in time or no schedule fits `target`.
+        For graphs whose stage relaxation is not bounded in minutes (bench/decoder.py
+        --bound, bench/optimality.py --moment-time); not used by `solve`."""
+        from remat_dsl.solve.stage_relaxation import MOMENTS, MomentRelaxation
+
+        moments = MOMENTS if moments is None else moments
+        if moments not in self._moments:
+            self._moments[moments] = MomentRelaxation(self, moments)
+        relaxation = self._moments[moments]
+        result = relaxation.bound(max(target - self.offset, 0) // self._unit() * self._unit(), time_limit)
+        self.seconds += relaxation.results[-1].seconds
+        return result.bound
 
     def _stage_relaxation(self):
         """The MILP of NOTE: [Stage bound], built on first use."""

@@ -1,4 +1,4 @@
-"""The stage relaxation: a MILP over stage boundaries whose optimum bounds Moccasin's from below.
+"""The stage and moment relaxations: MILPs over stage boundaries whose optima bound Moccasin's from below.
 
 Moccasin's model (remat_dsl.solve.moccasin, NOTE: [Moccasin on an FB-graph]) runs every
 forward op once, in graph order, and backward op b once at time t_b, after a stage of
@@ -78,6 +78,80 @@ class StageBound:
     closest: dict[int, list[int]] | None = None
 
 
+@dataclass
+class _Facts:
+    """What both relaxations read off a Moccasin model `m` (bytes; stages are backward
+    op positions, -1 the end of the forward): each forward or backward output's
+    `producer` (op index) and `size`, the backward stages (`read_in`) and forward ops
+    (`read_fwd`) reading it, the `last` stage that may need it (its backward op reads it,
+    or an op reading it may be recomputed in it), the forward inputs of each forward op,
+    and what is alive besides forward outputs across each stage (`across`: backward
+    tensors, pinned outputs) and at each t_b (`at_stage`: that, plus the backward op's
+    outputs and temporaries)."""
+
+    m: object
+    producer: dict[str, int]
+    size: dict[str, int]
+    stage: dict[int, int]
+    read_in: dict[str, list[int]]
+    read_fwd: dict[str, list[int]]
+    last: dict[str, int]
+    ftens: list[str]
+    btens: list[str]
+    inputs: dict[int, list[str]]
+    pinned: list[tuple[int, int]]
+    across: list[int]
+    at_stage: list[int]
+
+    @classmethod
+    def of(cls, m) -> "_Facts":
+        ops, forward = m.ops, set(m.forward)
+        producer, size = {}, {}
+        for v in range(len(ops)):
+            for t, n in m.outs[v]:
+                producer[t], size[t] = v, n
+        stage = {v: b for b, v in enumerate(m.backward)}
+        read_in = {t: [] for t in producer}  # backward stages reading t
+        read_fwd = {t: [] for t in producer}  # forward ops reading t
+        for v in range(len(ops)):
+            for t in m.reads[v]:
+                if t in producer:
+                    (read_fwd[t].append(v) if v in forward else read_in[t].append(stage[v]))
+        last = {t: max([*read_in[t], *(b for v in read_fwd[t] for b in m.useful.get(v, ()))], default=-1) for t in size}
+        ftens = [t for t in producer if producer[t] in forward]
+        btens = [t for t in producer if producer[t] not in forward]
+        inputs = {u: [t for t in m.reads[u] if t in producer and producer[t] in forward] for u in m.forward}
+        pinned = sorted((m.first_start(v), n) for v, n in enumerate(m.pinned_bytes) if n)
+        facts = cls(m, producer, size, stage, read_in, read_fwd, last, ftens, btens, inputs, pinned, [], [])
+        for b, w in enumerate(m.backward):
+            tb = m.first_start(w)
+            across = sum(size[t] for t in btens if stage[producer[t]] < b and last[t] >= b)
+            facts.across.append(across + facts.pinned_by(tb - 1))
+            facts.at_stage.append(across + sum(n for _, n in m.outs[w]) + ops[w].temp_bytes + facts.pinned_by(tb))
+        return facts
+
+    def pinned_by(self, time: int) -> int:
+        """Bytes of pinned outputs (model outputs, parameter gradients) made by `time`."""
+        return sum(n for s, n in self.pinned if s <= time)
+
+    def forward_rows(self) -> list[tuple[list[str], int]]:
+        """Memory at each forward op's run (no recomputation in the forward): the forward
+        outputs counted only if kept at the end of the forward, and the bytes alive then
+        anyway (the op's outputs and temporaries, outputs a later forward op reads, pinned ones)."""
+        m, rows = self.m, []
+        for f, v in enumerate(m.forward):
+            fixed = sum(n for _, n in m.outs[v]) + m.ops[v].temp_bytes + self.pinned_by(f)
+            tensors = []
+            for t in self.ftens:
+                if m.slot[self.producer[t]] < f:
+                    if any(m.slot[w] >= f for w in self.read_fwd[t]):
+                        fixed += self.size[t]
+                    else:
+                        tensors.append(t)
+            rows.append((tensors, fixed))
+        return rows
+
+
 class StageRelaxation:
     """NOTE: [Stage relaxation] for a Moccasin model `m` (remat_dsl.solve.moccasin.Moccasin):
     built once, solved at each capacity (bytes) by setting the memory rows' right-hand
@@ -97,24 +171,12 @@ class StageRelaxation:
 
     def __init__(self, m):
         self.m = m
-        ops, forward = m.ops, set(m.forward)
+        ops = m.ops
         self.problem = pulp.LpProblem("stage_relaxation", pulp.LpMinimize)
-        producer, size = {}, {}
-        for v in range(len(ops)):
-            for t, n in m.outs[v]:
-                producer[t], size[t] = v, n
+        facts = _Facts.of(m)
+        producer, size, read_in, last = facts.producer, facts.size, facts.read_in, facts.last
         self.producer, self.size = producer, size
-        stage = {v: b for b, v in enumerate(m.backward)}
-        read_in = {t: [] for t in producer}  # backward stages reading t
-        read_fwd = {t: [] for t in producer}  # forward ops reading t
-        for v in range(len(ops)):
-            for t in m.reads[v]:
-                if t in producer:
-                    (read_fwd[t].append(v) if v in forward else read_in[t].append(stage[v]))
-        # the last stage that may need t: its backward op reads t, or an op reading t may be recomputed in it
-        last = {t: max([*read_in[t], *(b for v in read_fwd[t] for b in m.useful.get(v, ()))], default=-1) for t in size}
-        self.ftens = ftens = [t for t in producer if producer[t] in forward]
-        btens = [t for t in producer if producer[t] not in forward]
+        self.ftens = ftens = facts.ftens
         self.base = sum(op.time_us for op in ops)
         binary = lambda name: self.problem.add_variable(name, cat="Binary")  # noqa: E731
         self.index = {t: i for i, t in enumerate(ftens)}
@@ -130,30 +192,16 @@ class StageRelaxation:
                 prob += y[t, b] <= y[t, b - 1] + R(producer[t], b)  # keep
                 if b in read_in[t]:
                     prob += y[t, b] == 1  # read
-        self.inputs = {u: [t for t in m.reads[u] if t in producer and producer[t] in forward] for u in m.forward}
+        self.inputs = facts.inputs
         for (u, b), x in r.items():
             for t in self.inputs[u]:  # recompute
                 prob += x <= y.get((t, b - 1), 0) + R(producer[t], b)
-        pinned = sorted((m.first_start(v), n) for v, n in enumerate(m.pinned_bytes) if n)
-        pinned_by = lambda time: sum(n for s, n in pinned if s <= time)  # noqa: E731
         self.rows: list[tuple[pulp.LpConstraint, int]] = []  # (row, bytes it holds besides its terms)
-        for f, v in enumerate(m.forward):  # memory at forward op f's run
-            fixed = sum(n for _, n in m.outs[v]) + ops[v].temp_bytes + pinned_by(f)
-            terms = []
-            for t in ftens:
-                if m.slot[producer[t]] < f:
-                    if any(m.slot[v] >= f for v in read_fwd[t]):
-                        fixed += size[t]
-                    else:
-                        terms.append((y[t, -1], size[t]))
-            self._row(terms, fixed)
-        self.across: list[int] = []  # per stage: bytes alive across it besides forward outputs
-        for b, w in enumerate(m.backward):
-            tb = m.first_start(w)
-            across = sum(size[t] for t in btens if stage[producer[t]] < b and last[t] >= b)
-            self.across.append(across + pinned_by(tb - 1))
-            fixed = across + sum(n for _, n in m.outs[w]) + ops[w].temp_bytes + pinned_by(tb)
-            self._row([(y[t, b], size[t]) for t in ftens if (t, b) in y], fixed)  # memory at t_b
+        for tensors, fixed in facts.forward_rows():  # memory at each forward op's run
+            self._row([(y[t, -1], size[t]) for t in tensors], fixed)
+        self.across = facts.across  # per stage: bytes alive across it besides forward outputs
+        for b in range(len(m.backward)):  # memory at t_b
+            self._row([(y[t, b], size[t]) for t in ftens if (t, b) in y], facts.at_stage[b])
         self._held: dict[int, dict[str, object]] = {}  # stage -> tensor -> h
         self._extra: dict[tuple[int, int, str], object] = {}  # (stage, slot, tensor) -> e
         self._slot_rows: set[tuple[int, int]] = set()
@@ -316,3 +364,139 @@ class StageRelaxation:
             if (var.value() or 0) > 0.5:
                 runs[u].append(F + b * (F + 1) + m.slot[u])
         return {v: sorted(times) for v, times in runs.items()}
+
+
+MOMENTS = 32  # backward moments with a memory row (NOTE: [Moment relaxation])
+
+
+class MomentRelaxation:
+    """NOTE: [Moment relaxation] for a Moccasin model `m`: the stage relaxation's rows at
+    `moments` backward moments instead of every stage, for graphs whose stage relaxation
+    HiGHS does not bound in minutes.
+
+    NOTE: [Moment relaxation]
+    On the 8-layer Llama decoder of bench/models/llama_d512_bytes.py (849 ops, 556
+    backward stages) the stage relaxation's first solve (NOTE: [Stage relaxation], no
+    slot rows) proved x1.056 of every op once after 900 s at 40% of the autograd peak,
+    where Rockmate's plan predicts x1.112.  This relaxation keeps the memory rows at the
+    end of the forward and at `moments` stages s_1 < ... < s_K = B - 1 (in each of K
+    equal windows of stages, the one where the store-all schedule holds the most), and
+    joins the stages between two moments into one interval I_i = (s_i, s_{i+1}] (s_0 =
+    -1).  Variables (binary): y_{T,j}, forward output T resident at t_{s_j}, and R_{u,i},
+    forward op u recomputed at least once in a stage of I_i (where Moccasin's model
+    offers it).  Constraints, each implied by every schedule of Moccasin's model:
+    * keep: y_{T,j+1} <= y_{T,j} + R_{u(T),j} (a copy alive at t_{s_{j+1}} was alive at
+      t_{s_j} or made within I_j);
+    * read: y_{T,j} + R_{u(T),j} >= 1 when a backward op of I_j reads T, and y_{T,j+1} = 1
+      when the one at s_{j+1} does;
+    * recompute: R_{u,j} <= y_{T',j} + R_{u(T'),j} for each forward input T' of u (the
+      input was alive at t_{s_j} or made within I_j before u's run);
+    * memory at each forward op's run and at each t_{s_j}, as the stage relaxation counts it.
+    Objective: every op once plus sum t_u R_{u,i}: a stage of I_i that recomputes u costs
+    at least t_u.  So its optimum, or HiGHS's dual bound, bounds Moccasin's model's from
+    below: no schedule that runs the forward once in graph order and the backward in
+    graph order, recomputing in between, is faster within the capacity.  With every
+    stage a moment it is the stage relaxation without slot rows.  `point` maps a
+    schedule onto it; the tests check that schedules break no row at their own peak.
+    MOMENTS = 32: on that decoder (one profile, 2026-11-27) HiGHS proved x1.086 with 8 or
+    16 moments and x1.104 with 32 after 120 s, and x1.087 with 64 after 240 s, where Rockmate's plan
+    predicts x1.112: with few moments the rows miss the peaks, with many HiGHS is slower."""
+
+    def __init__(self, m, moments: int = MOMENTS):
+        self.m = m
+        ops = m.ops
+        facts = self.facts = _Facts.of(m)
+        producer, size, last, ftens = facts.producer, facts.size, facts.last, facts.ftens
+        B = len(m.backward)
+        held = [facts.at_stage[b] + sum(size[t] for t in ftens if last[t] >= b) for b in range(B)]  # store-all
+        window = max(1, -(-B // max(1, moments)))
+        chosen = {max(range(i, min(i + window, B)), key=lambda b: (held[b], -b)) for i in range(0, B, window)}
+        self.moments = [-1, *sorted(chosen | ({B - 1} if B else set()))]  # stage of moment j; -1: the forward's end
+        self.interval = {}  # stage -> i, the interval (moments[i], moments[i + 1]] holding it
+        for i in range(len(self.moments) - 1):
+            for b in range(self.moments[i] + 1, self.moments[i + 1] + 1):
+                self.interval[b] = i
+        self.problem = prob = pulp.LpProblem("moment_relaxation", pulp.LpMinimize)
+        binary = lambda name: prob.add_variable(name, cat="Binary")  # noqa: E731
+        index = {t: i for i, t in enumerate(ftens)}
+        self.y = y = {
+            (t, j): binary(f"y_{index[t]}_{j}")
+            for t in ftens
+            for j, s in enumerate(self.moments)
+            if j == 0 or last[t] > self.moments[j - 1]
+        }
+        self.r = r = {
+            (u, i): binary(f"r_{u}_{i}") for u in m.forward for i in sorted({self.interval[b] for b in m.useful.get(u, ())})
+        }
+        R = lambda u, i: r.get((u, i), 0)  # noqa: E731
+        self.base = sum(op.time_us for op in ops)
+        every_op_once = prob.add_variable("every_op_once", lowBound=1, upBound=1)  # as in StageRelaxation
+        prob += pulp.LpAffineExpression([(every_op_once, self.base)] + [(x, ops[u].time_us) for (u, _), x in r.items()])
+        for t in ftens:
+            u = producer[t]
+            for i in range(len(self.moments) - 1):
+                if (t, i + 1) not in y:
+                    break
+                lo, hi = self.moments[i], self.moments[i + 1]
+                prob += y[t, i + 1] <= y[t, i] + R(u, i)  # keep
+                if any(lo < b <= hi for b in facts.read_in[t]):
+                    prob += y[t, i] + R(u, i) >= 1  # read within I_i
+                if hi in facts.read_in[t]:
+                    prob += y[t, i + 1] == 1  # read at the moment
+        for (u, i), x in r.items():
+            for t in facts.inputs[u]:  # recompute
+                prob += x <= y.get((t, i), 0) + R(producer[t], i)
+        self.rows: list[tuple[pulp.LpConstraint, int]] = []  # (row, bytes it holds besides its terms)
+        for tensors, fixed in facts.forward_rows():
+            self._row([(y[t, 0], size[t]) for t in tensors], fixed)
+        for j, s in enumerate(self.moments[1:], start=1):
+            self._row([(y[t, j], size[t]) for t in ftens if (t, j) in y], facts.at_stage[s])
+        self.results: list[milp.MilpResult] = []
+
+    def _row(self, terms, fixed: int) -> None:
+        constraint = pulp.LpAffineExpression(terms) <= 0
+        self.problem.addConstraint(constraint)
+        self.rows.append((constraint, fixed))
+
+    def bound(self, capacity: int, time_limit: float | None) -> StageBound:
+        """A proven lower bound (microseconds) on the time of every schedule of Moccasin's
+        model within `capacity` bytes: HiGHS's dual bound after at most `time_limit`
+        seconds (None: to optimality), None when it proved none in time; `infeasible`
+        when no schedule fits (a relaxation with no solution)."""
+        for constraint, fixed in self.rows:
+            constraint.constant = fixed - capacity
+        result = milp.solve(self.problem, time_limit, rel_gap=REL_GAP, max_nodes=10**9)
+        self.results.append(result)
+        if result.status == milp.INFEASIBLE:
+            return StageBound(None, infeasible=True)
+        if result.has_solution and result.gap is not None:
+            return StageBound(math.floor(pulp.value(self.problem.objective) * (1 - result.gap)))
+        return StageBound(None)
+
+    def point(self, runs, capacity: int) -> list[pulp.LpConstraint]:
+        """Sets every variable to its value in Moccasin's schedule `runs` (op -> times)
+        and the memory rows to `capacity` bytes; returns the constraints that point
+        breaks (none when the schedule's peak is at most `capacity`: NOTE: [Moment
+        relaxation]).  Raises KeyError when `runs` recomputes where the model offers no slot."""
+        m, F = self.m, len(self.m.forward)
+        _, tensor_ends = m._ends(runs)
+        alive = {}
+        for u in m.forward:
+            for s, ends in zip(runs[u], tensor_ends[u]):
+                for (t, _), e in zip(m.outs[u], ends):
+                    alive.setdefault(t, []).append((s, e))
+        values = {var.name: 0 for var in self.problem.variables()}
+        values["every_op_once"] = 1
+        for u in m.forward:
+            for s in runs[u][1:]:
+                b, _ = divmod(s - F, F + 1)
+                values[self.r[u, self.interval[b]].name] = 1
+        for (t, j), var in self.y.items():
+            stage = self.moments[j]
+            at = F - 1 if stage < 0 else m.first_start(m.backward[stage])
+            values[var.name] = int(any(s <= at < e for s, e in alive.get(t, ())))
+        for var in self.problem.variables():
+            var.varValue = values[var.name]
+        for constraint, fixed in self.rows:
+            constraint.constant = fixed - capacity
+        return [c for c in self.problem.constraints.values() if not c.valid(0)]
