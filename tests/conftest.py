@@ -61,6 +61,11 @@ SLOW_CASES = {
     "test_milp_solvers.py::test_plan_trains_identically_within_budget[examples/gpt2.py-70%-rockmate]",
     "test_milp_solvers.py::test_plan_trains_identically_within_budget[examples/transformer.py-70%-rockmate]",
     "test_milp_solvers.py::test_plan_trains_identically_within_budget[examples/transformer.py-70%-hiremate]",
+    # Rockmate at 50% on the Transformer, which auto gives to hiremate (42-50 s,
+    # 2026-11-27, when `make test` took 26:17 and 26:47): rockmate's fallback over rotor's
+    # blocks on a graph that is not a chain stays checked at 50% on the U-Net (its refusal
+    # and retry) and at 100% here, and hiremate's 50% plan of the Transformer stays.
+    "test_milp_solvers.py::test_plan_trains_identically_within_budget[examples/transformer.py-50%-rockmate]",
     # Rockmate on the U-Net, which auto gives to hiremate (33 s each): its refusal and
     # retry at 50% stays, and hiremate at every budget.
     "test_milp_solvers_cnn.py::test_plan_trains_identically_within_budget[examples/unet.py-70%-rockmate]",

@@ -399,8 +399,10 @@ class MomentRelaxation:
     stage a moment it is the stage relaxation without slot rows.  `point` maps a
     schedule onto it; the tests check that schedules break no row at their own peak.
     MOMENTS = 32: on that decoder (one profile, 2026-11-27) HiGHS proved x1.086 with 8 or
-    16 moments and x1.104 with 32 after 120 s, and x1.087 with 64 after 240 s, where Rockmate's plan
-    predicts x1.112: with few moments the rows miss the peaks, with many HiGHS is slower."""
+    16 moments after 120 s, x1.104 with 32 after 120 s (x1.100 after 240 s in another
+    process: a bound stopped by its time limit depends on the machine's load), and x1.087
+    with 64 after 240 s, where Rockmate's plan predicts x1.112: with few moments the rows
+    miss the peaks, with many HiGHS is slower."""
 
     def __init__(self, m, moments: int = MOMENTS):
         self.m = m
@@ -422,7 +424,7 @@ class MomentRelaxation:
         self.y = y = {
             (t, j): binary(f"y_{index[t]}_{j}")
             for t in ftens
-            for j, s in enumerate(self.moments)
+            for j in range(len(self.moments))
             if j == 0 or last[t] > self.moments[j - 1]
         }
         self.r = r = {
