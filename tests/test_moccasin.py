@@ -112,6 +112,24 @@ def test_moccasin_refuses_large_graphs_without_a_traceback(tmp_path):
     assert "moccasin" in result.stderr and "twremat" in result.stderr and "Traceback" not in result.stderr
 
 
+def rockmate_schedules(model: str):
+    """(Moccasin model, Planner, five budgets from Rockmate's smallest to the autograd
+    peak, the Moccasin schedules of Rockmate's plans at them) for `model`: the real
+    schedules the relaxations' point tests map onto their rows."""
+    from remat_dsl.solve.api import Problem
+    from remat_dsl.solve.moccasin import Moccasin
+
+    model_file = load_model_file(str(ROOT / model))
+    captured = capture_graph(model_file, repeats=1)
+    m = Moccasin(Problem(captured.graph, captured.device))
+    planner = Planner(captured.graph, model=model_file.spec, device=captured.device)
+    peak, smallest = planner.autograd_peak, planner.smallest_budget("rockmate")
+    budgets = [smallest + (peak - smallest) * k // 4 for k in range(5)]
+    for budget in budgets:
+        m._rockmate_schedules(budget)
+    return m, planner, budgets, [runs for _, _, runs in m._schedules]
+
+
 @pytest.mark.parametrize("model", ["tests/models/tiny_cnn.py", "tests/models/hf_gpt2.py"])
 def test_every_schedule_of_the_model_is_a_point_of_the_stage_relaxation(model):
     """NOTE: [Stage relaxation]: the relaxation's optimum is a lower bound only if every
@@ -120,21 +138,11 @@ def test_every_schedule_of_the_model_is_a_point_of_the_stage_relaxation(model):
     smallest (dropout's RNG states and pinned gradients included on GPT-2) and on the
     relaxation's own schedules; 1 byte less than a schedule's peak must break a row at
     some budget, or the rows would count nothing."""
-    from remat_dsl.solve.api import Problem
-    from remat_dsl.solve.moccasin import Moccasin
     from remat_dsl.solve.stage_relaxation import StageRelaxation
 
-    model_file = load_model_file(str(ROOT / model))
-    captured = capture_graph(model_file, repeats=1)
-    m = Moccasin(Problem(captured.graph, captured.device))
+    m, _, budgets, schedules = rockmate_schedules(model)
     relaxation = StageRelaxation(m)
     relaxation.add_every_slot_row()
-    planner = Planner(captured.graph, model=model_file.spec, device=captured.device)
-    peak, smallest = planner.autograd_peak, planner.smallest_budget("rockmate")
-    budgets = [smallest + (peak - smallest) * k // 4 for k in range(5)]
-    for budget in budgets:
-        m._rockmate_schedules(budget)
-    schedules = [runs for _, _, runs in m._schedules]
     for budget in budgets[:3]:
         found = relaxation.solve(budget, 5).runs
         if found is not None:
@@ -158,19 +166,9 @@ def test_every_schedule_of_the_model_is_a_point_of_the_moment_relaxation(model):
     peak breaks a row.  On the CNN, with every stage a moment it proves what the stage
     relaxation without slot rows proves, and with four it proves no more than Moccasin's
     optimum, at three budgets."""
-    from remat_dsl.solve.api import Problem
-    from remat_dsl.solve.moccasin import Moccasin
     from remat_dsl.solve.stage_relaxation import MomentRelaxation, StageRelaxation
 
-    model_file = load_model_file(str(ROOT / model))
-    captured = capture_graph(model_file, repeats=1)
-    m = Moccasin(Problem(captured.graph, captured.device))
-    planner = Planner(captured.graph, model=model_file.spec, device=captured.device)
-    peak, smallest = planner.autograd_peak, planner.smallest_budget("rockmate")
-    budgets = [smallest + (peak - smallest) * k // 4 for k in range(5)]
-    for budget in budgets:
-        m._rockmate_schedules(budget)
-    schedules = [runs for _, _, runs in m._schedules]
+    m, planner, budgets, schedules = rockmate_schedules(model)
     assert len(schedules) >= 4 and sum(any(len(times) > 1 for times in runs.values()) for runs in schedules) >= 3
     stages = len(m.backward)
     for moments in (1, 3, stages):

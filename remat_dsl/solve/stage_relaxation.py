@@ -152,6 +152,18 @@ class _Facts:
         return rows
 
 
+def _copies(m, runs) -> dict[str, list[tuple[int, int]]]:
+    """Forward output -> the [start, end) interval of each of its copies in Moccasin's
+    schedule `runs` (op -> times): what both relaxations' `point` reads residency from."""
+    _, tensor_ends = m._ends(runs)
+    alive: dict[str, list[tuple[int, int]]] = {}
+    for u in m.forward:
+        for s, ends in zip(runs[u], tensor_ends[u]):
+            for (t, _), e in zip(m.outs[u], ends):
+                alive.setdefault(t, []).append((s, e))
+    return alive
+
+
 class StageRelaxation:
     """NOTE: [Stage relaxation] for a Moccasin model `m` (remat_dsl.solve.moccasin.Moccasin):
     built once, solved at each capacity (bytes) by setting the memory rows' right-hand
@@ -330,12 +342,7 @@ class StageRelaxation:
         the model is at most `capacity`: the tests check it on real schedules.  Raises
         KeyError when `runs` recomputes where the model offers no slot."""
         m, F = self.m, len(self.m.forward)
-        _, tensor_ends = m._ends(runs)
-        alive = {}
-        for u in m.forward:
-            for s, ends in zip(runs[u], tensor_ends[u]):
-                for (t, _), e in zip(m.outs[u], ends):
-                    alive[t] = alive.get(t, []) + [(s, e)]
+        alive = _copies(m, runs)
         values = {var.name: 0 for var in self.problem.variables()}
         values["every_op_once"] = 1
         for u in m.forward:
@@ -481,12 +488,7 @@ class MomentRelaxation:
         breaks (none when the schedule's peak is at most `capacity`: NOTE: [Moment
         relaxation]).  Raises KeyError when `runs` recomputes where the model offers no slot."""
         m, F = self.m, len(self.m.forward)
-        _, tensor_ends = m._ends(runs)
-        alive = {}
-        for u in m.forward:
-            for s, ends in zip(runs[u], tensor_ends[u]):
-                for (t, _), e in zip(m.outs[u], ends):
-                    alive.setdefault(t, []).append((s, e))
+        alive = _copies(m, runs)
         values = {var.name: 0 for var in self.problem.variables()}
         values["every_op_once"] = 1
         for u in m.forward:
