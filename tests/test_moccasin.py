@@ -220,7 +220,7 @@ def test_a_mip_start_is_highs_first_incumbent():
 def test_the_relaxations_prove_the_same_bound_from_a_start():
     """NOTE: [MIP start]: a schedule given as HiGHS's first incumbent changes what a solve
     run to its end proves in neither relaxation, on the CNN at three of Rockmate's budgets;
-    a schedule above the capacity is not given."""
+    a schedule that breaks a row (here at a capacity of 0 bytes) is not given."""
     from remat_dsl.solve.stage_relaxation import MomentRelaxation, StageRelaxation, _start
 
     m, _, budgets, _ = rockmate_schedules("tests/models/tiny_cnn.py")
@@ -230,7 +230,7 @@ def test_the_relaxations_prove_the_same_bound_from_a_start():
         runs = m._incumbent(capacity)
         assert runs is not None and any(len(times) > 1 for times in runs.values())
         stage = StageRelaxation(m)
-        assert _start(stage, runs, capacity) is not None and _start(stage, runs, m._peak(runs) - 1) is None
+        assert _start(stage, runs, capacity) is not None and _start(stage, runs, 0) is None
         proven = StageRelaxation(m).first_bound(capacity, None)
         assert stage.first_bound(capacity, None, start=runs) == proven <= m._time(runs)
         from_start = MomentRelaxation(m, stages).bound(capacity, None, start=runs).bound
