@@ -189,54 +189,6 @@ def test_every_schedule_of_the_model_is_a_point_of_the_moment_relaxation(model):
         assert MomentRelaxation(m, 4).bound(capacity, None).bound <= optimum.time_us
 
 
-def test_a_mip_start_is_highs_first_incumbent():
-    """NOTE: [MIP start]: `milp.solve(..., mip_start=...)` hands HiGHS the solution as its
-    incumbent.  A subset sum of 40 weights of about 10^6 with one node allowed: HiGHS
-    finds no solution by itself, and from the start returns it, with a gap over it."""
-    import random
-
-    import pulp
-
-    from remat_dsl.solve.ilp import milp
-
-    rng = random.Random(0)
-    weights = [rng.randrange(10**6, 2 * 10**6) for _ in range(40)]
-    chosen = sorted(rng.sample(range(40), 20))
-
-    def subset_sum():
-        problem = pulp.LpProblem("subset_sum", pulp.LpMinimize)
-        x = [problem.add_variable(f"x{i}", cat="Binary") for i in range(len(weights))]
-        problem += pulp.lpSum((i % 7 + 1) * v for i, v in enumerate(x))
-        problem += pulp.lpSum(w * v for w, v in zip(weights, x)) == sum(weights[i] for i in chosen)
-        return problem
-
-    assert not milp.solve(subset_sum(), max_nodes=1).has_solution  # the premise
-    problem = subset_sum()
-    result = milp.solve(problem, max_nodes=1, mip_start={f"x{i}": 1 for i in chosen})
-    assert result.has_solution and result.gap is not None
-    assert pulp.value(problem.objective) <= sum(i % 7 + 1 for i in chosen)
-
-
-def test_the_relaxations_prove_the_same_bound_from_a_start():
-    """NOTE: [MIP start]: a schedule given as HiGHS's first incumbent changes what a solve
-    run to its end proves in neither relaxation, on the CNN at three of Rockmate's budgets;
-    a schedule that breaks a row (here at a capacity of 0 bytes) is not given."""
-    from remat_dsl.solve.stage_relaxation import MomentRelaxation, StageRelaxation, _start
-
-    m, _, budgets, _ = rockmate_schedules("tests/models/tiny_cnn.py")
-    stages = len(m.backward)
-    for budget in budgets[:3]:
-        capacity = budget - m.offset
-        runs = m._incumbent(capacity)
-        assert runs is not None and any(len(times) > 1 for times in runs.values())
-        stage = StageRelaxation(m)
-        assert _start(stage, runs, capacity) is not None and _start(stage, runs, 0) is None
-        proven = StageRelaxation(m).first_bound(capacity, None)
-        assert stage.first_bound(capacity, None, start=runs) == proven <= m._time(runs)
-        from_start = MomentRelaxation(m, stages).bound(capacity, None, start=runs).bound
-        assert from_start == MomentRelaxation(m, stages).bound(capacity, None).bound <= m._time(runs)
-
-
 def test_remat_plan_moccasin_proves_a_stock_gpt2_optimum_with_the_stage_bound(tmp_path):
     """NOTE: [Stage bound] on a stock Hugging Face GPT-2 (173 ops, dropout), as users type
     it, with roofline costs: the relaxation's bound and schedule meet, so the plan is

@@ -705,7 +705,7 @@ class Moccasin:
         capacity = max(target - self.offset, 0) // self._unit()
         relaxation = self._stage_relaxation()
         first = len(relaxation.results)
-        stage = relaxation.solve(capacity * self._unit(), limit * STAGE_SHARE)  # NOTE: [Stage bound] (no NOTE: [MIP start] here)
+        stage = relaxation.solve(capacity * self._unit(), limit * STAGE_SHARE)  # NOTE: [Stage bound]
         stage_seconds = sum(r.seconds for r in relaxation.results[first:])
         self.seconds += stage_seconds
         if stage.infeasible:
@@ -754,17 +754,14 @@ class Moccasin:
         """A proven lower bound (microseconds) on the predicted time of every schedule of
         the model whose peak is at most `target` bytes: the stage relaxation's first
         solve (NOTE: [Stage relaxation], with the slot rows earlier solves added: NOTE:
-        [Lazy slot rows]), given all of `time_limit` seconds: HiGHS's dual bound, from the
-        fastest schedule known as its first incumbent (Rockmate's plans, made before the
-        limit starts: NOTE: [MIP start]).  None when HiGHS proved no bound in time or no
-        schedule fits `target` (remat_dsl.solve.api.BudgetError names the smallest budget
-        then).  For measuring how far plans are from the optimum (bench/optimality.py
-        --bound-time): a solve (`solve`) gives the relaxation at most STAGE_SHARE of its
-        time, split between rounds, and CP-SAT the rest."""
+        [Lazy slot rows]), given all of `time_limit` seconds: HiGHS's dual bound.  None
+        when HiGHS proved no bound in time or no schedule fits `target` (remat_dsl.solve.api.BudgetError names the
+        smallest budget then).  For measuring how far plans are from the optimum
+        (bench/optimality.py --bound-time): a solve (`solve`) gives the relaxation at
+        most STAGE_SHARE of its time, split between rounds, and CP-SAT the rest."""
         relaxation = self._stage_relaxation()
         first = len(relaxation.results)
-        capacity = max(target - self.offset, 0) // self._unit() * self._unit()
-        bound = relaxation.first_bound(capacity, time_limit, start=self._incumbent(capacity))  # NOTE: [MIP start]
+        bound = relaxation.first_bound(max(target - self.offset, 0) // self._unit() * self._unit(), time_limit)
         self.seconds += sum(r.seconds for r in relaxation.results[first:])
         return bound
 
@@ -773,8 +770,7 @@ class Moccasin:
         the model whose peak is at most `target` bytes, from the moment relaxation (NOTE:
         [Moment relaxation] in remat_dsl.solve.stage_relaxation) with `moments` backward
         moments (default MOMENTS there), HiGHS's dual bound after at most `time_limit`
-        seconds, from the fastest schedule known (as in `stage_bound`).  None when HiGHS
-        proved no bound in time or no schedule fits `target`.
+        seconds.  None when HiGHS proved no bound in time or no schedule fits `target`.
         For graphs whose stage relaxation is not bounded in minutes (bench/decoder.py
         --bound, bench/optimality.py --moment-time); not used by `solve`."""
         from remat_dsl.solve.stage_relaxation import MOMENTS, MomentRelaxation
@@ -783,8 +779,7 @@ class Moccasin:
         if moments not in self._moments:
             self._moments[moments] = MomentRelaxation(self, moments)
         relaxation = self._moments[moments]
-        capacity = max(target - self.offset, 0) // self._unit() * self._unit()
-        result = relaxation.bound(capacity, time_limit, start=self._incumbent(capacity))  # NOTE: [MIP start]
+        result = relaxation.bound(max(target - self.offset, 0) // self._unit() * self._unit(), time_limit)
         self.seconds += relaxation.results[-1].seconds
         return result.bound
 

@@ -48,24 +48,6 @@ schedule keeping T for a later recomputation broke eq. 2.8, and the "proven" opt
 The relaxation's solution is also a schedule (each r_{u,b} = 1 a run at u's slot of
 stage b), often close to fitting the capacity, so Moccasin takes it as a hint once it
 fits (NOTE: [Hints], NOTE: [Stage bound] in remat_dsl.solve.moccasin).
-
-NOTE: [MIP start]
-The bounds the benches ask for (`Moccasin.stage_bound`, `Moccasin.moment_bound`) give
-HiGHS a schedule that fits the capacity (the fastest Moccasin knows: Rockmate's plans)
-as its first incumbent: `point` gives its value of every variable, and a schedule that
-fits breaks no row (the tests check it).  The bound is HiGHS's dual bound either way;
-the incumbent lets branch and bound discard every node whose LP bound is above it, and
-fix variables by reduced cost, from the start, so the dual bound rises faster.
-Measured 2026-11-27 on examples/gpt2.py (4 layers, 310 ops) at 50% of the autograd
-peak, the machine otherwise idle, the stage relaxation's first solve given 285 s, two
-processes at once on the two cores: 36,229 us without the start, 36,556 us from
-Rockmate's 36,847 us schedule, so the gap over that schedule went from 1.70% to 0.80%.
-`Moccasin.solve` does not use it: with the start, `remat plan examples/gpt2.py --budget
-50% --solver moccasin` (same profile) planned 36,778 us with a 1.03% gap, against
-36,733 us and 0.83% without, minutes before.  Its relaxation's first solve has about
-140 s, and without a start its own schedule (36,733 us there, with three intervals per
-forward op) is what CP-SAT starts from; with one HiGHS kept Rockmate's.  A schedule
-that breaks the capacity, or recomputes where the model offers no slot, is not given.
 """
 
 from __future__ import annotations
@@ -94,19 +76,6 @@ class StageBound:
     infeasible: bool = False
     runs: dict[int, list[int]] | None = None
     closest: dict[int, list[int]] | None = None
-
-
-def _start(relaxation, runs, capacity: int) -> dict[str, float] | None:
-    """NOTE: [MIP start]: the value of every variable of `relaxation` (a StageRelaxation
-    or a MomentRelaxation) at the schedule `runs` (op -> times), or None when there is no
-    schedule or it breaks a row at `capacity` bytes."""
-    if runs is None:
-        return None
-    try:
-        broken = relaxation.point(runs, capacity)
-    except KeyError:  # a recomputation where the model offers no slot
-        return None
-    return None if broken else {var.name: var.varValue for var in relaxation.problem.variables()}
 
 
 @dataclass
@@ -316,12 +285,11 @@ class StageRelaxation:
                 self._add_slot_row(b, k)
         return StageBound(bound, runs=best, closest=best or closest)
 
-    def first_bound(self, capacity: int, time_limit: float | None, start=None) -> int | None:
+    def first_bound(self, capacity: int, time_limit: float | None) -> int | None:
         """The first round of `solve` alone, given all of `time_limit` seconds: a proven
         lower bound (microseconds) at `capacity` bytes, or None (no bound in time, or
-        no schedule fits).  start: a schedule of the model (op -> times) that fits
-        `capacity`, HiGHS's first incumbent (NOTE: [MIP start])."""
-        result, _, _ = self._solve_at(capacity, time_limit, start)
+        no schedule fits)."""
+        result, _, _ = self._solve_at(capacity, time_limit)
         return self._proven(result)
 
     def _proven(self, result) -> int | None:
@@ -331,15 +299,13 @@ class StageRelaxation:
             return math.floor(pulp.value(self.problem.objective) * (1 - result.gap))
         return None
 
-    def _solve_at(self, target: int, time_limit: float | None, start=None):
-        """(MILP result, its schedule or None, that schedule's memory profile or None),
-        from the schedule `start` where it fits `target` (NOTE: [MIP start])."""
+    def _solve_at(self, target: int, time_limit: float | None):
+        """(MILP result, its schedule or None, that schedule's memory profile or None)."""
         if time_limit is not None and time_limit <= 1:
             return milp.MilpResult(milp.NO_SOLUTION, None, 0.0, ""), None, None
-        values = _start(self, start, target)
         for constraint, fixed in self.rows:
             constraint.constant = fixed - target
-        result = milp.solve(self.problem, time_limit, rel_gap=REL_GAP, max_nodes=10**9, mip_start=values)
+        result = milp.solve(self.problem, time_limit, rel_gap=REL_GAP, max_nodes=10**9)
         self.results.append(result)
         if not result.has_solution:
             return result, None, None
@@ -501,16 +467,14 @@ class MomentRelaxation:
         self.problem.addConstraint(constraint)
         self.rows.append((constraint, fixed))
 
-    def bound(self, capacity: int, time_limit: float | None, start=None) -> StageBound:
+    def bound(self, capacity: int, time_limit: float | None) -> StageBound:
         """A proven lower bound (microseconds) on the time of every schedule of Moccasin's
         model within `capacity` bytes: HiGHS's dual bound after at most `time_limit`
         seconds (None: to optimality), None when it proved none in time; `infeasible`
-        when no schedule fits (a relaxation with no solution).  start: a schedule of the
-        model (op -> times) that fits `capacity`, HiGHS's first incumbent (NOTE: [MIP start])."""
-        values = _start(self, start, capacity)
+        when no schedule fits (a relaxation with no solution)."""
         for constraint, fixed in self.rows:
             constraint.constant = fixed - capacity
-        result = milp.solve(self.problem, time_limit, rel_gap=REL_GAP, max_nodes=10**9, mip_start=values)
+        result = milp.solve(self.problem, time_limit, rel_gap=REL_GAP, max_nodes=10**9)
         self.results.append(result)
         if result.status == milp.INFEASIBLE:
             return StageBound(None, infeasible=True)

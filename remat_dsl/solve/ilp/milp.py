@@ -77,7 +77,7 @@ OPTIMAL_GAP = 1e-4  # what we call optimal (HiGHS's default mip_rel_gap)
 
 
 def solve(problem: pulp.LpProblem, time_limit: float | None = None, rel_gap: float = REL_GAP, changed=None,
-          max_nodes: int = MAX_NODES, mip_start: dict[str, float] | None = None) -> MilpResult:  # fmt: skip
+          max_nodes: int = MAX_NODES) -> MilpResult:  # fmt: skip
     """Solve `problem` in place (variable values are set when a solution exists).
 
     time_limit: seconds, or None for no limit.  rel_gap: the search stops once the best
@@ -86,10 +86,8 @@ def solve(problem: pulp.LpProblem, time_limit: float | None = None, rel_gap: flo
     no time is involved unless time_limit is given).  max_nodes: branch-and-bound nodes
     after which the search stops with its incumbent (NOTE: [Effort bound]).  changed: None, or the constraints
     whose right-hand sides (`constant`) are the only change since the last solve of this
-    problem (NOTE: [Model reuse]).  mip_start: a feasible solution (variable name -> value; a
-    variable it leaves out is 0) that HiGHS takes as its first incumbent (NOTE: [MIP start]
-    in remat_dsl.solve.stage_relaxation); CBC, the fallback, solves without it.  Raises
-    RuntimeError when no MILP backend is available (install highspy, or pulp's bundled CBC).
+    problem (NOTE: [Model reuse]).  Raises RuntimeError when no MILP backend is available
+    (install highspy, or pulp's bundled CBC).
     """
     names = backend_names()
     if not names:
@@ -97,7 +95,7 @@ def solve(problem: pulp.LpProblem, time_limit: float | None = None, rel_gap: flo
     start = time.perf_counter()
     if names[0] == "HiGHS":
         solver = _HiGHS(msg=False, timeLimit=time_limit, gapRel=rel_gap, threads=1, random_seed=0, mip_max_nodes=max_nodes)
-        solver.changed, solver.mip_start = changed, mip_start
+        solver.changed = changed
         with _c_stdout_silenced():
             problem.solve(solver)
         info = problem.solverModel.getInfo()
@@ -129,7 +127,6 @@ class _HiGHS(pulp.HiGHS):
     read back.  Any other call builds the model as pulp does."""
 
     changed = None
-    mip_start: dict[str, float] | None = None  # NOTE: [MIP start] in remat_dsl.solve.stage_relaxation
 
     def actualSolve(self, lp):  # noqa: N802 (pulp's name)
         shape = (len(lp._constraints), len(lp._variables))
@@ -146,13 +143,6 @@ class _HiGHS(pulp.HiGHS):
             self.buildSolverModel(lp)
             lp._remat_shape = shape
             lp._remat_columns = lp.variables()
-        if self.mip_start is not None:
-            values = [0.0] * len(lp._remat_columns)
-            for var in lp._remat_columns:
-                values[var.index] = float(self.mip_start.get(var.name, 0.0))
-            solution = highspy.HighsSolution()
-            solution.col_value, solution.value_valid = values, True
-            lp.solverModel.setSolution(solution)
         self.callSolver(lp)
         status, sol_status = self._read_solution(lp)
         lp.assignStatus(status, sol_status)
