@@ -152,6 +152,35 @@ class _Facts:
         return rows
 
 
+def _point(relaxation, runs, capacity: int, r_of_stage, stage_of_y, derived=None) -> list[pulp.LpConstraint]:
+    """What both relaxations' `point` share: sets every variable of `relaxation` to its
+    value in Moccasin's schedule `runs` (op -> times) and the memory rows to `capacity`
+    bytes, and returns the constraints that point breaks.  r_of_stage maps the backward
+    stage of a recomputation to the key of its r variable (the stage, or the interval
+    holding it), stage_of_y a y variable's key to the stage it is taken at (-1: the
+    forward's end); derived(values) sets the variables defined from r and y (the stage
+    relaxation's h and e).  Raises KeyError when `runs` recomputes where the model offers
+    no slot."""
+    m, F = relaxation.m, len(relaxation.m.forward)
+    alive = _copies(m, runs)
+    values = {var.name: 0 for var in relaxation.problem.variables()}
+    values["every_op_once"] = 1
+    for u in m.forward:
+        for s in runs[u][1:]:
+            values[relaxation.r[u, r_of_stage((s - F) // (F + 1))].name] = 1
+    for (t, key), var in relaxation.y.items():
+        stage = stage_of_y(key)
+        at = F - 1 if stage < 0 else m.first_start(m.backward[stage])
+        values[var.name] = int(any(s <= at < e for s, e in alive.get(t, ())))
+    if derived is not None:
+        derived(values)
+    for var in relaxation.problem.variables():
+        var.varValue = values[var.name]
+    for constraint, fixed in relaxation.rows:
+        constraint.constant = fixed - capacity
+    return [c for c in relaxation.problem.constraints.values() if not c.valid(0)]
+
+
 def _copies(m, runs) -> dict[str, list[tuple[int, int]]]:
     """Forward output -> the [start, end) interval of each of its copies in Moccasin's
     schedule `runs` (op -> times): what both relaxations' `point` reads residency from."""
@@ -341,27 +370,15 @@ class StageRelaxation:
         breaks.  NOTE: [Stage relaxation] says there are none when the schedule's peak in
         the model is at most `capacity`: the tests check it on real schedules.  Raises
         KeyError when `runs` recomputes where the model offers no slot."""
-        m, F = self.m, len(self.m.forward)
-        alive = _copies(m, runs)
-        values = {var.name: 0 for var in self.problem.variables()}
-        values["every_op_once"] = 1
-        for u in m.forward:
-            for s in runs[u][1:]:
-                b, k = divmod(s - F, F + 1)
-                values[self.r[u, b].name] = 1
-        for (t, b), var in self.y.items():
-            at = F - 1 if b < 0 else m.first_start(m.backward[b])
-            values[var.name] = int(any(s <= at < e for s, e in alive.get(t, ())))
-        for b, held in self._held.items():
-            for t, h in held.items():
-                values[h.name] = max(0, values[self.y[t, b].name] - values[self.r[self.producer[t], b].name])
-        for (b, k, t), e in self._extra.items():
-            values[e.name] = max(0, values[self.r[m.forward[k], b].name] - values[self.y[t, b].name])
-        for var in self.problem.variables():
-            var.varValue = values[var.name]
-        for constraint, fixed in self.rows:
-            constraint.constant = fixed - capacity
-        return [c for c in self.problem.constraints.values() if not c.valid(0)]
+
+        def held_and_extra(values: dict[str, int]) -> None:
+            for b, held in self._held.items():
+                for t, h in held.items():
+                    values[h.name] = max(0, values[self.y[t, b].name] - values[self.r[self.producer[t], b].name])
+            for (b, k, t), e in self._extra.items():
+                values[e.name] = max(0, values[self.r[self.m.forward[k], b].name] - values[self.y[t, b].name])
+
+        return _point(self, runs, capacity, lambda b: b, lambda b: b, held_and_extra)
 
     def _runs(self) -> dict[int, list[int]]:
         m = self.m
@@ -487,20 +504,4 @@ class MomentRelaxation:
         and the memory rows to `capacity` bytes; returns the constraints that point
         breaks (none when the schedule's peak is at most `capacity`: NOTE: [Moment
         relaxation]).  Raises KeyError when `runs` recomputes where the model offers no slot."""
-        m, F = self.m, len(self.m.forward)
-        alive = _copies(m, runs)
-        values = {var.name: 0 for var in self.problem.variables()}
-        values["every_op_once"] = 1
-        for u in m.forward:
-            for s in runs[u][1:]:
-                b, _ = divmod(s - F, F + 1)
-                values[self.r[u, self.interval[b]].name] = 1
-        for (t, j), var in self.y.items():
-            stage = self.moments[j]
-            at = F - 1 if stage < 0 else m.first_start(m.backward[stage])
-            values[var.name] = int(any(s <= at < e for s, e in alive.get(t, ())))
-        for var in self.problem.variables():
-            var.varValue = values[var.name]
-        for constraint, fixed in self.rows:
-            constraint.constant = fixed - capacity
-        return [c for c in self.problem.constraints.values() if not c.valid(0)]
+        return _point(self, runs, capacity, self.interval.__getitem__, self.moments.__getitem__)
