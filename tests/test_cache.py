@@ -227,3 +227,86 @@ def test_refs_kept_on_an_op_change_neither_its_key_nor_its_json():
     assert (repr(op), Cache.key(op), json.dumps(encode_ir(op))) == before
     twin = ir.Op(op.name, op.phase, op.target, op.args, op.kwargs, op.outputs, op.time_us)
     assert twin == op and hash(twin) == hash(op)
+
+
+def test_a_refused_budget_is_refused_again_from_the_chain_memo(tmp_path, monkeypatch):
+    """NOTE: [Chain memo] in remat_dsl/solve/ilp/rockmate.py: a refused budget runs RK-Rotor's
+    table at every bisection point of the floor and at every target near it; warm, the same
+    refusal runs none, another refused budget only its own, and both say what a run without
+    the cache says.  A plan from the memo is byte-identical; an entry whose sequence does not
+    replay to the time it records is recomputed, not used."""
+    import json
+
+    import pytest
+
+    from remat_dsl.capture.model_file import load_model_file
+    from remat_dsl.capture.pipeline import capture_graph
+    from remat_dsl.plan.printer import print_plan, without_solve_time
+    from remat_dsl.solve.api import BudgetError
+    from remat_dsl.solve.chain import rk_rotor
+    from remat_dsl.solve.driver import Planner
+
+    graph = capture_graph(load_model_file(str(ROOT / "tests" / "models" / "hf_llama.py"))).graph
+    tables = []
+    real = rk_rotor._tables
+    monkeypatch.setattr(rk_rotor, "_tables", lambda chain, budget, slots: tables.append(budget) or real(chain, budget, slots))
+
+    def refusal(cache, budget: int) -> BudgetError:
+        tables.clear()
+        with pytest.raises(BudgetError) as caught:
+            Planner(graph, cache=cache).plan(budget, "rockmate")
+        return caught.value
+
+    fresh = Planner(graph, cache=NO_CACHE)
+    smallest = refusal(NO_CACHE, fresh.gradient_bytes + 1).smallest
+    low, lower = (fresh.gradient_bytes + smallest) // 2, (3 * fresh.gradient_bytes + smallest) // 4
+    expected = {budget: str(refusal(NO_CACHE, budget)) for budget in (lower, low)}
+    cold_tables = len(tables)
+    assert cold_tables > 10  # the targets at and near each candidate's floor
+
+    cache = Cache(tmp_path)
+    assert str(refusal(cache, low)) == expected[low] and len(tables) > 10  # a target met twice runs once
+    assert list((tmp_path / "chains").rglob("*.json"))
+    assert str(refusal(cache, low)) == expected[low] and tables == []
+    assert str(refusal(cache, lower)) == expected[lower] and 0 < len(tables) < cold_tables // 4
+
+    def plan_text(cache) -> str:
+        return without_solve_time(print_plan(Planner(graph, cache=cache).plan(smallest, "rockmate")))
+
+    expected_plan = plan_text(NO_CACHE)
+    assert plan_text(cache) == expected_plan
+    tables.clear()
+    assert plan_text(cache) == expected_plan and tables == []
+
+    tampered = 0
+    for path in (tmp_path / "chains").rglob("*.json"):
+        entry = json.loads(path.read_text())
+        if isinstance(entry["value"], dict) and entry["value"]["schedule"] is not None:
+            entry["value"]["schedule"]["us"] -= 1  # a faster plan than the sequence gives
+            path.write_text(json.dumps(entry))
+            tampered += 1
+    assert tampered
+    tables.clear()
+    assert plan_text(cache) == expected_plan and tables
+
+
+def test_a_capture_tokenizes_no_source_file_for_the_logs_it_silences():
+    """NOTE: [Unlogged function names] in remat_dsl/capture/fx.py: under the pinned torch,
+    dynamo names the function of each source line for a log line our capture silences; the
+    capture answers None instead of tokenizing every file it traces, and puts dynamo's own
+    lookup back after."""
+    import torch._dynamo.funcname_cache as funcname_cache
+    import torch._dynamo.symbolic_convert as symbolic_convert
+
+    from remat_dsl.capture import fx
+    from remat_dsl.capture.model_file import load_model_file
+    from remat_dsl.capture.pipeline import capture_graph
+
+    assert symbolic_convert.get_funcname is funcname_cache.get_funcname  # what the capture replaces
+    with fx._torch_logs_silenced():
+        assert symbolic_convert.get_funcname(fx.__file__, 1) is None
+    assert symbolic_convert.get_funcname is funcname_cache.get_funcname
+    funcname_cache.clearcache()
+    capture_graph(load_model_file(str(ROOT / "tests" / "models" / "hf_llama.py")), measure_time=False)
+    assert funcname_cache.cache == {}
+    assert symbolic_convert.get_funcname is funcname_cache.get_funcname

@@ -32,11 +32,11 @@ from remat_dsl.solve.auto import choose
 from remat_dsl.solve.driver import Planner, autograd_peak, make_plan, smallest_budget
 from remat_dsl.solve.chain import rk_rotor
 from remat_dsl.solve.ilp import milp
-from remat_dsl.solve.chain.model import Block, BlockOption, Chain, simulate_chain
+from remat_dsl.solve.chain.model import Block, BlockOption, Chain, simulate_chain, store_all_schedule
 from remat_dsl.solve.ilp.checkmate import op_hgraph
 from remat_dsl.solve.ilp.hilp import HILP
 from remat_dsl.solve.ilp.rockmate import replay
-from remat_dsl.solve.chain.rotor import solve_rotor
+from remat_dsl.solve.chain.rotor import min_feasible_budget, solve_rotor
 from remat_dsl.codegen.compare import compare_training, load_generated
 from test_end_to_end import codegen_in_fresh_process, trained_peak
 
@@ -243,6 +243,25 @@ def test_rk_rotor_options_never_hurt():
             assert with_options.predicted_us <= rk_rotor.solve_rk_rotor(plain, budget, 100).predicted_us
             peak, total = simulate_chain(chain, with_options.ops)
             assert peak <= budget and total == with_options.predicted_us
+
+
+def test_rk_rotor_min_feasible_budget_is_exact():
+    """`min_feasible_budget` (the min/max table, many budgets per round) is the least budget
+    at which the whole cost table finds a sequence, at every slot count; without options
+    it is rotor's; at the store-all peak, where rounding may leave the table nothing,
+    `solve_rk_rotor` returns store-all."""
+    rng = random.Random(2)
+    for _ in range(60):
+        chain = random_chain(rng, options=rng.random() < 0.8)
+        store_all = store_all_schedule(chain).predicted_peak
+        for slots in (7, 100, 500):
+            smallest = rk_rotor.min_feasible_budget(chain, slots)
+            assert smallest <= store_all
+            assert rk_rotor.try_rk_rotor(chain, smallest, slots) is not None or smallest == store_all
+            assert rk_rotor.try_rk_rotor(chain, smallest - 1, slots) is None
+            rk_rotor.solve_rk_rotor(chain, smallest, slots)
+            if not any(b.options for b in chain.blocks):
+                assert smallest == min(store_all, min_feasible_budget(chain, slots))
 
 
 # --- MILP status ------------------------------------------------------------------------

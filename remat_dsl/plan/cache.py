@@ -21,6 +21,10 @@ plan's solve time), although neither depends on the budget.  Both are now kept h
   keyed by the block's whole H-graph (ops, costs, sizes), the grid, the MILP settings and
   the versions of pulp and HiGHS.  A solve under a time limit depends on the machine's
   load and is not kept;
+* `chains`: RK-Rotor's result on a chain of blocks with their options at one target
+  budget, keyed by the chain's sizes and times, the slots and the DP's source (NOTE:
+  [Chain memo] in remat_dsl.solve.ilp.rockmate): a refused budget's search for the
+  smallest feasible one runs the same tables whatever the budget asked for;
 * `parsers`: the plan parser's LALR tables (NOTE: [Parser tables] in remat_dsl.plan.parser),
   in Lark's own format (a pickle), named by a digest of the grammar; they depend on the
   grammar alone, so `--no-cache` leaves them in use (REMAT_CACHE_DIR=off does not).

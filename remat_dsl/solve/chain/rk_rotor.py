@@ -17,7 +17,15 @@ from __future__ import annotations
 import numpy as np
 
 from remat_dsl.solve.chain.model import Chain, ChainSchedule, InfeasibleBudget, simulate_chain, store_all_schedule
-from remat_dsl.solve.chain.rotor import _exact_sizes, _opt_rec_p, _rounded_sizes, _Sizes, checkpoint_branch
+from remat_dsl.solve.chain.rotor import (
+    _exact_sizes,
+    _need_forward,
+    _opt_rec_p,
+    _rounded_sizes,
+    _Sizes,
+    checkpoint_branch,
+    first_fitting,
+)
 
 DEFAULT_SLOTS = 500
 
@@ -121,13 +129,58 @@ def try_rk_rotor(chain: Chain, budget: int, slots: int = DEFAULT_SLOTS) -> Chain
 
 
 def min_feasible_budget(chain: Chain, slots: int = DEFAULT_SLOTS) -> int:
-    """Smallest budget (bytes) at which `solve_rk_rotor` succeeds, by bisection between 0
-    and the store-all peak (feasibility grows with the budget: rounded sizes shrink)."""
-    lo, hi = 0, store_all_schedule(chain).predicted_peak  # lo infeasible, hi feasible
-    while hi - lo > max(1, hi // 2000):
-        mid = (lo + hi) // 2
-        if try_rk_rotor(chain, mid, slots) is not None:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    """Smallest budget (bytes) at which `try_rk_rotor` succeeds (`solve_rk_rotor` without
+    its store-all shortcut), exactly: rotor's search (`rotor.first_fitting`) over the
+    budgets between the undiscretized floor and the store-all peak, with `_min_peak`'s
+    table, many budgets per round (feasibility grows with the budget: rounded sizes
+    shrink).  It used to bisect with the whole cost table at each point, to 0.05%: twelve
+    tables of 84 ms each on a 34-block chain of a 4-layer Llama decoder."""
+    exact = _exact_sizes(chain)
+    options = _option_bytes(chain)
+    floor = int(_min_peak(exact, options))
+
+    def fits(budgets: np.ndarray) -> np.ndarray:
+        rounded = _rounded_sizes(exact, budgets, slots)
+        return (budgets > 0) & (_min_peak(rounded, [_rounded(o, budgets, slots) for o in options]) <= slots)
+
+    return first_fitting(max(floor - 1, 0), store_all_schedule(chain).predicted_peak, fits)
+
+
+def _option_bytes(chain: Chain) -> list[np.ndarray]:
+    """Per block l (index 0 unused), its options' (abar, o_f, o_b) in bytes, shape (3, options + 1)."""
+    table = [np.zeros((3, 1), dtype=np.int64)]
+    for block in chain.blocks:
+        variants = [block.variant(o) for o in range(len(block.options) + 1)]
+        table.append(np.array([[v[0] for v in variants], [v[1] for v in variants], [v[3] for v in variants]], dtype=np.int64))
+    return table
+
+
+def _rounded(x: np.ndarray, budgets: np.ndarray, slots: int) -> np.ndarray:
+    """`x` in slots of each budget, shape x.shape + (nB,): `_option_sizes`'s rounding."""
+    x = x[..., None]
+    out = -((-x * slots) // np.maximum(budgets, 1))
+    return np.where(budgets > 0, out, np.where(x > 0, slots + 1, 0))
+
+
+def _min_peak(sz: _Sizes, options: list[np.ndarray]) -> np.ndarray:
+    """a^0 + P(1, L), P(s, t) the least memory m for which `_tables`' cost[t, s, m] is
+    finite (Algorithm 5 with min/max in place of time, as rotor's `_min_peak`), in the
+    units of `sz` and `options` (bytes, or slots per budget column)."""
+    L = sz.length
+    P = np.zeros((L + 2, L + 2) + sz.a.shape[1:], dtype=np.int64)  # P[t, s]
+    for dist in range(0, L):
+        for s in range(1, L + 1 - dist):
+            t = s + dist
+            abar, of, ob = options[s]
+            backward = abar + sz.d[s] + sz.d[s - 1] + ob + sz.kept(s + 1, t)
+            need = np.maximum(np.maximum(sz.d[t] + abar + of, backward), abar)  # eq. 2.20, per option
+            if s < t:
+                need = np.maximum(need, abar + P[t, s + 1])
+            best = need.min(axis=0)
+            if s < t:  # eq. 2.21, as rotor's F_ck branch
+                nexts = np.arange(s + 1, t + 1)
+                left = P[nexts - 1, s] + sz.kept(nexts, t)
+                ck = np.maximum(_need_forward(sz, s, t), np.maximum(sz.a[nexts - 1] + P[t, nexts], left))
+                best = np.minimum(best, ck.min(axis=0))
+            P[t, s] = best
+    return sz.a[0] + P[L, 1]

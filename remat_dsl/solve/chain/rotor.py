@@ -185,15 +185,20 @@ def min_feasible_budget(chain: Chain, slots: int = DEFAULT_SLOTS) -> int:
     (NOTE: [Discretization]).  Raises ValueError when slots < 1.
     """
     _check_slots(slots)
-    store_all = store_all_schedule(chain).predicted_peak
     exact = _exact_sizes(chain)
-    floor = int(_min_peak(exact))
-    lo, hi = floor - 1, store_all  # lo is infeasible (or -1), hi is feasible
+    return first_fitting(int(_min_peak(exact)) - 1, store_all_schedule(chain).predicted_peak,
+                         lambda budgets: _min_peak(_rounded_sizes(exact, budgets, slots)) <= slots)  # fmt: skip
+
+
+def first_fitting(lo: int, hi: int, fits) -> int:
+    """The least integer budget in (lo, hi] that `fits`, given that `lo` does not (or is -1)
+    and `hi` does, feasibility being monotone (NOTE: [Discretization]): rounds of up to
+    _SEARCH_FANOUT budgets at once.  fits(budgets) -> bool array, budgets an int64 array."""
     while hi - lo > 1:
         candidates = np.unique(np.linspace(lo + 1, hi - 1, num=min(_SEARCH_FANOUT, hi - lo - 1)).astype(np.int64))
-        fits = _min_peak(_rounded_sizes(exact, candidates, slots)) <= slots
-        if fits.any():
-            first = int(np.argmax(fits))
+        fits_now = fits(candidates)
+        if fits_now.any():
+            first = int(np.argmax(fits_now))
             hi = int(candidates[first])
             lo = int(candidates[first - 1]) if first > 0 else lo
         else:

@@ -14,6 +14,22 @@ ops); its forward is the block's forward ops.  Its costs for the chain are not t
 ILP's estimates but an exact replay of the block under the one lowering's liveness rule
 (`replay`): abar^o is what is alive when the forward ends, o_f and o_b the peaks above
 it.  Each block of a class is replayed with its own measured op times.
+
+NOTE: [Chain memo]
+A budget the solver cannot meet is refused with the smallest one it can, and finding it
+ran RK-Rotor's cost table (`try_rk_rotor`: 8 ms on the 11 blocks of a 4-layer Llama
+decoder, 84 ms on the 34 of its finer partition) at the bisection points of the floor, at
+the driver's targets at and above that floor, in both partitions and both chain models
+(NOTE: [Two partitions]): 88 tables, 4.0 s of a warm `remat plan` of that decoder at 44%
+that took 8.8 s in all, where a feasible budget took 4.6 s.  The floor is now found
+exactly by a min/max table over many budgets at once (`rk_rotor.min_feasible_budget`,
+0.01-0.1 s), and of the other tables only the first, at the budget asked for, depends on
+it.  So with a cache (NOTE: [Solution cache] in remat_dsl/plan/cache.py), each table's
+result is kept under `chains`, keyed by the chain itself (every block's and option's
+sizes and times, so the profile and the block solutions), the slots, the target and a
+digest of the DP's source.  A recalled sequence is replayed on the chain (`simulate_chain`) and used
+only when it gives the time and peak it was stored with, within the target; so the plan
+made from it is the plan the table would give.
 """
 
 from __future__ import annotations
@@ -27,7 +43,7 @@ from dataclasses import dataclass, replace
 
 from remat_dsl.plan import ir
 from remat_dsl.solve.api import BudgetError, Problem, SolverInfo, SolverResult, Status
-from remat_dsl.solve.chain.model import Block, BlockOption, Chain, uncounted
+from remat_dsl.solve.chain.model import Block, BlockOption, Chain, ChainSchedule, InvalidChainSequence, simulate_chain, uncounted
 from remat_dsl.solve.chain.partition import ChainPartition, affordable, block_name, chain_steps, is_small_chain, partition
 from remat_dsl.solve.chain.rk_rotor import min_feasible_budget as rk_min_feasible_budget
 from remat_dsl.solve.chain.rk_rotor import try_rk_rotor
@@ -327,6 +343,7 @@ class OverBlocks:
     def __init__(self, problem: Problem, part: ChainPartition, name: str, label: str = ""):
         start = time.perf_counter()
         self.name, self.label, self.part = name, label, part
+        self.cache = problem.cache if problem.cache is not None and problem.cache.enabled else None
         self.rc = rockmate_chain(
             problem.graph, part, per_ilp_limit(problem.time_limit, len(part.blocks)), problem.report, problem.cache, problem.jobs
         )
@@ -345,6 +362,7 @@ class OverBlocks:
         again (NOTE: [Two chain models] in remat_dsl.solve.chain.model)."""
         other = copy.copy(self)
         other.__dict__.pop("_floor", None)
+        other.__dict__.pop("_chain_key", None)
         other.rc, other.counted = replace(self.rc, chain=uncounted(self.rc.chain)), False
         return other
 
@@ -353,19 +371,78 @@ class OverBlocks:
             yield self.paper_model()
 
     @functools.cached_property
+    def _chain_key(self) -> str:
+        """NOTE: [Chain memo]: the key of everything RK-Rotor's results depend on."""
+        from remat_dsl.plan.cache import Cache
+
+        return Cache.key("rk-rotor", ROTOR_SLOTS, _dp_digest(), self.rc.chain)
+
+    @functools.cached_property
     def _floor(self) -> int:
         return rk_min_feasible_budget(self.rc.chain, ROTOR_SLOTS)
 
     def floor(self) -> int:
         return self._floor
 
-    def solve(self, target: int) -> SolverResult:
+    def _schedule(self, target: int) -> ChainSchedule | None:
+        """`try_rk_rotor` at `target` bytes, through NOTE: [Chain memo]."""
+        if self.cache is None:
+            return try_rk_rotor(self.rc.chain, target, ROTOR_SLOTS)
+        key = f"{self._chain_key}-{target}"
+        hit = _recalled_schedule(self.cache.get("chains", key), self.rc.chain, target)
+        if hit is not None:
+            return hit.schedule
         schedule = try_rk_rotor(self.rc.chain, target, ROTOR_SLOTS)
+        entry = None if schedule is None else {"ops": [list(op) for op in schedule.ops], "us": schedule.predicted_us, "peak": schedule.predicted_peak}
+        self.cache.put("chains", key, {"schedule": entry})
+        return schedule
+
+    def solve(self, target: int) -> SolverResult:
+        schedule = self._schedule(target)
         if schedule is None:
             raise BudgetError(target, self.floor(), self.name)
         options = [b.backward for b in self.rc.options]
         order, decisions = chain_steps(self.part, schedule.ops, options, self.rc.chain)
         return SolverResult(order, self.info, decisions)
+
+
+@functools.cache
+def _dp_digest() -> str:
+    """SHA-256 of the source of RK-Rotor's table and the chain model it runs on (NOTE:
+    [Chain memo]): a changed DP is a miss, never a stale hit."""
+    import hashlib
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent.parent / "chain"
+    digest = hashlib.sha256()
+    for name in ("model.py", "rotor.py", "rk_rotor.py"):
+        digest.update(name.encode() + b"\0" + (here / name).read_bytes())
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class _Recalled:
+    schedule: ChainSchedule | None  # None: RK-Rotor found nothing within the target
+
+
+def _recalled_schedule(entry, chain: Chain, target: int) -> _Recalled | None:
+    """The RK-Rotor result a NOTE: [Chain memo] entry holds, or None (a miss) when it is not
+    one, or when its sequence does not replay on `chain` (`simulate_chain`) to the time
+    and peak it records, or peaks above `target`."""
+    if not isinstance(entry, dict) or "schedule" not in entry:
+        return None
+    stored = entry["schedule"]
+    if stored is None:
+        return _Recalled(None)
+    try:
+        ops = tuple((str(op[0]), *(int(x) for x in op[1:])) for op in stored["ops"])
+        us, peak = int(stored["us"]), int(stored["peak"])
+        replayed = simulate_chain(chain, ops)
+    except (KeyError, TypeError, ValueError, IndexError, InvalidChainSequence):
+        return None
+    if replayed != (peak, us) or peak > target:
+        return None
+    return _Recalled(ChainSchedule(ops, us, peak))
 
 
 def per_ilp_limit(time_limit: float | None, blocks: int) -> float | None:
