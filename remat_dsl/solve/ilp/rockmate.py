@@ -27,9 +27,9 @@ exactly by a min/max table over many budgets at once (`rk_rotor.min_feasible_bud
 it.  So with a cache (NOTE: [Solution cache] in remat_dsl/plan/cache.py), each table's
 result is kept under `chains`, keyed by the chain itself (every block's and option's
 sizes and times, so the profile and the block solutions), the slots, the target and a
-digest of the DP's source.  A recalled sequence is replayed on the chain (`simulate_chain`) and used
-only when it gives the time and peak it was stored with, within the target; so the plan
-made from it is the plan the table would give.
+digest of the DP's source.  A recalled sequence is replayed on the chain
+(`simulate_chain`) and used only when it gives the time and peak it was stored with,
+within the target; so the plan made from it is the plan the table would give.
 """
 
 from __future__ import annotations
