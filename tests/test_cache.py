@@ -231,7 +231,7 @@ def test_refs_kept_on_an_op_change_neither_its_key_nor_its_json():
 
 def test_a_refused_budget_is_refused_again_from_the_chain_memo(tmp_path, monkeypatch):
     """NOTE: [Chain memo] in remat_dsl/solve/ilp/rockmate.py: a refused budget runs RK-Rotor's
-    table at every bisection point of the floor and at every target near it; warm, the same
+    table at the budget and at every target at and near the floor; warm, the same
     refusal runs none, another refused budget only its own, and both say what a run without
     the cache says.  A plan from the memo is byte-identical; an entry whose sequence does not
     replay to the time it records is recomputed, not used."""
@@ -260,8 +260,8 @@ def test_a_refused_budget_is_refused_again_from_the_chain_memo(tmp_path, monkeyp
     fresh = Planner(graph, cache=NO_CACHE)
     smallest = refusal(NO_CACHE, fresh.gradient_bytes + 1).smallest
     low, lower = (fresh.gradient_bytes + smallest) // 2, (3 * fresh.gradient_bytes + smallest) // 4
-    expected = {budget: str(refusal(NO_CACHE, budget)) for budget in (lower, low)}
-    cold_tables = len(tables)
+    expected = {lower: str(refusal(NO_CACHE, lower)), low: str(refusal(NO_CACHE, low))}
+    cold_tables = len(tables)  # of the refusal of `low` without the cache
     assert cold_tables > 10  # the targets at and near each candidate's floor
 
     cache = Cache(tmp_path)

@@ -19,12 +19,13 @@ import numpy as np
 from remat_dsl.solve.chain.model import Chain, ChainSchedule, InfeasibleBudget, simulate_chain, store_all_schedule
 from remat_dsl.solve.chain.rotor import (
     _exact_sizes,
-    _need_forward,
+    _min_peak,
     _opt_rec_p,
     _rounded_sizes,
     _Sizes,
     checkpoint_branch,
     first_fitting,
+    in_slots,
 )
 
 DEFAULT_SLOTS = 500
@@ -131,17 +132,18 @@ def try_rk_rotor(chain: Chain, budget: int, slots: int = DEFAULT_SLOTS) -> Chain
 def min_feasible_budget(chain: Chain, slots: int = DEFAULT_SLOTS) -> int:
     """Smallest budget (bytes) at which `try_rk_rotor` succeeds (`solve_rk_rotor` without
     its store-all shortcut), exactly: rotor's search (`rotor.first_fitting`) over the
-    budgets between the undiscretized floor and the store-all peak, with `_min_peak`'s
-    table, many budgets per round (feasibility grows with the budget: rounded sizes
-    shrink); 0.01-0.1 s on a Llama decoder's chains, where a bisection with the whole cost
-    table took twelve tables of up to 84 ms (NOTE: [Chain memo] in solve/ilp/rockmate.py)."""
+    budgets between the undiscretized floor and the store-all peak, with rotor's min/max
+    table (`rotor._min_peak`) over the options, many budgets per round (feasibility grows
+    with the budget: rounded sizes shrink); 0.01-0.1 s on a Llama decoder's chains, where
+    a bisection with the whole cost table took twelve tables of up to 84 ms (NOTE: [Chain
+    memo] in solve/ilp/rockmate.py)."""
     exact = _exact_sizes(chain)
     options = _option_bytes(chain)
     floor = int(_min_peak(exact, options))
 
     def fits(budgets: np.ndarray) -> np.ndarray:
         rounded = _rounded_sizes(exact, budgets, slots)
-        return (budgets > 0) & (_min_peak(rounded, [_rounded(o, budgets, slots) for o in options]) <= slots)
+        return (budgets > 0) & (_min_peak(rounded, [in_slots(o, budgets, slots) for o in options]) <= slots)
 
     return first_fitting(max(floor - 1, 0), store_all_schedule(chain).predicted_peak, fits)
 
@@ -153,34 +155,3 @@ def _option_bytes(chain: Chain) -> list[np.ndarray]:
         variants = [block.variant(o) for o in range(len(block.options) + 1)]
         table.append(np.array([[v[0] for v in variants], [v[1] for v in variants], [v[3] for v in variants]], dtype=np.int64))
     return table
-
-
-def _rounded(x: np.ndarray, budgets: np.ndarray, slots: int) -> np.ndarray:
-    """`x` in slots of each budget, shape x.shape + (nB,): `_option_sizes`'s rounding."""
-    x = x[..., None]
-    out = -((-x * slots) // np.maximum(budgets, 1))
-    return np.where(budgets > 0, out, np.where(x > 0, slots + 1, 0))
-
-
-def _min_peak(sz: _Sizes, options: list[np.ndarray]) -> np.ndarray:
-    """a^0 + P(1, L), P(s, t) the least memory m for which `_tables`' cost[t, s, m] is
-    finite (Algorithm 5 with min/max in place of time, as rotor's `_min_peak`), in the
-    units of `sz` and `options` (bytes, or slots per budget column)."""
-    L = sz.length
-    P = np.zeros((L + 2, L + 2) + sz.a.shape[1:], dtype=np.int64)  # P[t, s]
-    for dist in range(0, L):
-        for s in range(1, L + 1 - dist):
-            t = s + dist
-            abar, of, ob = options[s]
-            backward = abar + sz.d[s] + sz.d[s - 1] + ob + sz.kept(s + 1, t)
-            need = np.maximum(np.maximum(sz.d[t] + abar + of, backward), abar)  # eq. 2.20, per option
-            if s < t:
-                need = np.maximum(need, abar + P[t, s + 1])
-            best = need.min(axis=0)
-            if s < t:  # eq. 2.21, as rotor's F_ck branch
-                nexts = np.arange(s + 1, t + 1)
-                left = P[nexts - 1, s] + sz.kept(nexts, t)
-                ck = np.maximum(_need_forward(sz, s, t), np.maximum(sz.a[nexts - 1] + P[t, nexts], left))
-                best = np.minimum(best, ck.min(axis=0))
-            P[t, s] = best
-    return sz.a[0] + P[L, 1]

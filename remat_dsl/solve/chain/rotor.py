@@ -124,12 +124,15 @@ def _rounded_sizes(exact: _Sizes, budgets: np.ndarray, slots: int) -> _Sizes:
     own, so every memory condition, a sum of rounded sizes, bounds the exact one.
     """
 
-    def rounded(x: np.ndarray) -> np.ndarray:
-        x = x[..., None]
-        out = -((-x * slots) // np.maximum(budgets, 1))
-        return np.where(budgets > 0, out, np.where(x > 0, slots + 1, 0))
+    return _Sizes(*(in_slots(getattr(exact, f.name), budgets, slots) for f in fields(exact)))
 
-    return _Sizes(*(rounded(getattr(exact, f.name)) for f in fields(exact)))
+
+def in_slots(x: np.ndarray, budgets: np.ndarray, slots: int) -> np.ndarray:
+    """Bytes `x` in slots of each budget, ceil(x * slots / B), shape x.shape + (nB,); a
+    budget of 0 leaves 0 at 0 and makes anything else slots + 1 (NOTE: [Discretization])."""
+    x = x[..., None]
+    out = -((-x * slots) // np.maximum(budgets, 1))
+    return np.where(budgets > 0, out, np.where(x > 0, slots + 1, 0))
 
 
 def _need_all(sz: _Sizes, s: int, t: int):
@@ -147,24 +150,30 @@ def _need_forward(sz: _Sizes, s: int, t: int):
     return sz.d[t] + np.maximum.accumulate(steps, axis=0)
 
 
-def _min_peak(sz: _Sizes) -> np.ndarray:
+def _min_peak(sz: _Sizes, options: list[np.ndarray] | None = None) -> np.ndarray:
     """Least peak of a persistent sequence, in the units of `sz`, per budget column.
 
     The table of NOTE: [Memory conditions] with min/max in place of time: P(s, t) is the
     least m for which C_MP(s, t, m) is finite.  Returns a^0 + P(1, L), shape sz.a.shape[1:].
+    options: RK-Rotor's (remat_dsl.solve.chain.rk_rotor), per block l (index 0 unused) its
+    options' (abar, o_f, o_b) in the units of `sz`, shape (3, options, ...): F_all^s takes
+    the best of them (thesis eq. 2.20); None: rotor's one, the block's own sizes.
     """
     L = sz.length
     P = np.zeros((L + 2, L + 2) + sz.a.shape[1:], dtype=np.int64)  # P[t, s]
-    for s in range(1, L + 1):
-        P[s, s] = _need_all(sz, s, s)
-    for dist in range(1, L):
+    for dist in range(0, L):  # by increasing length as in Algorithm 3
         for s in range(1, L + 1 - dist):
             t = s + dist
-            nexts = np.arange(s + 1, t + 1)
-            best = np.maximum(_need_all(sz, s, t), sz.abar[s] + P[t, s + 1])
-            left = P[nexts - 1, s] + sz.kept(nexts, t)
-            ck = np.maximum(_need_forward(sz, s, t), np.maximum(sz.a[nexts - 1] + P[t, nexts], left))
-            P[t, s] = np.minimum(best, ck.min(axis=0))
+            abar, of, ob = options[s] if options is not None else (sz.abar[s][None], sz.of[s][None], sz.ob[s][None])
+            need = np.maximum(sz.d[t] + abar + of, abar + sz.d[s] + sz.d[s - 1] + ob + sz.kept(s + 1, t))  # m_all
+            if s < t:
+                need = np.maximum(need, abar + P[t, s + 1])
+            P[t, s] = need.min(axis=0)
+            if s < t:  # F_ck
+                nexts = np.arange(s + 1, t + 1)
+                left = P[nexts - 1, s] + sz.kept(nexts, t)
+                ck = np.maximum(_need_forward(sz, s, t), np.maximum(sz.a[nexts - 1] + P[t, nexts], left))
+                P[t, s] = np.minimum(P[t, s], ck.min(axis=0))
     return sz.a[0] + P[L, 1]
 
 
