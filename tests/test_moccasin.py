@@ -16,6 +16,7 @@ import pytest
 from remat_dsl.capture.cost import load_device
 from remat_dsl.capture.model_file import load_model_file
 from remat_dsl.capture.pipeline import capture_graph
+from remat_dsl.check.replay import simulate
 from remat_dsl.plan.parser import parse_file
 from remat_dsl.plan.printer import print_plan
 from remat_dsl.solve.api import BudgetError
@@ -218,8 +219,14 @@ def test_remat_plan_moccasin_proves_a_stock_gpt2_optimum_with_the_stage_bound(tm
     cpu_plan = planner.plan(int(planner.autograd_peak * 0.8), "moccasin")
     gap = cpu_plan.header.gap or 0.0
     assert gap < 0.05 and (cpu_plan.header.status == "optimal") == (gap <= GAP_OPTIMAL), cpu_plan.header
-    rockmate = planner.plan(int(planner.autograd_peak * 0.8), "rockmate").header.time_us
-    assert cpu_plan.header.time_us * (1 - gap) <= rockmate, (cpu_plan.header, rockmate)
+    # the optimum is over plans that write nothing in place (NOTE: [In-place outputs] in
+    # remat_dsl/plan/inplace.py): Rockmate's plan is held to the bound where it is one of
+    # them, and may beat it where it fits the budget only by writing in place
+    rockmate = planner.plan(int(planner.autograd_peak * 0.8), "rockmate")
+    if simulate(rockmate, inplace=False).peak_bytes <= rockmate.header.budget:
+        assert cpu_plan.header.time_us * (1 - gap) <= rockmate.header.time_us, (cpu_plan.header, rockmate.header)
+    else:  # it fits because it writes in place
+        assert rockmate.header.peak_bytes <= rockmate.header.budget and any(step.into for step in simulate(rockmate).timeline)
     trained_peak(model_file, print_plan(cpu_plan), tmp_path)  # asserts bit-exact training
 
 

@@ -13,7 +13,9 @@ buffers and the tangents (`grad_output.k`, the caller's gradients of the model o
 are not counted (they are the same in every plan; the zeros made for an absent tangent are
 a temporary of each op that reads it: NOTE: [Gradient zeros] in remat_dsl.capture.fbgraph).
 `compute`/`recompute OP` peaks at resident + all of OP's outputs + OP.temp_bytes; outputs
-already resident are discarded right after the op.  A random op that is recomputed
+already resident are discarded right after the op.  An elementwise OP whose input dies
+right after it writes its output into that input's storage and allocates nothing (NOTE:
+[In-place outputs] in remat_dsl.plan.inplace).  A random op that is recomputed
 somewhere in the plan saves its RNG state at its `compute` (`rng_state_bytes(device)`
 bytes) and frees it after its last `recompute`; while it is recomputed, the generator's
 current state is set aside (one more state) and restored after.  `prefetch` allocates on the device at
@@ -43,6 +45,7 @@ from typing import NoReturn
 from remat_dsl.plan import ir
 from remat_dsl.plan.ir import DTYPE_ITEMSIZE, iter_refs, op_refs
 from remat_dsl.plan.errors import PlanError
+from remat_dsl.plan.inplace import inplace_candidates
 
 CPU_RNG_STATE_BYTES = 5056  # torch.get_rng_state() on CPU: a uint8 tensor of 5056 bytes
 
@@ -99,6 +102,9 @@ class Step:
                 tensor, a saved RNG state);
       removed   what it freed (a deleted tensor, an RNG state after its last replay);
     so mem_after = mem_before + sum(added) - sum(removed).
+      into      the input whose storage a compute writes its output into (NOTE: [In-place
+                outputs]): its output is added and that input removed, with the same bytes,
+                and the `delete` of that input after it frees nothing; "" for none.
     """
 
     section: str
@@ -111,6 +117,7 @@ class Step:
     at_peak: tuple[tuple[str, int], ...] = ()
     added: tuple[tuple[str, int], ...] = ()
     removed: tuple[tuple[str, int], ...] = ()
+    into: str = ""
 
 
 @dataclass(frozen=True)
@@ -171,15 +178,18 @@ def with_predictions(plan: ir.Plan, sim: Simulation) -> ir.Plan:
     return dataclasses.replace(plan, header=header)
 
 
-def simulate(plan: ir.Plan, *, device: str | None = None) -> Simulation:
+def simulate(plan: ir.Plan, *, device: str | None = None, inplace: bool = True) -> Simulation:
     """Validate `plan` against its graph and predict its memory and time.
 
-    device: overrides plan.header.device for the RNG-state size.
+    device: overrides plan.header.device for the RNG-state size.  inplace: False counts
+    every output as a new allocation, as eager PyTorch makes it (NOTE: [In-place outputs]).
     Raises PlanError at the first violated rule, in instruction order (see
     NOTE: [Instruction semantics] in remat_dsl.plan.ir, NOTE: [Memory model], NOTE: [Time model]).
     """
     graph = _GraphIndex(plan.graph)
     graph.check_refs()
+    if not inplace:
+        graph.inplace = {}
     sim = _Simulator(plan, graph, rng_state_bytes(device or plan.header.device))
     sim.run_section(ir.FORWARD, plan.forward)
     sim.end_forward(plan.forward)
@@ -198,6 +208,17 @@ def _did_you_mean(name: str, choices) -> str | None:
     return f"did you mean '{close[0]}'?" if close else None
 
 
+def _deletes_after(instructions: tuple[ir.Instruction, ...]) -> list[frozenset[str]]:
+    """For each instruction, the tensors the `delete`s right after it (up to the next other
+    instruction) free."""
+    after: list[frozenset[str]] = []
+    following: frozenset[str] = frozenset()
+    for instr in reversed(instructions):
+        after.append(following)
+        following = following | {instr.target} if instr.verb == "delete" else frozenset()
+    return after[::-1]
+
+
 class _GraphIndex:
     """Name lookups over a Graph, plus the tensors that may never be deleted."""
 
@@ -213,6 +234,7 @@ class _GraphIndex:
         self.model_outputs = {ref.name for ref in self.outputs}
         self.parameter_gradients = {ref.name for ref in self.gradients}
         self.random_ops = [op.name for op in graph.ops if op.random]
+        self.inplace = inplace_candidates(graph)  # NOTE: [In-place outputs]
 
     def check_refs(self) -> None:
         """Every Ref and tensor name in the graph resolves; raises PlanError at the first that does not."""
@@ -332,6 +354,9 @@ class _Simulator:
         self._freed: list[tuple[str, int]] = []  # NOTE: [Step events] of the instruction replayed
         self._added: list[tuple[str, int]] = []
         self._held: list[tuple[str, int]] = []  # at_peak: what it holds above mem_before
+        self._given: list[tuple[str, int]] = []  # the input an in-place op took the storage of
+        self._dying: frozenset[str] = frozenset()  # what the deletes right after this instruction free
+        self.moved: set[str] = set()  # inputs whose storage an output took; their delete frees nothing
         self._verbs = {
             "compute": self._compute,
             "recompute": self._recompute,
@@ -365,14 +390,18 @@ class _Simulator:
     def run_section(self, section: str, instructions: tuple[ir.Instruction, ...]) -> None:
         """Replay one section, recording a Step per instruction."""
         self.section = section
+        after = _deletes_after(instructions)
         for index, instr in enumerate(instructions, 1):
             self.index = index
             self.instr = instr
-            self._freed, self._added, self._held = [], [], []
+            self._freed, self._added, self._held, self._given = [], [], [], []
+            self._dying = after[index - 1]
             self._check_verb_and_stream(instr)
             before = self.current
             peak, extra = self._verbs[instr.verb](instr)
-            events = dict(at_peak=tuple(self._held), added=tuple(self._added), removed=tuple(self._freed))
+            removed = tuple(self._freed + self._given)
+            into = self._given[0][0] if self._given else ""
+            events = dict(at_peak=tuple(self._held), added=tuple(self._added), removed=removed, into=into)
             self._record(Step(section, index, instr, before, max(peak, before, self.current), self.current, **events), extra)
 
     def end_forward(self, instructions: tuple[ir.Instruction, ...]) -> None:
@@ -615,12 +644,16 @@ class _Simulator:
             if self.section == ir.BACKWARD and ref.name in self.graph.tensors and ref.name not in self.made_in_backward:
                 self.needed.add(ref.name)
         out_bytes = [(name, self.graph.tensors[name].nbytes) for name in op.outputs]
+        donor = self._donor(op)
+        if donor:  # NOTE: [In-place outputs]: the output is written into the input's storage
+            self._given.append((donor, self._release(donor)))
+            self.moved.add(donor)
         replay = self.rng_bytes if op.random and instr.verb == "recompute" else 0  # the current state, kept aside
         peak = self.current + sum(n for _, n in out_bytes) + op.temp_bytes + replay
         extra = [(f"{name} (new copy)", n) for name, n in out_bytes if name in self.resident]
         extra += [(f"temporaries of {op.name}", op.temp_bytes)] if op.temp_bytes else []
         extra += [(f"rng state set aside while {op.name} replays its own", replay)] if replay else []
-        self._held += out_bytes + [(label, n) for label, n in extra if not label.endswith("(new copy)")]
+        self._held += ([] if donor else out_bytes) + [(label, n) for label, n in extra if not label.endswith("(new copy)")]
         for name, nbytes in out_bytes:
             if name not in self.resident:
                 self._allocate(name, nbytes)
@@ -632,6 +665,17 @@ class _Simulator:
             self._freed = [(f"rng state of {op.name}", self.rng.pop(op.name, 0))]
             self.current -= self._freed[0][1]
         return peak, extra
+
+    def _donor(self, op: ir.Op) -> str:
+        """The input `op` writes its output into (NOTE: [In-place outputs]), or "": one the
+        deletes right after it free, resident, with no transfer in flight, and an output
+        not resident already."""
+        if op.outputs[0] in self.resident:
+            return ""
+        for name in self.graph.inplace.get(op.name, ()):
+            if name in self._dying and name in self.resident and name not in self.pending:
+                return name
+        return ""
 
     def _check_usable(self, name: str, op: ir.Op, instr: ir.Instruction) -> None:
         """`name`, an argument of `op`, is on the device and not awaiting a prefetch."""
@@ -693,6 +737,10 @@ class _Simulator:
                 "remove this line",
                 instr.span,
             )
+        if name in self.moved:  # NOTE: [In-place outputs]: its storage is an output's now
+            self.moved.discard(name)
+            self.deleted_at[name] = self._where()
+            return 0, []
         self._check_resident(name, instr)
         transfer = self.pending.get(name)
         if transfer is not None:

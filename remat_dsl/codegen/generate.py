@@ -25,6 +25,7 @@ import math
 import re
 
 from remat_dsl.plan import ir
+from remat_dsl.plan.inplace import INPLACE_OUT, whole_tensor
 from remat_dsl.plan.ir import op_uses, refs_in
 from remat_dsl.plan.resources import data_path
 from remat_dsl.plan.units import format_bytes, format_duration
@@ -216,7 +217,7 @@ class _Renderer:
         return dict(
             device_kind=header.device.split(":")[0],
             autocast=graph.autocast.dtype if graph.autocast else None,
-            operators=[(callable_name(t), t) for t in aten_targets(self.plan)],
+            operators=[(callable_name(t), t) for t in sorted({*aten_targets(self.plan), *self._inplace_targets()})],
             budget=format_bytes(header.budget),
             peak=format_bytes(header.peak_bytes),
             time=format_duration(header.time_us),
@@ -325,6 +326,10 @@ class _Renderer:
         if op.target == "aten.add.Tensor" and len(op.args) == 2 and not op.kwargs and absent != ["False", "False"]:
             any_layout = self._any_layout(op.outputs[0])  # NOTE: [Absent output gradients]
             call = f"_add_gradients({', '.join(args)}, {', '.join(absent)}, {any_layout}, device)"
+        elif step.into:  # NOTE: [In-place outputs] in remat_dsl.plan.inplace
+            into = next(render_arg(a, self.var) for a in (*op.args, *(v for _, v in op.kwargs)) if (whole_tensor(a, self.tensors) or ("",))[0] == step.into)
+            out, keyword = INPLACE_OUT[op.target]
+            call = f"_into({callable_name(out)}, {callable_name(op.target)}, {keyword!r}, {into}, {', '.join(args)})"
         else:
             args = [self._real(a) for a in op.args] + [f"{k}={self._real(v)}" for k, v in op.kwargs]
             call = f"{callable_name(op.target)}({', '.join(args)})"
@@ -346,6 +351,10 @@ class _Renderer:
         if len(kept) == 1:
             return f"{by_index[kept[0]]} = {call}[{kept[0]}]"
         return ", ".join(by_index[i] for i in kept) + f" = operator.itemgetter({', '.join(map(str, kept))})({call})"
+
+    def _inplace_targets(self) -> set[str]:
+        """The overloads the in-place steps call (NOTE: [In-place outputs])."""
+        return {INPLACE_OUT[self.ops[step.instruction.target].target][0] for step in self.sim.timeline if step.into}
 
     def _offload(self, tensor: str, step) -> list[str]:
         """`host_T, event_T = _offload(T, pool, OFFSET)`: into T's slot of the host buffer."""

@@ -17,6 +17,14 @@ backward, NOTE: [Kept gradients] in remat_dsl.solve.chain.model).  So the driver
 simulated peak is above the budget it asks again with the solver's target lowered by the
 excess (at least 2% of the budget), at most MAX_ROUNDS times, jumping to the solver's
 floor when the target falls below it.  A target that fitted an earlier budget is reused.
+The simulation also sees what no solver's model does that lowers the peak, elementwise
+outputs written into inputs that die there (NOTE: [In-place outputs] in
+remat_dsl.plan.inplace): when the plan fits with room to spare (0.5% of the budget or
+more) and the solver answers another target cheaply (`cheap_targets`: rotor's and
+Rockmate's chain DP, whose blocks are solved once), the driver asks again with the
+target raised by that room, at most RAISE_ROUNDS times, and keeps the fastest plan that
+fits; the first that does not fit is a near miss to repair (below).  An exact solver
+(checkmate, moccasin) keeps the plan it proved optimal for its own model.
 When nothing fits, the plans at and a little above the floor (`api.floor_targets`) give
 the smallest feasible budget the error states: any budget at or above it gets a plan.
 Solvers that minimize time (`optimizes`) first get the store-all plan when it fits (status
@@ -49,13 +57,15 @@ from remat_dsl.plan import ir
 from remat_dsl.plan.ir import op_uses, pinned_tensors
 from remat_dsl.plan.constraints import check_conflicts, constraint_lines
 from remat_dsl.plan.errors import RematError
+from remat_dsl.plan.inplace import inplace_candidates
 from remat_dsl.plan.units import format_bytes
 from remat_dsl.solve.api import BudgetError, Problem, SolverInfo, Status, fallbacks, floor_targets, header_name
 from remat_dsl.solve.lowering import DEFAULT_BANDWIDTH, autograd_order, lowered_plan
-from remat_dsl.solve.polish import polish, repair
+from remat_dsl.solve.polish import move_up, polish, repair
 from remat_dsl.solve.registry import NAMES, solver_class
 
 MAX_ROUNDS = 8
+RAISE_ROUNDS = 3  # targets raised by the room a fitting plan leaves (NOTE: [Budget correction])
 REPAIR_REACH = 0.15  # near misses repaired: simulated peaks at most 15% above the budget (NOTE: [Polish and repair])
 REPAIR_PLANS = 3  # the fastest near misses repaired, per solver
 
@@ -115,9 +125,11 @@ class Planner:
 
     @functools.cached_property
     def autograd_peak(self) -> int:
-        """Simulated peak of the autograd plan (bytes): what a percentage budget refers to."""
+        """Simulated peak of the autograd plan (bytes), every output a new allocation as
+        eager PyTorch makes it (NOTE: [In-place outputs] in remat_dsl.plan.inplace): what a
+        percentage budget refers to."""
         graph, device = self.problem.graph, self.problem.device
-        return lowered_plan(graph, autograd_order(graph), device=device).header.peak_bytes
+        return lowered_plan(graph, autograd_order(graph), device=device, inplace=False).header.peak_bytes
 
     @functools.cached_property
     def gradient_bytes(self) -> int:
@@ -213,11 +225,12 @@ class Planner:
         solver, or the header's solver text itself."""
         order, decisions, transfers = (result.order, result.decisions, result.transfers) if hasattr(result, "order") else (result, (), ())
         p = self.problem
-        return lowered_plan(
+        plan = lowered_plan(
             p.graph, order, constraints=p.constraints, model=self.model, device=p.device, budget=budget,
             solver=solver if isinstance(solver, str) else header_name(solver), status=Status(status).value, bandwidth=self.bandwidth,
             decisions=decisions, transfers=transfers,
         )  # fmt: skip
+        return move_up(plan)  # NOTE: [Backward ops moved up] in remat_dsl.solve.polish
 
     def _fit(self, solver, budget: int, near: list[ir.Plan] | None = None) -> tuple[ir.Plan, SolverInfo]:
         """NOTE: [Budget correction] for one solver: its plan and how its solves went;
@@ -251,6 +264,8 @@ class Planner:
             tried[target] = plan.header.peak_bytes
             excess = plan.header.peak_bytes - budget
             if excess <= 0:
+                if getattr(solver, "cheap_targets", False):
+                    return self._raised(solver, budget, target, plan, result, near)
                 return plan, self._solve_info(result, solver)
             near.append(plan)
             if at_floor:
@@ -267,6 +282,30 @@ class Planner:
         if best.header.peak_bytes > budget:
             raise BudgetError(budget, best.header.peak_bytes, solver.name)
         return best, solver.info
+
+    def _raised(self, solver, budget: int, target: int, plan: ir.Plan, result, near: list[ir.Plan]) -> tuple[ir.Plan, SolverInfo]:
+        """`plan` (made at `target`, fitting `budget`), or a faster one made at a target
+        raised by the room it leaves, while one fits (NOTE: [Budget correction]); the
+        first that does not fit goes to `near`."""
+        best = plan, self._solve_info(result, solver)
+        tried = self._tried[solver]
+        for _ in range(RAISE_ROUNDS):
+            room = budget - plan.header.peak_bytes
+            if room < budget // 200:
+                break
+            target += room
+            try:
+                result = solver.solve(target)
+            except BudgetError:
+                break
+            plan = self._lowered(result, solver, Status.FEASIBLE, budget)
+            tried[target] = plan.header.peak_bytes
+            if plan.header.peak_bytes > budget:
+                near.append(plan)
+                break
+            if plan.header.time_us < best[0].header.time_us:
+                best = plan, self._solve_info(result, solver)
+        return best
 
     @staticmethod
     def _solve_info(result, solver) -> SolverInfo:
@@ -328,8 +367,10 @@ def peak_lower_bound(graph: ir.Graph) -> tuple[int, str]:
     so is every tensor a plan may never delete (parameter gradients, model outputs:
     `ir.pinned_tensors`) that an op upstream of k made: that op ran before k and its
     output stays.  At the end of the step all pinned tensors are resident.  The bound is
-    the largest of these sums."""
+    the largest of these sums; an op that may write its output into an input (NOTE:
+    [In-place outputs] in remat_dsl.plan.inplace) counts that output's bytes once."""
     sizes = {t.name: t.nbytes for t in graph.tensors}
+    inplace = inplace_candidates(graph)
     pinned = sorted(t for t in pinned_tensors(graph) if t in sizes)
     bit = {t: i for i, t in enumerate(pinned)}
     predecessors = ir.op_predecessors(graph)
@@ -348,7 +389,7 @@ def peak_lower_bound(graph: ir.Graph) -> tuple[int, str]:
         for j in predecessors[k]:
             upstream[k] |= upstream[j] | made[j]
         held = set(op_uses(op, names)) | set(op.outputs)
-        own = sum(sizes[t] for t in held) + op.temp_bytes
+        own = sum(sizes[t] for t in held) + op.temp_bytes - (sizes[op.outputs[0]] if op.name in inplace else 0)
         before = total(upstream[k] & ~sum(1 << bit[t] for t in held if t in bit))
         if own + before > best[0]:
             best = (

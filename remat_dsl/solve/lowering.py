@@ -129,16 +129,18 @@ DEFAULT_BANDWIDTH = 12 * 10**9  # bytes/s, PCIe 4 x16 in practice
 
 
 def lowered_plan(graph: ir.Graph, order, *, constraints=(), model: str = "", device: str = "cpu", budget: int = 0,
-                 solver: str = "", status: str = "optimal", bandwidth: int = DEFAULT_BANDWIDTH, decisions=(), transfers=()) -> ir.Plan:
+                 solver: str = "", status: str = "optimal", bandwidth: int = DEFAULT_BANDWIDTH, decisions=(), transfers=(),
+                 inplace: bool = True) -> ir.Plan:  # fmt: skip
     """The plan of a solver's op `order` and `transfers`: lowered (`lower_order`),
-    simulated exactly (remat_dsl.check.replay) and with the simulation's predictions in
-    its header.  Raises PlanError when the transfers break a rule of the checker."""
+    simulated exactly (remat_dsl.check.replay; `inplace` False: without in-place outputs,
+    as eager PyTorch runs) and with the simulation's predictions in its header.  Raises
+    PlanError when the transfers break a rule of the checker."""
     from remat_dsl.check.replay import simulate, with_predictions
 
     forward, backward = lower_order(graph, order, constraints, decisions, transfers)
     header = ir.Header(model, device, budget, ir.BUDGET_COUNTS, solver, status, 0, "forward:1", 0, 0, 0, bandwidth)
     plan = ir.Plan(header, graph, forward, backward, constraints=tuple(constraints))
-    return with_predictions(plan, simulate(plan))
+    return with_predictions(plan, simulate(plan, inplace=inplace))
 
 
 def simulated_peak(graph: ir.Graph, order, constraints=(), device: str = "cpu") -> int:

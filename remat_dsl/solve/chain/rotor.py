@@ -348,6 +348,7 @@ class Rotor:
     name = "rotor"
     auto_rank = None
     optimizes = True
+    cheap_targets = True  # another target runs the DP only (NOTE: [Budget correction] in remat_dsl.solve.driver)
 
     def __init__(self, problem: Problem):
         start = time.perf_counter()

@@ -193,6 +193,10 @@ class HILP:
                     if self._possible(t, k):
                         self.delete[t, k, d] = self._binary(f"D_{t}_{k}_{d}")
                         self._delete_index[t, k].append(((t, k, d), self.delete[t, k, d]))
+            if d in self._boundary_frees:  # NOTE: [Freed at the boundary]
+                key = (self.tb, self.tb, d)
+                self.delete[key] = self._binary(f"D_{self.tb}_{self.tb}_{d}")
+                self._delete_index[self.tb, self.tb].append((key, self.delete[key]))
 
     def _last_need(self, d: int) -> int:
         """The last stage that may read value d (or the boundary if it must be kept there).
@@ -204,8 +208,36 @@ class HILP:
             if any(self._possible(t, k) for k in self._readers[d]):
                 last = t
         if value.keep_at_boundary and last < self.tb:
-            return self.T  # nothing after the boundary may delete it: it stays
+            return self.T if self.tb == self.T else self.tb  # NOTE: [Freed at the boundary]
         return last
+
+    @functools.cached_property
+    def _boundary_frees(self) -> frozenset[int]:
+        """Values kept to the boundary that no step at or after it reads: the first
+        backward step may delete them.
+
+        NOTE: [Freed at the boundary]
+        A value read outside the graph between its forward and its backward (a block's
+        output, which the next block reads) must be alive when the backward starts, and
+        nothing reads it after: the one lowering deletes it after its last use, and
+        Rockmate's replay (NOTE: [Option costs] in remat_dsl.solve.ilp.rockmate) frees it
+        after the first backward step.  With deletions only after a step that makes or
+        reads a value, the ILP kept it to the end of the graph instead, so it counted a
+        block's output (2 MiB on a d=512 decoder) through the block's whole backward, where
+        the replay, whose store-all peak sets the grid of (M_peak, M_save) budgets, does
+        not: on the 8-layer Llama decoder of bench/models/llama_d512_bytes.py every grid
+        point of `model.norm` was infeasible (no option: it kept both its 2 MiB tensors),
+        and the lower M_peak of each decoder layer's grid was out of reach.  Here the ILP
+        may delete such a value right after the first backward step, as the replay does."""
+        tb, g = self.tb, self.graph
+        if tb == self.T:
+            return frozenset()
+        return frozenset(
+            d
+            for d, v in enumerate(g.values)
+            if v.keep_at_boundary and not v.keep_at_end and v.producer < tb
+            and not any(self._possible(t, k) for k in self._readers[d] for t in range(tb, self.T))
+        )  # fmt: skip
 
     def sum_comp(self, t: int, k: int):
         return pulp.lpSum(self.comp[t, k, o] for o in range(len(self.graph.nodes[k].options)) if (t, k, o) in self.comp)
@@ -260,7 +292,10 @@ class HILP:
     def _related(self, t: int, d: int) -> list[int]:
         """Steps of stage t that create or read value d, in order."""
         value = self.graph.values[d]
-        return sorted(k for k in {value.producer, *self._readers[d]} if self._possible(t, k))
+        steps = {k for k in {value.producer, *self._readers[d]} if self._possible(t, k)}
+        if t == self.tb and d in self._boundary_frees:  # NOTE: [Freed at the boundary]
+            steps.add(t)
+        return sorted(steps)
 
     def _liveness(self) -> None:
         g, prob = self.graph, self.problem

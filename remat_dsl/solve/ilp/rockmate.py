@@ -52,7 +52,7 @@ from remat_dsl.solve.ilp import milp, workers
 from remat_dsl.solve.ilp.checkmate import op_hgraph
 from remat_dsl.solve.ilp.hilp import HGraph, HILP
 
-PEAK_STEPS = 2  # M_peak values per block (section 2.6.0.0.1)
+PEAK_STEPS = 3  # M_peak values per block (section 2.6.0.0.1; NOTE: [Grid] below)
 SAVE_STEPS = 6  # M_save values per M_peak
 
 
@@ -156,7 +156,22 @@ class RockmateChain:
 
 
 def grid(hg: HGraph, store_all: Replay) -> list[tuple[int, int]]:
-    """(M_peak, M_save) pairs of section 2.6.0.0.1, bytes, deterministic."""
+    """(M_peak, M_save) pairs of section 2.6.0.0.1, bytes, deterministic.
+
+    NOTE: [Grid]
+    Three M_peak values (the store-all peak, then a quarter and a half of the way down to
+    the largest temporary of an op) and six M_save values under each, so 18 ILPs per block
+    class; at most MAX_OPTIONS = 10 schedules after the Pareto filter.  With two M_peak
+    values and 6 options (12 ILPs) the 4-layer Llama decoder of
+    bench/models/llama_d512_bytes.py could not go below 40.24% of its autograd peak: its
+    floor is the first decoder layer's attention backward, beside the parameter gradients
+    of the whole model, and no option of that block recomputed its normalized input after
+    the attention's backward, where the lower M_peak asks for it.  Now it reaches 38.02%
+    and plans 40% at x1.117 of every op once; its 50% plan and the 8-layer decoder's 35%,
+    40%, 45% and 50% plans predict the same times as before (one profile, 2026-11-28).
+    Finer still (4 x 8 points, 16 options) predicted slower plans at 40% and 50% on both
+    decoders (x1.129 and x1.104 at 40%): more options are not better plans for the chain's
+    500-slot DP."""
     top = max(store_all.fwd_peak, store_all.bwd_peak)
     low = max((n.options[0].overhead for n in hg.nodes), default=0)
     out = sum(v.size for v in hg.values if v.producer < hg.boundary and (v.keep_at_boundary or v.keep_at_end))
@@ -264,10 +279,12 @@ def _grid_point(token: int, hg: HGraph, peak: int, save: int, time_limit: float 
 
 
 def _block_key(hg: HGraph) -> str:
-    """What a block's schedules depend on: its H-graph, the grid and the MILP settings."""
+    """What a block's schedules depend on: its H-graph, the grid, the MILP settings and
+    the ILP's source."""
     from remat_dsl.plan.cache import Cache
 
-    return Cache.key("rockmate-block", PEAK_STEPS, SAVE_STEPS, milp.REL_GAP, milp.MAX_NODES, milp.backend_versions(), hg)
+    ilp = _source_digest("ilp/hilp.py", "ilp/checkmate.py", "ilp/milp.py")  # the model the grid is solved with
+    return Cache.key("rockmate-block", PEAK_STEPS, SAVE_STEPS, milp.REL_GAP, milp.MAX_NODES, milp.backend_versions(), ilp, hg)
 
 
 def _cached_block(hg: HGraph, time_limit: float | None, cache) -> tuple[str | None, dict | None]:
@@ -281,7 +298,7 @@ def _cached_block(hg: HGraph, time_limit: float | None, cache) -> tuple[str | No
     return key, hit if isinstance(hit, dict) and {"schedules", "results"} <= set(hit) else None
 
 
-MAX_OPTIONS = 6  # options per block beyond store-all, after the Pareto filter
+MAX_OPTIONS = 10  # options per block beyond store-all, after the Pareto filter (NOTE: [Grid])
 
 
 def pareto_schedules(hg: HGraph, schedules: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
@@ -339,6 +356,7 @@ class OverBlocks:
 
     auto_rank = None
     optimizes = True
+    cheap_targets = True  # another target runs the chain DP only (NOTE: [Budget correction] in remat_dsl.solve.driver)
 
     def __init__(self, problem: Problem, part: ChainPartition, name: str, label: str = ""):
         start = time.perf_counter()
@@ -407,17 +425,22 @@ class OverBlocks:
 
 
 @functools.cache
-def _dp_digest() -> str:
-    """SHA-256 of the source of RK-Rotor's table and the chain model it runs on (NOTE:
-    [Chain memo]): a changed DP is a miss, never a stale hit."""
+def _source_digest(*files: str) -> str:
+    """SHA-256 of these source files (paths under remat_dsl/solve): a cache entry keyed
+    by it is a miss once the code that made it changes, never a stale hit."""
     import hashlib
     from pathlib import Path
 
-    here = Path(__file__).resolve().parent.parent / "chain"
+    here = Path(__file__).resolve().parent.parent
     digest = hashlib.sha256()
-    for name in ("model.py", "rotor.py", "rk_rotor.py"):
+    for name in files:
         digest.update(name.encode() + b"\0" + (here / name).read_bytes())
     return digest.hexdigest()
+
+
+def _dp_digest() -> str:
+    """The digest of RK-Rotor's table and the chain model it runs on (NOTE: [Chain memo])."""
+    return _source_digest("chain/model.py", "chain/rotor.py", "chain/rk_rotor.py")
 
 
 @dataclass(frozen=True)
