@@ -327,9 +327,7 @@ class _Renderer:
             any_layout = self._any_layout(op.outputs[0])  # NOTE: [Absent output gradients]
             call = f"_add_gradients({', '.join(args)}, {', '.join(absent)}, {any_layout}, device)"
         elif step.into:  # NOTE: [In-place outputs] in remat_dsl.plan.inplace
-            into = next(render_arg(a, self.var) for a in (*op.args, *(v for _, v in op.kwargs)) if (whole_tensor(a, self.tensors) or ("",))[0] == step.into)
-            out, keyword = INPLACE_OUT[op.target]
-            call = f"_into({callable_name(out)}, {callable_name(op.target)}, {keyword!r}, {into}, {', '.join(args)})"
+            call = self._into(op, step.into, args)
         else:
             args = [self._real(a) for a in op.args] + [f"{k}={self._real(v)}" for k, v in op.kwargs]
             call = f"{callable_name(op.target)}({', '.join(args)})"
@@ -351,6 +349,13 @@ class _Renderer:
         if len(kept) == 1:
             return f"{by_index[kept[0]]} = {call}[{kept[0]}]"
         return ", ".join(by_index[i] for i in kept) + f" = operator.itemgetter({', '.join(map(str, kept))})({call})"
+
+    def _into(self, op: ir.Op, tensor: str, args: list[str]) -> str:
+        """`_into(OVERLOAD, OP, KEYWORD, INTO, ARGS)`: `op` with its output written into
+        `tensor`, as the argument that reads it whole reads it (NOTE: [In-place outputs])."""
+        reads = next(a for a in (*op.args, *(v for _, v in op.kwargs)) if (whole_tensor(a, self.tensors) or ("",))[0] == tensor)
+        out, keyword = INPLACE_OUT[op.target]
+        return f"_into({callable_name(out)}, {callable_name(op.target)}, {keyword!r}, {render_arg(reads, self.var)}, {', '.join(args)})"
 
     def _inplace_targets(self) -> set[str]:
         """The overloads the in-place steps call (NOTE: [In-place outputs])."""

@@ -288,24 +288,32 @@ class Planner:
         raised by the room it leaves, while one fits (NOTE: [Budget correction]); the
         first that does not fit goes to `near`."""
         best = plan, self._solve_info(result, solver)
-        tried = self._tried[solver]
         for _ in range(RAISE_ROUNDS):
             room = budget - plan.header.peak_bytes
             if room < budget // 200:
                 break
             target += room
-            try:
-                result = solver.solve(target)
-            except BudgetError:
+            made = self._plan_at(solver, target, budget)
+            if made is None:
                 break
-            plan = self._lowered(result, solver, Status.FEASIBLE, budget)
-            tried[target] = plan.header.peak_bytes
+            plan, result = made
             if plan.header.peak_bytes > budget:
                 near.append(plan)
                 break
             if plan.header.time_us < best[0].header.time_us:
                 best = plan, self._solve_info(result, solver)
         return best
+
+    def _plan_at(self, solver, target: int, budget: int):
+        """(the solver's plan at `target` bytes, lowered and simulated, its SolverResult), the
+        plan's peak recorded among the targets tried; None when the solver refuses it."""
+        try:
+            result = solver.solve(target)
+        except BudgetError:
+            return None
+        plan = self._lowered(result, solver, Status.FEASIBLE, budget)
+        self._tried.setdefault(solver, {})[target] = plan.header.peak_bytes
+        return plan, result
 
     @staticmethod
     def _solve_info(result, solver) -> SolverInfo:
@@ -316,16 +324,7 @@ class Planner:
 
     def _floor_plans(self, solver, budget: int = 0) -> list[ir.Plan]:
         """The plans at the solver's floor targets (`api.floor_targets`), each simulated."""
-        tried = self._tried.setdefault(solver, {})
-        plans = []
-        for target in floor_targets(solver):
-            try:
-                result = solver.solve(target)
-            except BudgetError:
-                continue
-            plan = self._lowered(result, solver, Status.FEASIBLE, budget)
-            tried[target] = plan.header.peak_bytes
-            plans.append(plan)
+        plans = [made[0] for made in (self._plan_at(solver, target, budget) for target in floor_targets(solver)) if made]
         if not plans:
             plans.append(self._lowered(autograd_order(self.problem.graph), solver, Status.FEASIBLE, budget))
         return plans
