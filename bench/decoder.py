@@ -19,7 +19,9 @@ solver's smallest is reported and planned at that smallest budget.  Goal: at mos
 With `--bound S`, it also gives each budget S seconds of HiGHS on the moment relaxation
 (NOTE: [Moment relaxation] in remat_dsl/solve/stage_relaxation.py) and prints the proven
 bound over every op once: no plan that runs the forward once and the backward in the
-captured order, recomputing in between, predicts less at that budget.
+captured order, recomputing in between and writing nothing in place, predicts less at
+that budget (the default solver's plans write in place and move backward ops up, NOTE:
+[In-place outputs] in remat_dsl/plan/inplace.py: they can predict less).
 
 Usage: python bench/decoder.py [--rounds 11] [--budgets 40] [--bound S] [MODEL.py]
 """

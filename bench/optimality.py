@@ -7,7 +7,10 @@ moccasin).  Prints each plan's predicted time (microseconds) over moccasin's at 
 budget: `x1.032` when moccasin proved its optimum there; `x1.032 over bound` over its
 best bound (time x (1 - gap)) when it did not: the ratio over the optimum is at most that;
 `-` when moccasin has no plan.  The driver may solve below the budget (NOTE: [Budget
-correction]), so moccasin's figure is the optimum at the target it was given.
+correction]), so moccasin's figure is the optimum at the target it was given.  That
+optimum is over plans that write nothing in place and run the backward in the captured
+order; the other solvers' plans, which may do both (NOTE: [In-place outputs] in
+remat_dsl/plan/inplace.py), can come out below x1.000.
 
 Moccasin's size limit (Moccasin.MAX_OPS) is lifted here with `--max-ops`, and each CP-SAT
 solve gets `--time-limit` seconds (default 600): with a time limit the figures depend on
