@@ -320,48 +320,43 @@ def _moved_up(index: _Index, order: list[str], decisions: list[Decision]) -> tup
     into an input dying there and frees another one there run right after the last run
     that makes or reads what it reads (NOTE: [Backward ops moved up])."""
     candidates = inplace_candidates(index.graph)
+    dying = _last_reads(index, order)  # invariant under these moves: no run moves above a reader of what dies at it
     runs = list(range(len(order)))  # positions in `order`, in their new order
     moved = 0
-    j = 0
-    while j < len(runs):
+    for j in range(len(runs)):
         name = order[runs[j]]
-        op = index.ops[name]
-        if op.phase != ir.BACKWARD or name not in candidates:
-            j += 1
+        if index.ops[name].phase != ir.BACKWARD or name not in candidates:
             continue
-        reads = set(index.uses[name])
-        dying = {t for t in reads if _dies_at(index, order, runs, j, t)}
-        into = next((t for t in candidates[name] if t in dying), None)  # as the simulation picks it
-        if into is None or not any(index.nbytes[t] for t in dying - {into}):
-            j += 1
+        dies = dying[runs[j]]
+        into = next((t for t in candidates[name] if t in dies), None)  # as the simulation picks it
+        if into is None or not any(index.nbytes[t] for t in dies - {into}):
             continue
-        makers = {index.producer[t] for t in reads}
+        makers = {index.producer[t] for t in index.uses[name]}
         at = j - 1
-        while at >= 0 and order[runs[at]] not in makers and not (dying & set(index.uses[order[runs[at]]])):
+        while at >= 0 and order[runs[at]] not in makers and not (dies & set(index.uses[order[runs[at]]])):
             at -= 1
         if at + 1 < j:
             runs.insert(at + 1, runs.pop(j))
             moved += 1
-        j += 1
     if not moved:
         return 0, order, decisions
     where = {old: new for new, old in enumerate(runs)}
     return moved, [order[i] for i in runs], sorted((replace(d, at=where[d.at]) for d in decisions), key=lambda d: d.at)
 
 
-def _dies_at(index: _Index, order: list[str], runs: list[int], j: int, tensor: str) -> bool:
-    """Whether the run at `runs[j]` is the last to read `tensor` before it is made again
-    (or ever), and the tensor may be freed (not pinned)."""
-    if tensor in index.pinned:
-        return False
-    maker = index.producer[tensor]
-    for later in runs[j + 1 :]:
-        name = order[later]
-        if tensor in index.uses[name]:
-            return False
-        if name == maker:
-            return True
-    return True
+def _last_reads(index: _Index, order: list[str]) -> list[set[str]]:
+    """For each position of `order`, the tensors it reads last before they are made again
+    (or ever), that may be freed (not pinned): one pass from the end."""
+    read_later: set[str] = set()
+    last: list[set[str]] = [set() for _ in order]
+    for i in range(len(order) - 1, -1, -1):
+        name = order[i]
+        for t in index.uses[name]:
+            if t not in read_later and t not in index.pinned:
+                last[i].add(t)
+            read_later.add(t)
+        read_later.difference_update(index.ops[name].outputs)  # reads before this run are of an earlier copy
+    return last
 
 
 def _order_of(instructions) -> tuple[list[str], list[Decision]]:
