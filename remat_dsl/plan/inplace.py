@@ -33,7 +33,7 @@ simulated without it, as eager PyTorch runs.
 from __future__ import annotations
 
 from remat_dsl.plan import ir
-from remat_dsl.plan.ir import iter_refs, op_refs
+from remat_dsl.plan.ir import iter_refs
 
 INPLACE_OUT = {  # op -> (the overload that writes into a given tensor, its keyword for it)
     "aten.mul.Tensor": ("aten.mul.out", "out"),
@@ -52,7 +52,6 @@ INPLACE_OUT = {  # op -> (the overload that writes into a given tensor, its keyw
     "aten.silu_backward.default": ("aten.silu_backward.grad_input", "grad_input"),
     "aten.gelu_backward.default": ("aten.gelu_backward.grad_input", "grad_input"),
     "aten.threshold_backward.default": ("aten.threshold_backward.grad_input", "grad_input"),
-    "aten.native_dropout_backward.default": ("aten.native_dropout_backward.out", "out"),
 }
 CONTIGUOUS_MAKERS = frozenset({"aten.mm.default", "aten.bmm.default", "aten.addmm.default", "aten.embedding.default"})
 SHAPE_VIEWS = frozenset({"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"})
