@@ -4,8 +4,9 @@ Trains DDP over the eager model and DDP over the generated module's FastModel (s
 state, same batches, small buckets so that a small model has several), over gloo, and
 records in OUT.json (rank 0) or OUT.rank1.json:
   equal: every parameter gradient equal (torch.equal) between the two, at every iteration;
-  events: per iteration, the order of `release` and `released` (the generated module hands
-      finished parameter gradients to autograd mid-backward: the call's start and end),
+  events: per iteration, the order of `release` and `released` (the generated module runs its
+      backward in segments, each handing finished parameter gradients to autograd: the start
+      and end of `_advance`, which runs one),
       `allreduce` (DDP's comm hook: a bucket is launched) and `backward end`.
 """
 
@@ -37,15 +38,15 @@ def main() -> int:
     model_file = load(model_path, "model_file")
     generated = load(fast_path, "fast_module")
     events: list[str] = []
-    release = generated._release
+    advance = generated._advance
 
-    def logged_release(*args):
+    def logged_advance(*args):
         events.append("release")
-        result = release(*args)
+        result = advance(*args)
         events.append("released")
         return result
 
-    generated._release = logged_release
+    generated._advance = logged_advance
     eager = DDP(model_file.build_model(), bucket_cap_mb=0.25)
     fast = DDP(generated.FastModel(model_file.build_model()), bucket_cap_mb=0.25)
 

@@ -377,7 +377,7 @@ class Emulation:
         frame = sys._getframe(1)
         path = getattr(self.module, "__file__", None)
         while frame is not None:
-            if frame.f_code.co_filename == path and frame.f_code.co_name in ("forward", "backward"):
+            if frame.f_code.co_filename == path and frame.f_code.co_name in ("_forward", "_backward"):
                 match = re.search(r"#\s*(\S+:\d+)", linecache.getline(path, frame.f_lineno))
                 return match.group(1) if match else f"line {frame.f_lineno} of the module"
             frame = frame.f_back

@@ -109,14 +109,18 @@ def test_a_generated_module_falls_back_with_a_warning_on_another_layout(tmp_path
     module = load_generated(path)
     a = torch.randn(8, 4).t()
     b = torch.randn(4, 8)
+    step = module._Step()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        out = module._into(torch.ops.aten.mul.out, torch.ops.aten.mul.Tensor, "out", a, a, b)
+        out = module._into(step, torch.ops.aten.mul.out, torch.ops.aten.mul.Tensor, "out", a, a, b)
     assert torch.equal(out, a * b) and out.data_ptr() != a.data_ptr()
     assert any("not written in place" in str(w.message) for w in caught)
     c = torch.randn(4, 8)
-    written = module._into(torch.ops.aten.mul.out, torch.ops.aten.mul.Tensor, "out", c, c.clone(), b)
+    written = module._into(step, torch.ops.aten.mul.out, torch.ops.aten.mul.Tensor, "out", c, c.clone(), b)
     assert written.data_ptr() == c.data_ptr()
+    step.keep = True  # a backward that keeps the graph (retain_graph=True) writes nothing in place
+    kept = module._into(step, torch.ops.aten.mul.out, torch.ops.aten.mul.Tensor, "out", c, c.clone(), b)
+    assert kept.data_ptr() != c.data_ptr() and torch.equal(kept, c * b)
 
 
 @functools.cache

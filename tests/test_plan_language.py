@@ -161,8 +161,8 @@ gradients
   w = None
 
 digest
-  graph  sha256:44221910ead976145ec37304b02d3735
-  items  lV4seXQVI0v1BlO9W5bY
+  graph  sha256:cdbdfe04dad9904e5d8f40781c883704
+  items  PjmSbhZClV4seXQVI0v1BlO9W5bY
 
 # the end
 """
@@ -913,7 +913,8 @@ def test_the_costs_line_is_read_and_printed_where_it_belongs():
     text = edit("  device      cuda:0\n", '  device      cuda\n  costs       "roofline h100-sxm, fake tensors"\n')
     plan = parse(text)
     assert plan.header.costs == "roofline h100-sxm, fake tensors" and plan.header.device == "cuda"
-    assert print_plan(plan) == text
+    printed = print_plan(plan)  # the digest seals the header's text lines: it is the new header's
+    assert printed.split("\ndigest\n")[0] == text.split("\ndigest\n")[0] and parse(printed) == plan
     assert parse(SMALL_TEXT).header.costs is None
     late = edit("  status      optimal\n", '  status      optimal\n  costs       "roofline a100"\n')
     assert "model, device, autocast, costs, budget" in error_of(late).hint

@@ -88,7 +88,8 @@ def without(source: str, *lines: str) -> str:
 
 def plan_waits(source: str, section: str) -> list[str]:
     """The `_wait(...)` statements of the forward or backward section, with their newline."""
-    forward, _, backward = source[source.index("class _Plan(") :].partition("def backward(")
+    forward, _, backward = source[source.index("\ndef _forward(") :].partition("\ndef _backward(")
+    backward = backward.partition("\n\n\n")[0]
     return sorted(
         {
             line + "\n"
@@ -250,7 +251,7 @@ def test_host_layout_fits_the_host_peak(planned):
     assert f"POOL_BYTES = {total}\n" in source
     for name, offset in offsets.items():
         var = name.replace(":", "_")
-        assert f"_offload({var}, pool, {offset})" in source
+        assert f"_offload({var}, _pool, {offset})" in source
 
 
 def test_the_generated_module_imports_torch_and_the_standard_library_only(planned):

@@ -26,6 +26,7 @@ import torch.utils._pytree as pytree
 from remat_dsl.plan import ir
 from remat_dsl.capture.fx import Captured
 from remat_dsl.plan.errors import RematError
+from remat_dsl.plan.operators import is_view
 from remat_dsl.capture.profile import NodeProfile, StepProfile, dtype_name, is_call
 
 
@@ -184,6 +185,13 @@ class _Builder:
         kwargs = tuple((k, self.arg(v, env)) for k, v in node.kwargs.items())
         target = str(node.target)
         if not _allocates(info):
+            if not is_view(node.target):  # the verifier would refuse it inline: say so now, not after the solve
+                raise RematError(
+                    f"error: operation {target} returns views of its inputs, but its schema does not say so and "
+                    "remat-dsl does not know it as a view (remat_dsl/plan/operators.py, VIEW_EXTRA), so it cannot "
+                    "write it inside another operation's arguments",
+                    hint="run the model with another operation there, or report the operator to remat-dsl",
+                )
             call = ir.Call(target, args, kwargs)
             if not info.multi:
                 return call

@@ -25,7 +25,7 @@ import functools
 import re
 
 from remat_dsl.plan import digest, ir
-from remat_dsl.plan.operators import is_view
+from remat_dsl.plan.operators import is_view, torch_constants
 from remat_dsl.plan.errors import PlanError
 from dataclasses import dataclass
 
@@ -75,7 +75,8 @@ def verify(plan: ir.Plan, *, within_budget: bool = True) -> VerifiedPlan:
 
     check_digest(plan)
     check_declarations(plan)
-    check_operators(plan.graph)
+    outputs = plan.section_span("outputs")
+    check_operators(plan.graph, ir.Span(outputs.line + 1, 3) if outputs else None)
     simulation = simulate(plan)
     check_plan(plan)
     if within_budget:
@@ -102,9 +103,16 @@ def check_digest(plan: ir.Plan) -> None:
             span=end, hint="re-run `remat plan` (plans written by hand start from one it printed)",
         )
     outputs = plan.section_span("outputs")
-    items = digest.items(plan.graph, ir.Span(outputs.line + 1, 3) if outputs else None)
+    outputs_span = ir.Span(outputs.line + 1, 3) if outputs else None
+    items = digest.items(plan.graph, outputs_span, header=plan.header)
     if stored.graph == digest.graph_hash(items):
         return
+    if stored.graph == digest.graph_hash(digest.items(plan.graph, outputs_span)):
+        raise PlanError(
+            "the plan was sealed by an earlier remat-dsl, whose digest did not cover the header's text lines "
+            f"({', '.join(digest.HEADER_TEXTS)})",
+            span=stored.span, hint="re-run `remat plan` to seal it again",
+        )  # fmt: skip
     hashes = digest.decode_items(stored.items)
     if hashes is None:
         raise PlanError("the digest's `items` lines were edited", span=stored.span, hint=RERUN)
@@ -117,7 +125,9 @@ def check_digest(plan: ir.Plan) -> None:
         if index >= len(hashes) or hashes[index] != digest.item_hash(item):
             where = item.span or plan.section_span(item.section)
             what = "the header's `autocast` line was edited (the graph was captured under another autocast state)"
-            if item.section != "header":
+            if item.section == "header" and not item.text.startswith("autocast "):
+                what = f"the header's `{item.text.split()[0]}` line was edited (the digest seals what the plan is for)"
+            elif item.section != "header":
                 what = f"this line of the `{item.section}` section was edited (or one just above it was added or removed)"
             raise PlanError(f"{what}: the graph sections no longer match the plan's digest", span=where, hint=RERUN)
     last = plan.section_span("forward")
@@ -188,8 +198,17 @@ def _check_size(decl, dtype: str, shape: tuple[int, ...], nbytes: int | None) ->
 # ---------------------------------------------------------------------------
 
 
-def check_operators(graph: ir.Graph) -> None:
-    """Every operator the module would call exists and takes these arguments."""
+def check_operators(graph: ir.Graph, outputs_span: ir.Span | None = None) -> None:
+    """Every operator the module would call exists and takes these arguments, and every
+    other value is data (NOTE: [Plan text as data] in remat_dsl.codegen.generate).
+    outputs_span: where the `outputs` value is, for messages."""
+    for constant in graph.constants:
+        if not _is_plain(constant.value):
+            raise PlanError(
+                f"the argument `{constant.name}` is given as {_shown(constant.value)}; a forward argument that is not a "
+                "tensor is a constant: None, True, False, a number or a string",
+                span=constant.span, hint=RERUN,
+            )  # fmt: skip
     for op in graph.ops:
         overload = _overload(op.target, op.span, op.target)
         _check_binding(overload, op.target, op.args, op.kwargs, op.span)
@@ -200,7 +219,7 @@ def check_operators(graph: ir.Graph) -> None:
                 raise PlanError(f"'{op.name}' declares output '{extra[0]}', but {op.target} returns {returns} value(s)", span=op.span, hint=RERUN)
         for arg in (*op.args, *(v for _, v in op.kwargs)):
             _check_inline(arg, op.span)
-    _check_outputs(graph.outputs)
+    _check_outputs(graph.outputs, outputs_span)
     for grad in graph.gradients:
         _check_inline(grad.value, grad.span)
 
@@ -221,26 +240,55 @@ def first_custom_operator(graph: ir.Graph) -> ir.Op | None:
 # (tests/test_robust_timing.py times its own operators).
 
 
-def _check_outputs(arg: ir.Arg) -> None:
+def _check_outputs(arg: ir.Arg, span: ir.Span | None) -> None:
     """The model's output: tensors, their views, None, and tuples, lists, dicts and classes
-    (`module.Class(field=...)`) of them (ir.is_structure)."""
+    (`module.Class(field=...)`) of them (ir.is_structure).  Which classes may build it is
+    decided where the model is (the generated module's `_output_type`: data containers
+    only, among the modules the model imported)."""
     if isinstance(arg, (ir.ListArg, ir.TupleArg)):
         for item in arg.items:
-            _check_outputs(item)
+            _check_outputs(item, span)
     elif ir.is_structure(arg):
-        if arg.target != "dict" and not all(part.isidentifier() for part in arg.target.split(".")):
-            raise PlanError(f"the output class `{arg.target}` is not a dotted path (module.Class)", hint=RERUN)
+        parts = arg.target.split(".")
+        if arg.target != "dict" and (len(parts) < 2 or not all(part.isidentifier() for part in parts)):
+            raise PlanError(f"the output class `{_shown(arg.target)}` is not a dotted path (module.Class)", span=span, hint=RERUN)
         for _, item in arg.kwargs:
-            _check_outputs(item)
+            _check_outputs(item, span)
     elif arg is not None and not isinstance(arg, (ir.Ref, ir.Call)):
-        raise PlanError(f"the model's output holds the constant {arg!r}; outputs are tensors", hint=RERUN)
+        raise PlanError(f"the model's output holds the constant {_shown(arg)}; outputs are tensors", span=span, hint=RERUN)
     else:
-        _check_inline(arg, None)
+        _check_inline(arg, span)
+
+
+def _is_plain(value) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def _shown(value) -> str:
+    """A value for a message, at most 80 characters."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _check_inline(arg: ir.Arg, span: ir.Span | None) -> None:
-    """Calls inside arguments are views (they allocate nothing), getitem or torch.device."""
+    """Calls inside arguments are views (they allocate nothing), `operator.getitem(CALL,
+    INDEX)` of a view's results or `torch.device("KIND")`; symbols are torch's dtypes,
+    layouts and memory formats."""
+    if isinstance(arg, ir.Sym) and arg.name not in torch_constants():
+        raise PlanError(
+            f"`{_shown(arg.name)[:80]}` is not a torch dtype, layout or memory format", span=span,
+            hint="constants in arguments are torch's dtypes (torch.float32), layouts (torch.strided) and memory formats "
+            "(torch.contiguous_format); " + RERUN,
+        )  # fmt: skip
     if isinstance(arg, ir.Call):
+        if arg.target == "operator.getitem" and not (
+            len(arg.args) == 2 and not arg.kwargs and isinstance(arg.args[0], (ir.Call, ir.Ref)) and type(arg.args[1]) is int
+        ):
+            raise PlanError("`operator.getitem` takes a value and an integer index", span=span, word=arg.target, hint=RERUN)
+        if arg.target == "torch.device" and not (
+            len(arg.args) == 1 and not arg.kwargs and isinstance(arg.args[0], str) and re.fullmatch(r"[a-z]+", arg.args[0])
+        ):
+            raise PlanError("`torch.device` takes one device kind, such as \"cpu\"", span=span, word=arg.target, hint=RERUN)
         if arg.target not in INLINE_TARGETS:
             overload = _overload(arg.target, span, arg.target)
             if not is_view(overload):

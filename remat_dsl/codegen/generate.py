@@ -11,77 +11,162 @@ recomputes save the RNG state at their first run and replay it.  An exception ra
 inside the module gets a note with the plan line it was running.  The module runs the
 plan's ops with autocast off (a plan captured under autocast holds its casts as ops) and
 refuses a call under another autocast state than the plan's; it uses nothing that
-torch.compile(fullgraph=True) cannot trace (NOTE: [Compiled] in the template).
+torch.compile(fullgraph=True) cannot trace (NOTE: [Compiled] in the template).  The
+forward section is the function `_forward`, the backward section the generator
+`_backward`, run by the autograd nodes of NOTE: [Autograd nodes] in the template.
 
 Everything the module needs to know about residency (which outputs are new, which RNG
 states are kept or freed, what crosses from forward to backward) comes from the plan's
 simulation (NOTE: [Step events] in remat_dsl.check.replay): nothing is replayed here.
+
+NOTE: [Plan text as data]
+A plan is untrusted input: a reviewed plan must not be able to make the module run
+anything but the plan's aten operators and the data containers its outputs are built of.
+So nothing read from a plan reaches the module's source except as data: names as Python
+identifiers this module makes (`_Namespace`, NOTE: [Generated names]), strings and numbers
+as Python literals (`literal`: repr of a str, int, float, bool or None), dtypes, layouts
+and memory formats as `torch.NAME` only after checking that torch defines that constant,
+operators as `aten_NAME_OVERLOAD` only for the aten operators the verifier resolved, and
+the model's output classes as strings that the module resolves among the modules already
+imported, to data containers only (`_output_type` in the template).  The template writes
+no plan text itself: every value it prints comes from `_Renderer.context`, rendered here,
+and the docstring carries only what this module formats (sizes, times) or checked against
+a closed set (`_checked_text`).  The plan file's name appears in comments reduced to
+letters, digits and `._+-` (`source_label`).
 """
 
 from __future__ import annotations
 
+import ast
+import builtins
 import keyword
 import math
 import re
 
 from remat_dsl.plan import ir
 from remat_dsl.plan.inplace import INPLACE_OUT, whole_tensor
+from remat_dsl.plan.operators import torch_constants
 from remat_dsl.plan.ir import op_uses, refs_in
 from remat_dsl.plan.resources import data_path
 from remat_dsl.plan.units import format_bytes, format_duration
 
 TEMPLATES = data_path("templates")
+TEMPLATE = "module.py.jinja"
 LINE_LENGTH = 120
 HOST_ALIGN = 64  # bytes: every host copy starts at a multiple of this (a cache line; any dtype's size divides it)
+LABEL_CHARS = 80  # characters of the plan file's name kept in the module's comments
 
 
 def generate(verified, source: str = "a plan") -> str:
     """Python source of the module that runs a VerifiedPlan (remat_dsl.check.verify).
 
-    source: the plan file's name, for the comments that tie statements to plan lines.
+    source: the plan file's name, for the comments that tie statements to plan lines
+    (reduced to `source_label`).  Raises ValueError when the plan holds a value the module
+    cannot write as data (NOTE: [Plan text as data]; the verifier refuses such plans first).
     """
     import black
     import jinja2
 
     plan = verified.plan
-    renderer = _Renderer(verified, _Namespace(plan.graph), source)
+    names = _Namespace(plan.graph)
+    renderer = _Renderer(verified, names, source_label(source))
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), keep_trailing_newline=True, autoescape=False)
-    text = env.get_template("module.py.jinja").render(source=source, header=plan.header, **renderer.context())
-    return black.format_str(text, mode=black.Mode(line_length=LINE_LENGTH))
+    text = env.get_template(TEMPLATE).render(**renderer.context())
+    text = black.format_str(text, mode=black.Mode(line_length=LINE_LENGTH))
+    check_namespace(text, names)
+    return text
 
 
 MAX_RELEASES = 16  # gradient releases per backward (NOTE: [Gradient release] in templates/module.py.jinja)
 
 
+def source_label(source: str) -> str:
+    """The plan file's name as the module's comments write it: letters, digits and `._+-`
+    kept, anything else `_`, at most LABEL_CHARS characters (NOTE: [Plan text as data])."""
+    label = re.sub(r"[^A-Za-z0-9._+\-]", "_", source)[:LABEL_CHARS]
+    return label or "plan"
+
+
+def literal(value) -> str:
+    """A Python literal of a plan constant: str, int, float (`float("inf")` for the
+    non-finite), bool or None.  Raises ValueError for anything else (NOTE: [Plan text as data])."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return repr(value)
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else f'float("{value}")'
+    raise ValueError(f"a plan constant of type {type(value).__name__} cannot be written as a Python literal")
+
+
+_TEXT = re.compile(r"[A-Za-z0-9 ._:%()+\-]*")
+
+
+def _checked_text(text: str) -> str:
+    """`text` for the module's docstring, which only this module writes: letters, digits,
+    spaces and `._:%()+-` (sizes, times, `backward:12`, a device kind).  Raises ValueError."""
+    if not _TEXT.fullmatch(text):
+        raise ValueError(f"cannot write {text!r} into the generated module's docstring")
+    return text
+
+
+# NOTE: [Generated names]
+# The module's own names and the plan's never meet.  A plan name becomes a Python name
+# (`transformer.h.0.ln_1` -> `transformer_h_0_ln_1`, `fc1:1` -> `fc1_1`) that is never a
+# keyword, never a builtin (`len`, `float`), never a name the template defines at module
+# level (`torch`, `operator`, `INPUTS`, `FastModel`, ...: RESERVED, read from its text) and
+# never starts with `_` or with a prefix the generator gives names it derives
+# (DERIVED_PREFIXES: the aten bindings, host copies, transfer events, RNG states, absent
+# gradients); such a name gets `v_` in front, and two plan names that would read the same
+# get `_1`, `_2`, ...  Everything the module names itself inside the plan's functions
+# starts with `_` (`_s`, `_p`, `_device`, `_pool`, ...).  A submodule called `out`, `where`
+# or `torch`, or a top-level `torch.where`, thus cannot shadow what the generated code
+# reads.  `check_namespace` verifies it on the module's source before it is written.
+DERIVED_PREFIXES = ("aten_", "host_", "event_", "rng_", "absent_")
+
+
+def _template_globals() -> frozenset[str]:
+    """The names the template defines at module level (functions, classes, constants,
+    imports): what a local of the plan's functions could shadow."""
+    text = (TEMPLATES / TEMPLATE).read_text(encoding="utf-8")
+    names = re.findall(r"^(?:def|class)\s+([A-Za-z_]\w*)|^([A-Za-z_]\w*)\s*=|^import\s+([A-Za-z_]\w*)", text, re.M)
+    return frozenset(name for groups in names for name in groups if name)
+
+
+RESERVED = frozenset(keyword.kwlist) | frozenset(keyword.softkwlist) | frozenset(dir(builtins)) | _template_globals()
+
+
 class _Namespace:
-    """Readable Python names for every value of the plan: inputs and intermediate tensors
-    are locals, parameters and buffers attributes of `p` and `b` (`p.fc1_weight`), so the
-    long lists of parameters are written once."""
+    """Readable Python names for every value of the plan (NOTE: [Generated names]):
+    inputs and intermediate tensors are locals of `_forward` and `_backward`, parameters
+    and buffers attributes of `_p` and `_b` (`_p.fc1_weight`), so the long lists of
+    parameters are written once."""
 
     def __init__(self, graph: ir.Graph):
-        self.used: set[str] = {"ctx", "torch", "buffers", "tensors", "outputs", "p", "b", "_", "aten", "device", "releases", "sharded", "anchor", "operator", "pool", "_shards"}
-        self.used.add("pool")  # the step's host buffer (NOTE: [Streams] in the template)
+        self.used: set[str] = set()
         self.attrs: set[str] = set()
         self.var: dict[str, str] = {}
         for value in (*graph.inputs, *graph.tangents, *graph.tensors):
             self.var[value.name] = self._fresh(value.name, self.used)
-        for prefix, group in (("p", graph.parameters), ("b", graph.buffers)):
+        for prefix, group in (("_p", graph.parameters), ("_b", graph.buffers)):
             for value in group:
                 self.var[value.name] = f"{prefix}.{self._fresh(value.name, self.attrs)}"
 
     @staticmethod
     def _fresh(name: str, used: set[str]) -> str:
-        base = re.sub(r"\W", "_", name)
-        if base[0].isdigit() or keyword.iskeyword(base) or base.startswith(("aten_", "rng_", "host_", "event_", "absent_")):
+        base = re.sub(r"\W", "_", name, flags=re.ASCII) or "v"
+        if base[0].isdigit() or base.startswith("_") or base in RESERVED or base.startswith(DERIVED_PREFIXES):
             base = "v_" + base
         candidate, k = base, 1
-        while candidate in used:
+        while candidate in used or candidate in RESERVED:
             candidate, k = f"{base}_{k}", k + 1
         used.add(candidate)
         return candidate
 
+    def locals(self) -> set[str]:
+        """The Python names plan values take inside the plan's functions."""
+        return {v for v in self.var.values() if "." not in v}
+
     def attr(self, name: str) -> str:
-        """The attribute of a parameter or buffer: `fc1_weight` for `p.fc1_weight`."""
+        """The attribute of a parameter or buffer: `fc1_weight` for `_p.fc1_weight`."""
         return self.var[name].partition(".")[2]
 
     def host(self, tensor: str) -> str:
@@ -90,20 +175,43 @@ class _Namespace:
     def event(self, tensor: str) -> str:
         return f"event_{self.var[tensor]}"
 
-    def rng(self, op: str) -> str:
-        return "rng_" + re.sub(r"\W", "_", op)
+    def rng(self, op: ir.Op) -> str:
+        """The RNG state a random op's first run starts from: named after its first output."""
+        return f"rng_{self.var[op.outputs[0]]}"
 
     def absent(self, tangent: str) -> str:
         """Whether the caller gave no gradient for a model output (NOTE: [Absent output gradients])."""
         return f"absent_{self.var[tangent]}"
 
 
+def check_namespace(source: str, names: _Namespace) -> None:
+    """Raise ValueError unless, in the plan's functions of `source` (`_forward`,
+    `_backward`), every name a statement binds is a plan value's (or derived from one:
+    DERIVED_PREFIXES) or starts with `_`, and no plan value's name is one the module
+    defines or Python provides (NOTE: [Generated names])."""
+    tree = ast.parse(source)
+    module_names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    module_names |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    module_names |= {a.asname or a.name for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+    plan = names.locals()
+    clash = plan & (module_names | set(dir(builtins)) | set(keyword.kwlist))
+    if clash:
+        raise ValueError(f"generated names clash with the module's own: {sorted(clash)[:5]}")
+    for function in (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in ("_forward", "_backward")):
+        bound = {a.arg for a in function.args.args}
+        bound |= {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))}
+        stray = {n for n in bound if not n.startswith("_") and n not in plan and not n.startswith(DERIVED_PREFIXES)}
+        if stray:
+            raise ValueError(f"{function.name} binds names outside the plan's namespace: {sorted(stray)[:5]}")
+
+
 def render_arg(arg: ir.Arg, var: dict[str, str]) -> str:
-    """Python expression of an IR argument."""
+    """Python expression of an IR argument (NOTE: [Plan text as data]).  Raises ValueError
+    for a constant, symbol or call the module cannot write as data."""
     if isinstance(arg, ir.Ref):
         return var[arg.name]
     if isinstance(arg, ir.Sym):
-        return arg.name
+        return torch_constant(arg.name)
     if isinstance(arg, ir.Call):
         return _render_call(arg, var)
     if isinstance(arg, ir.ListArg):
@@ -111,23 +219,40 @@ def render_arg(arg: ir.Arg, var: dict[str, str]) -> str:
     if isinstance(arg, ir.TupleArg):
         items = [render_arg(a, var) for a in arg.items]
         return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
-    if isinstance(arg, float) and not math.isfinite(arg):
-        return f'float("{arg}")'
-    return repr(arg)
+    return literal(arg)
+
+
+def torch_constant(name: str) -> str:
+    """`name` (`torch.float32`) when it is one of `torch_constants()`; raises ValueError."""
+    if name not in torch_constants():
+        raise ValueError(f"`{name[:80]}` is not a torch dtype, layout or memory format")
+    return name
 
 
 def _render_call(call: ir.Call, var) -> str:
-    args = [render_arg(a, var) for a in call.args] + [f"{k}={render_arg(v, var)}" for k, v in call.kwargs]
-    if call.target == "operator.getitem":
+    args = [render_arg(a, var) for a in call.args] + [f"{_keyword(k)}={render_arg(v, var)}" for k, v in call.kwargs]
+    if call.target == "operator.getitem" and len(call.args) == 2 and not call.kwargs:
         return f"{args[0]}[{args[1]}]"
-    if call.target == "torch.device":  # the device the step runs on, when of this kind
-        return f"_on(device, {args[0]})"
+    if call.target == "torch.device" and len(call.args) == 1 and isinstance(call.args[0], str) and not call.kwargs:
+        return f"_on(_device, {args[0]})"  # the device the step runs on, when of this kind
     return f"{callable_name(call.target)}({', '.join(args)})"
 
 
+def _keyword(name: str) -> str:
+    if not name.isidentifier() or keyword.iskeyword(name):
+        raise ValueError(f"`{name[:80]}` is not a keyword argument name")
+    return name
+
+
+_ATEN = re.compile(r"aten\.[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*")
+
+
 def callable_name(target: str) -> str:
-    """`aten.addmm.default` -> `aten_addmm_default`, bound once at the top of the module."""
-    return target.replace(".", "_") if target.startswith("aten.") else target
+    """`aten.addmm.default` -> `aten_addmm_default`, bound once at the top of the module.
+    Raises ValueError for a target that is not an aten operator's name."""
+    if not _ATEN.fullmatch(target):
+        raise ValueError(f"`{target[:80]}` is not an aten operator")
+    return target.replace(".", "_")
 
 
 def aten_targets(plan: ir.Plan) -> list[str]:
@@ -189,6 +314,18 @@ def _returns(target: str) -> int | None:
     return len(returns)
 
 
+def _shape(shape: tuple[int, ...]) -> str:
+    """A shape as a tuple literal; raises ValueError unless every size is an int."""
+    if not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+        raise ValueError("a shape holds a size that is not an integer")
+    return repr(tuple(shape))
+
+
+def _dtype(name: str) -> str:
+    """`torch.NAME` of a dtype the plan declares; raises ValueError for another name."""
+    return torch_constant(f"torch.{name}")
+
+
 class _Renderer:
     """Emits one statement per instruction (consecutive deletes: one), each with its plan line."""
 
@@ -204,6 +341,8 @@ class _Renderer:
         self.host_offsets, self.host_bytes = host_layout(self.plan)
 
     def context(self) -> dict:
+        """The template's values, each already Python source or checked text (NOTE: [Plan
+        text as data])."""
         graph, header = self.plan.graph, self.plan.header
         steps = iter(self.sim.timeline)
         uses, gathers = self._parameter_uses()
@@ -213,39 +352,48 @@ class _Renderer:
         flat = _flatten(graph.outputs)
         saved, saved_pack = self._saved()
         trainable = {g.parameter for g in graph.gradients}  # NOTE: [Frozen and unused parameters] in remat_dsl.plan.ir
-        inputs = [self.var[v.name] for v in graph.inputs]
+        device_kind = _checked_text(header.device.split(":")[0])
+        autocast = torch_constant(f"torch.{graph.autocast.dtype}") if graph.autocast else None
         return dict(
-            device_kind=header.device.split(":")[0],
-            autocast=graph.autocast.dtype if graph.autocast else None,
+            source_label=self.source,
+            device_kind=device_kind,
+            device_literal=literal(device_kind),
+            autocast=autocast,
+            status=_checked_text(header.status),
+            peak_at=_checked_text(header.peak_at),
+            budget=_checked_text(format_bytes(header.budget)),
+            peak=_checked_text(format_bytes(header.peak_bytes)),
+            time=_checked_text(format_duration(header.time_us)),
+            plan_literal=literal(self.source),
+            model_literal=literal(header.model),
+            solver_literal=literal(header.solver),
             operators=[(callable_name(t), t) for t in sorted({*aten_targets(self.plan), *self._inplace_targets()})],
-            budget=format_bytes(header.budget),
-            peak=format_bytes(header.peak_bytes),
-            time=format_duration(header.time_us),
-            plan_source=self.source,
-            inputs=[(v.name, tuple(v.shape), v.dtype) for v in graph.inputs],
-            input_vars=inputs,
-            parameters=[(p.name, self.names.attr(p.name), tuple(p.shape), p.dtype, p.name in trainable) for p in graph.parameters],
-            buffers=[(b.name, self.names.attr(b.name), tuple(b.shape), b.dtype) for b in graph.buffers],
-            watched=self._watched(),
+            inputs=[(literal(v.name), _shape(v.shape), _dtype(v.dtype)) for v in graph.inputs],
+            input_vars=[self.var[v.name] for v in graph.inputs],
+            parameters=[
+                (literal(p.name), literal(self.names.attr(p.name)), _shape(p.shape), _dtype(p.dtype), literal(p.name in trainable))
+                for p in graph.parameters
+            ],
+            buffers=[(literal(b.name), literal(self.names.attr(b.name)), _shape(b.shape), _dtype(b.dtype)) for b in graph.buffers],
+            watched=[(literal(name), var) for name, var in self._watched()],
             forward_body=forward_body,
             saved=saved,
             saved_pack=saved_pack,
-            non_differentiable=self._non_differentiable(flat),
-            forward_tail=[f"out_{i} = {render_arg(a, self.var)}  # {self._section_where('outputs', 1)}" for i, a in enumerate(flat)],
-            forward_return="(" + "".join(f"out_{i}, " for i in range(len(flat))) + ")",
+            outputs=[f"{render_arg(a, self.var)},  # {self._section_where('outputs', 1)}" for a in flat],
             tangent_args=self._tangent_args(flat),
             tangent_prologue=self._tangent_prologue(),
             backward_body=backward_body,
-            backward_return=self._backward_return({i for _, group, _ in releases for i in group}),
-            releases=[tuple(group) for _, group, _ in releases],
-            parameter_uses=uses,
-            backward_return_where=self._gradients_where(),
+            final_gradients=self._final_gradients({i for _, group, _ in releases for i in group}),
+            gradients_where=self._gradients_where(),
+            releases=[repr(tuple(group)) for _, group, _ in releases],
+            parameter_uses=[repr(use) for use in uses],
             rebuild=_rebuild(graph.outputs, flat),
-            output_types=output_types(graph.outputs),
-            constants=[(c.name, render_arg(c.value, self.var)) for c in graph.constants],
+            output_types=[literal(path) for path in output_types(graph.outputs)],
+            outputs_where=literal(self._section_where("outputs", 1)),
+            constants=[(literal(c.name), render_arg(c.value, self.var)) for c in graph.constants],
             offloads=bool(self.host_offsets),
-            pool_bytes=self.host_bytes,
-            pool_align=HOST_ALIGN,
+            pool_bytes=repr(self.host_bytes),
+            pool_align=repr(HOST_ALIGN),
         )
 
     # --- instructions -----------------------------------------------------
@@ -302,8 +450,8 @@ class _Renderer:
     def _compute(self, name: str, step) -> list[str]:
         op = self.ops[name]
         saves_rng = any(key == f"rng state of {name}" for key, _ in step.added)
-        rng = self.names.rng(name)
-        lines = [f"{rng} = _rng_state(device)"] if saves_rng else []
+        rng = self.names.rng(op)
+        lines = [f"{rng} = _rng_state(_device)"] if saves_rng else []
         lines += [self._call(op, step, (lambda call, _: f"_first_draw({rng}, {call})") if saves_rng else None)]
         lines += [f"{self.var[self.updates[t]]}.copy_({self.var[t]})" for t in op.outputs if t in self.updates and op.phase == ir.FORWARD]
         return lines
@@ -312,24 +460,24 @@ class _Renderer:
         op = self.ops[name]
         if not op.random:
             return [self._call(op, step)]
-        rng = self.names.rng(name)
-        lines = [self._call(op, step, lambda _, args: f"_replay({rng}, device, {', '.join([callable_name(op.target), *args])})")]
+        rng = self.names.rng(op)
+        lines = [self._call(op, step, lambda _, args: f"_replay({rng}, _device, {', '.join([callable_name(op.target), *args])})")]
         if any(key == f"rng state of {name}" for key, _ in step.removed):
-            lines.append(f"del {self.names.rng(name)}")
+            lines.append(f"del {rng}")
         return lines
 
     def _call(self, op: ir.Op, step, wrap=None) -> str:
         """`OUTPUTS = aten_X(ARGS)`, assigning the outputs the step makes resident; `wrap(call,
         args)`, if given, is the expression that stands for the call (the RNG helpers)."""
-        args = [render_arg(a, self.var) for a in op.args] + [f"{k}={render_arg(v, self.var)}" for k, v in op.kwargs]
+        args = [render_arg(a, self.var) for a in op.args] + [f"{_keyword(k)}={render_arg(v, self.var)}" for k, v in op.kwargs]
         absent = [self._absent(a) for a in op.args]
         if op.target == "aten.add.Tensor" and len(op.args) == 2 and not op.kwargs and absent != ["False", "False"]:
             any_layout = self._any_layout(op.outputs[0])  # NOTE: [Absent output gradients]
-            call = f"_add_gradients({', '.join(args)}, {', '.join(absent)}, {any_layout}, device)"
+            call = f"_add_gradients({', '.join(args)}, {', '.join(absent)}, {any_layout}, _device)"
         elif step.into:  # NOTE: [In-place outputs] in remat_dsl.plan.inplace
             call = self._into(op, step.into, args)
         else:
-            args = [self._real(a) for a in op.args] + [f"{k}={self._real(v)}" for k, v in op.kwargs]
+            args = [self._real(a) for a in op.args] + [f"{_keyword(k)}={self._real(v)}" for k, v in op.kwargs]
             call = f"{callable_name(op.target)}({', '.join(args)})"
         if wrap is not None:
             call = wrap(call, args)
@@ -351,45 +499,45 @@ class _Renderer:
         return ", ".join(by_index[i] for i in kept) + f" = operator.itemgetter({', '.join(map(str, kept))})({call})"
 
     def _into(self, op: ir.Op, tensor: str, args: list[str]) -> str:
-        """`_into(OVERLOAD, OP, KEYWORD, INTO, ARGS)`: `op` with its output written into
+        """`_into(_s, OVERLOAD, OP, KEYWORD, INTO, ARGS)`: `op` with its output written into
         `tensor`, as the argument that reads it whole reads it (NOTE: [In-place outputs])."""
         reads = next(a for a in (*op.args, *(v for _, v in op.kwargs)) if (whole_tensor(a, self.tensors) or ("",))[0] == tensor)
         out, keyword = INPLACE_OUT[op.target]
-        return f"_into({callable_name(out)}, {callable_name(op.target)}, {keyword!r}, {render_arg(reads, self.var)}, {', '.join(args)})"
+        return f"_into(_s, {callable_name(out)}, {callable_name(op.target)}, {literal(keyword)}, {render_arg(reads, self.var)}, {', '.join(args)})"
 
     def _inplace_targets(self) -> set[str]:
         """The overloads the in-place steps call (NOTE: [In-place outputs])."""
         return {INPLACE_OUT[self.ops[step.instruction.target].target][0] for step in self.sim.timeline if step.into}
 
     def _offload(self, tensor: str, step) -> list[str]:
-        """`host_T, event_T = _offload(T, pool, OFFSET)`: into T's slot of the host buffer."""
+        """`host_T, event_T = _offload(T, _pool, OFFSET)`: into T's slot of the host buffer."""
         host, event, offset = self.names.host(tensor), self.names.event(tensor), self.host_offsets[tensor]
-        return [f"{host}, {event} = _offload({self.var[tensor]}, pool, {offset})"]
+        return [f"{host}, {event} = _offload({self.var[tensor]}, _pool, {offset})"]
 
     def _prefetch(self, tensor: str, step) -> list[str]:
-        """`T, event_T = _prefetch(host_T, event_T, device)`: the copy waits for event_T, the
+        """`T, event_T = _prefetch(host_T, event_T, _device)`: the copy waits for event_T, the
         offload's (or an earlier prefetch's) event, then event_T is the prefetch's."""
         event = self.names.event(tensor)
-        return [f"{self.var[tensor]}, {event} = _prefetch({self.names.host(tensor)}, {event}, device)"]
+        return [f"{self.var[tensor]}, {event} = _prefetch({self.names.host(tensor)}, {event}, _device)"]
 
     def _wait(self, tensor: str, step) -> list[str]:
-        return [f"_wait({self.names.event(tensor)}, device)"]
+        return [f"_wait({self.names.event(tensor)}, _device)"]
 
     # --- forward/backward boundary ---------------------------------------
 
     def _saved(self) -> tuple[list[str], list[str]]:
         """(names, pack expressions) of what crosses from forward to backward (the
-        simulation's Crossing).  Model outputs are saved as detached aliases, so ctx holds
-        no reference cycle."""
+        simulation's Crossing).  Model outputs are saved as detached aliases, so the step
+        holds no reference cycle."""
         crossing = self.sim.crossing
         outputs = set(refs_in(self.plan.graph.outputs))
         names = [self.var[t] for t in crossing.resident]
         packs = [self.var[t] + (".detach()" if t in outputs else "") for t in crossing.resident]
         for t in crossing.host:
             names += [self.names.host(t), self.names.event(t)]
-        names += [self.names.rng(op) for op in crossing.rng]
+        names += [self.names.rng(self.ops[op]) for op in crossing.rng]
         if self.host_offsets:
-            names.append("pool")  # last: dropped first if autograd drops ctx (NOTE: [Streams] 4)
+            names.append("_pool")  # last: dropped first if autograd drops the step (NOTE: [Streams] 4)
         return names, packs + names[len(packs) :]
 
     def _watched(self) -> list[tuple[str, str]]:
@@ -405,22 +553,25 @@ class _Renderer:
         needed = [t for t in self.sim.crossing.needed if t in self.sim.crossing.resident]
         return [(name, self.var[name]) for name in (*values, *needed)]
 
-    def _non_differentiable(self, flat: list[ir.Arg]) -> list[str]:
-        return [f"ctx.mark_non_differentiable(out_{i})" for i, arg in enumerate(flat) if not _is_float(self._dtype(arg))]
-
     def _tangent_args(self, flat: list[ir.Arg]) -> list[str]:
         tangents = {v.name: self.var[v.name] for v in self.plan.graph.tangents}
         return [tangents.get(f"grad_output.{i}", f"_unused_grad_{i}") for i in range(len(flat))]
 
     def _tangent_prologue(self) -> list[str]:
-        """NOTE: [Absent output gradients]: each model output's gradient, where the caller gave
-        none the shape and layout of autograd's zeros on the meta device (no memory: the ops
-        that read it make the zeros), and whether it did."""
+        """Each model output's gradient as the backward reads it: where the caller gave none,
+        the shape and layout of autograd's zeros on the meta device (no memory: the ops that
+        read it make the zeros) and whether it did (NOTE: [Absent output gradients]); where
+        an op reads it through a view that needs the layout it was traced with, in that
+        layout (NOTE: [Output gradient layouts] in the template)."""
         lines = []
         for i, tangent in enumerate(self.plan.graph.tangents):
             var, absent, where = self.var[tangent.name], self.names.absent(tangent.name), self._section_where("tangents", i + 1)
-            zeros = f"torch.empty({list(tangent.shape)}, dtype=torch.{tangent.dtype}, device='meta')"
-            lines += [f"{absent} = {var} is None  # {where}", f"{var} = {zeros} if {absent} else {var}  # {where}"]
+            zeros = f"torch.empty({_shape(tangent.shape)}, dtype={_dtype(tangent.dtype)}, device='meta')"
+            given = var
+            if not self._any_layout(tangent.name):
+                leaf = int(tangent.name.rpartition(".")[2])
+                given = f"_as_traced({var}, _s.layouts[{leaf}])"
+            lines += [f"{absent} = {var} is None  # {where}", f"{var} = {zeros} if {absent} else {given}  # {where}"]
         return lines
 
     def _real(self, arg: ir.Arg) -> str:
@@ -434,7 +585,7 @@ class _Renderer:
             return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
         rendered = render_arg(arg, self.var)
         if isinstance(arg, (ir.Ref, ir.Call)) and set(refs_in(arg)) & self.tangent_names:
-            return f"_zeros_if_absent({rendered}, device)"
+            return f"_zeros_if_absent({rendered}, _device)"
         return rendered
 
     def _absent(self, arg: ir.Arg) -> str:
@@ -489,16 +640,13 @@ class _Renderer:
                         todo.append(out)
         return True
 
-    def _backward_return(self, released: set[int] = frozenset()) -> str:
-        """The gradients the plan's node returns: None for the releases and sharded
-        arguments, the buffers, the inputs' places (NOTE: [Repeated inputs]) and the
-        inputs, then each parameter's (NOTE: [Gradient release]: a released one only when
-        nothing was released, i.e. compiled)."""
+    def _final_gradients(self, released: set[int]) -> str:
+        """Each parameter's gradient, in PARAMETERS order, as the backward's end hands them
+        over: None for the released ones (NOTE: [Gradient release]: handed over earlier), for
+        frozen parameters and for those the loss does not reach."""
         grads = {g.parameter: self._reached(g.value) for g in self.plan.graph.gradients}
-        params = [grads.get(p.name, "None") for p in self.plan.graph.parameters]
-        params = [f"(None if releases is not None else {g})" if i in released else g for i, g in enumerate(params)]
-        arguments = ["None"] * 4  # releases, sharded, buffers, where
-        return "(" + ", ".join(arguments + ["None"] * len(self.plan.graph.inputs) + params) + ")"
+        params = ["None" if i in released else grads.get(p.name, "None") for i, p in enumerate(self.plan.graph.parameters)]
+        return "(" + "".join(f"{g}, " for g in params) + ")"
 
     def _parameter_uses(self) -> tuple[list[tuple], tuple[dict[int, list[str]], dict[int, list[str]]]]:
         """NOTE: [FSDP2] in templates/module.py.jinja: for each parameter, the first and last
@@ -523,13 +671,14 @@ class _Renderer:
                         use[2 * section + 1] = offset + number
             marks = {use[2 * section] for use in uses} | {use[2 * section + 1] + 1 for use in uses if use[2 * section + 1]}
             for mark in sorted(m for m in marks if m is not None and m - offset <= len(instructions)):
-                points[section][mark - offset] = [f"_shards(sharded, {mark})  # NOTE: [FSDP2]"]
+                points[section][mark - offset] = [f"_shards(_sharded, {mark})  # NOTE: [FSDP2]"]
             offset += len(instructions)
         return [tuple(use) for use in uses], points
 
     def _releases(self) -> list[tuple[int, list[int], list[str]]]:
         """NOTE: [Gradient release]: (backward instruction index, parameter indices, lines)
-        for each group of parameter gradients handed to autograd before the backward ends:
+        for each group of parameter gradients handed to autograd before the backward ends
+        (the lines leave them in `_s.pending` and suspend `_backward`):
         those finished by the same instruction (the last that makes or reads their
         tensors), at most MAX_RELEASES groups (neighbours merged, the later index kept);
         gradients finished by the last instruction leave with the return as before."""
@@ -562,17 +711,12 @@ class _Renderer:
             values = [self._reached(g.value) for _, g in group]
             names = sorted({self.var[r] for _, g in group for r in refs_in(g.value)})
             lines = [
-                "if releases is not None:  # NOTE: [Gradient release]",
-                f"    releases.pending[{number}] = ({', '.join(values)},)",
-                f"    del {', '.join(names)}",
-                f"    _release(releases, {number})",
+                f"_s.pending = ({', '.join(values)},)  # NOTE: [Gradient release] {number}",
+                f"del {', '.join(names)}  # NOTE: [Gradient release] {number}",
+                f"yield  # NOTE: [Gradient release] {number}",
             ]
             result.append((at, [k for k, _ in group], lines))
         return result
-
-    def _dtype(self, arg: ir.Arg) -> str:
-        base = refs_in(arg)[0]
-        return self.tensors[base].dtype if base in self.tensors else "float32"
 
 
 # NOTE: [Absent output gradients]: views that need their input's traced strides, and ops
@@ -640,14 +784,10 @@ def _rebuild(arg: ir.Arg, flat: list[ir.Arg]) -> str:
         if isinstance(a, ir.ListArg):
             return "[" + ", ".join(build(x) for x in a.items) + "]"
         if ir.is_structure(a):
-            maker = "dict" if a.target == "dict" else f"self._output_types[{types.index(a.target)}]"
-            return f"{maker}(" + ", ".join(f"{key}={build(x)}" for key, x in a.kwargs) + ")"
+            fields = "{" + ", ".join(f"{literal(key)}: {build(x)}" for key, x in a.kwargs) + "}"
+            return fields if a.target == "dict" else f"self._output_types[{types.index(a.target)}](**{fields})"
         if a is None:
             return "None"
         return f"outputs[{index[a]}]"
 
     return build(arg)
-
-
-def _is_float(dtype: str) -> bool:
-    return dtype.startswith(("float", "bfloat", "complex"))

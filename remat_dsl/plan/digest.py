@@ -13,7 +13,10 @@ ends every plan with a `digest` section::
 
 The header's `autocast` line, when there is one, is the first item: the graph was
 captured under it (ir.Autocast), and the generated module checks the caller's autocast
-state against it.  An item is one line of a graph section (one declaration, tensor, op, gradient or update;
+state against it.  Its text lines come next (`header_items`): the model, the device, what
+predicted the costs, what the budget counts and the solver, which a reviewer reads as what
+the plan is for and the generated module carries (as data, NOTE: [Plan text as data] in
+remat_dsl.codegen.generate).  An item is one line of a graph section (one declaration, tensor, op, gradient or update;
 the whole `outputs` value), written in a layout-free form (`item_texts`), so `remat fmt`
 and future layouts do not change it.  The verifier (remat_dsl.check.verify) recomputes both: a
 different `graph` hash means the graph was edited; the first item whose 12-bit hash
@@ -71,13 +74,24 @@ def canonical_arg(arg: ir.Arg) -> str:
     raise ValueError(f"cannot digest argument {arg!r}")
 
 
-def items(graph: ir.Graph, outputs_span: ir.Span | None = None, *, costs: bool = True) -> list[Item]:
+HEADER_TEXTS = ("model", "device", "costs", "counts", "solver")  # the header's text lines the digest seals
+
+
+def header_items(header: ir.Header) -> list[Item]:
+    """The header's text lines as items (NOTE: [Graph digest]); `costs` only when present."""
+    values = {key: getattr(header, key) for key in HEADER_TEXTS}
+    return [Item("header", f"{key} {json.dumps(value)}", None) for key, value in values.items() if value is not None]
+
+
+def items(graph: ir.Graph, outputs_span: ir.Span | None = None, *, costs: bool = True, header: ir.Header | None = None) -> list[Item]:
     """The graph's items in document order (see NOTE: [Graph digest]).
 
     costs: include each op's measured time and temporary bytes (False compares the
     structure alone, as `remat check --model` does against a fresh capture).
+    header: the plan's header, whose text lines follow the autocast item (None: left out).
     """
     result = [Item("header", f"autocast {graph.autocast.dtype}", graph.autocast.span)] if graph.autocast else []
+    result += header_items(header) if header is not None else []
     for section, values in (("inputs", graph.inputs), ("parameters", graph.parameters), ("buffers", graph.buffers), ("tangents", graph.tangents)):
         result += [Item(section, f"{v.kind} {v.name} {v.dtype}{list(v.shape)}", v.span) for v in values]
         if section == "inputs":
@@ -130,7 +144,7 @@ _ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"  
 _INDEX = {c: i for i, c in enumerate(_ALPHABET)}
 
 
-def digest_of(graph: ir.Graph) -> ir.Digest:
-    """The digest the printer writes for `graph`."""
-    graph_items = items(graph)
+def digest_of(graph: ir.Graph, header: ir.Header) -> ir.Digest:
+    """The digest the printer writes for `graph` under `header`."""
+    graph_items = items(graph, header=header)
     return ir.Digest(graph_hash(graph_items), encode_items([item_hash(i) for i in graph_items]))

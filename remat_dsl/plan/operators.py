@@ -4,12 +4,26 @@ A call written inside another operation's arguments (`aten.t.default(%w)`) alloc
 nothing: it is a view of its arguments, inlined by code generation where it is used
 (remat_dsl.plan.ir, `Call`).  An operator is a view when its schema says every output
 aliases an input without writing it, or when it is one of VIEW_EXTRA, whose schemas do
-not say so though they return their input's storage.
+not say so though they return their input's storage.  The constants an argument may name
+(`torch.float32`, `torch.strided`, `torch.contiguous_format`) are `torch_constants()`.
 """
 
 from __future__ import annotations
 
-VIEW_EXTRA = frozenset({"aten._unsafe_view.default", "aten.alias.default", "aten.detach.default"})
+import functools
+
+# Views whose schemas do not say so: they return their input's storage (the `unsafe_`
+# splits are what AOTAutograd makes of an LSTMCell's gates, `chunk` on a sum).
+VIEW_EXTRA = frozenset(
+    {
+        "aten._unsafe_view.default",
+        "aten.alias.default",
+        "aten.detach.default",
+        "aten.unsafe_chunk.default",
+        "aten.unsafe_split.Tensor",
+        "aten.unsafe_split_with_sizes.default",
+    }
+)
 
 
 def is_view(overload) -> bool:
@@ -18,3 +32,13 @@ def is_view(overload) -> bool:
         return True
     returns = overload._schema.returns
     return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+
+
+@functools.cache
+def torch_constants() -> frozenset[str]:
+    """`torch.NAME` of every dtype, layout and memory format torch defines: the symbols a
+    plan's arguments may name (remat_dsl.capture.fbgraph writes no others)."""
+    import torch
+
+    kinds = (torch.dtype, torch.layout, torch.memory_format)
+    return frozenset(f"torch.{name}" for name, value in vars(torch).items() if isinstance(value, kinds) and name.isidentifier())

@@ -416,7 +416,7 @@ def _sections(plan: ir.Plan) -> list[list[str]]:
     sections.append(_assignments("gradients", [(gr.parameter, gr.value) for gr in g.gradients]))
     if g.updates:
         sections.append(_assignments("updates", [(u.buffer, ir.Ref(u.tensor)) for u in g.updates]))
-    sections.append(_digest(digest_of(g)))
+    sections.append(_digest(digest_of(g, plan.header)))
     return sections
 
 
