@@ -10,7 +10,7 @@ LOCK   := requirements.lock
 TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test test-slow demo bench lock clean
+.PHONY: venv test test-slow demo bench tables lock clean
 
 venv: $(STAMP)
 
@@ -39,6 +39,10 @@ demo: venv
 
 bench: venv
 	$(PY) bench/overhead.py
+
+# write grammar/*.tables.json again after a grammar edit (NOTE: [Parser tables] in remat_dsl/plan/parser.py)
+tables: venv
+	$(PY) -m remat_dsl.plan.tables
 
 # rewrite the lock from what .venv has now (after an upgrade on purpose)
 lock: venv

@@ -14,8 +14,7 @@ alphabetical order.
 [Solution cache] in remat_dsl/plan/cache.py).  Each test gets an empty one of its own
 (REMAT_CACHE_DIR, inherited by the commands it runs), and fixtures shared by several
 tests run without one (REMAT_CACHE_DIR=off), so that no test depends on what another
-measured, and nothing is written to the user's ~/.cache.  The plan parser's tables, which
-depend on the grammar alone, are shared by every test (`parser_tables`).
+measured, and nothing is written to the user's ~/.cache.
 """
 
 from __future__ import annotations
@@ -99,16 +98,7 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=rank)  # stable: the order inside a file is kept
 
 
-@pytest.fixture(scope="session")
-def parser_tables(tmp_path_factory):
-    """One `parsers` directory for the whole session (NOTE: [Parser tables] in
-    remat_dsl/plan/parser.py): the plan grammar's LALR tables depend on the grammar alone,
-    and building them costs each command that reads a plan 1.6 s."""
-    return tmp_path_factory.mktemp("parser-tables")
-
-
 @pytest.fixture(autouse=True)
-def own_cache(tmp_path_factory, monkeypatch, parser_tables):
+def own_cache(tmp_path_factory, monkeypatch):
     cache = tmp_path_factory.mktemp("remat-cache")
-    (cache / "parsers").symlink_to(parser_tables, target_is_directory=True)
     monkeypatch.setenv("REMAT_CACHE_DIR", str(cache))

@@ -102,12 +102,11 @@ def _expand(text: str, tmp: Path, files: Path) -> str:
     return text.format(tmp=tmp, tiny=TINY, models=HERE / "models", files=files, root=ROOT)
 
 
-def _run(case: dict, base: Path, files: Path, parser_tables: Path) -> tuple[dict, Path, list[str], subprocess.CompletedProcess]:
+def _run(case: dict, base: Path, files: Path) -> tuple[dict, Path, list[str], subprocess.CompletedProcess]:
     tmp = base / case["name"].replace(" ", "_")
     tmp.mkdir()
-    cache = base / "caches" / tmp.name  # its own, with the session's parser tables (tests/conftest.py)
+    cache = base / "caches" / tmp.name  # its own
     cache.mkdir(parents=True)
-    (cache / "parsers").symlink_to(parser_tables, target_is_directory=True)
     for entry in case.get("precreate", []):
         (tmp / entry).mkdir() if entry.endswith("/") else (tmp / entry).touch()
     before = sorted(os.listdir(tmp))
@@ -118,10 +117,10 @@ def _run(case: dict, base: Path, files: Path, parser_tables: Path) -> tuple[dict
 
 
 @pytest.fixture(scope="module")
-def results(files, tmp_path_factory, parser_tables) -> dict:
+def results(files, tmp_path_factory) -> dict:
     base = tmp_path_factory.mktemp("cases")
     with ThreadPoolExecutor(max_workers=2) as pool:
-        runs = list(pool.map(lambda case: _run(case, base, files, parser_tables), CASES))
+        runs = list(pool.map(lambda case: _run(case, base, files), CASES))
     return {case["name"]: (tmp, before, result) for case, tmp, before, result in runs}
 
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from remat_dsl.plan.cache import NO_CACHE, Cache, default_cache
+from remat_dsl.plan.cache import NO_CACHE, Cache, default_cache, entry_digest
 
 ROOT = Path(__file__).resolve().parent.parent
 REMAT = Path(sys.executable).parent / "remat"
@@ -26,11 +26,117 @@ def test_entries_round_trip_and_bad_ones_are_misses(tmp_path):
     path.write_text(path.read_text()[:-5])  # truncated
     assert cache.get("profiles", key) is None
     other = Cache.key("other")
-    path.write_text('{"key": "%s", "value": 1}' % other)  # another key's entry under this name
+    path.write_text(
+        '{"key": "%s", "value": 1, "sha256": "%s"}' % (other, entry_digest("profiles", other, 1))
+    )  # another key's entry
     assert cache.get("profiles", key) is None
     assert list(tmp_path.rglob("*.tmp")) == []  # written by rename: no leftovers
     NO_CACHE.put("profiles", key, 1)
     assert NO_CACHE.get("profiles", key) is None
+
+
+def _entry_file(cache: Cache, kind: str, key: str) -> Path:
+    cache.put(kind, key, {"p": 0.1, "ops": [1, 2]})
+    (path,) = (cache.root / kind).rglob("*.json")
+    return path
+
+
+def test_an_entry_is_used_only_as_its_own_hash_says(tmp_path):
+    """NOTE: [Solution cache]: every entry holds a SHA-256 of its kind, key and value; an
+    edited, unhashed or malformed entry is a miss (None), never an error or another value."""
+    import json
+
+    cache = Cache(tmp_path)
+    key = Cache.key("graph")
+    path = _entry_file(cache, "graphs", key)
+    entry = json.loads(path.read_text())
+    assert set(entry) == {"key", "value", "sha256"} and entry["sha256"] == entry_digest("graphs", key, entry["value"])
+    assert cache.get("graphs", key) == {"p": 0.1, "ops": [1, 2]}
+    assert cache.get("profiles", key) is None  # another kind: another file
+    edits = {
+        "edited value": {**entry, "value": {"p": 0.5, "ops": [1, 2]}},
+        "no hash": {"key": key, "value": entry["value"]},
+        "hash of another kind": {**entry, "sha256": entry_digest("profiles", key, entry["value"])},
+        "hash of another value": {**entry, "sha256": entry_digest("graphs", key, {"p": 0.5})},
+        "hash not a string": {**entry, "sha256": 1},
+        "hash not ascii": {**entry, "sha256": "\u00e9" * 64},
+        "extra field": {**entry, "more": 1},
+        "a list": [entry],
+    }
+    for name, edited in edits.items():
+        path.write_text(json.dumps(edited))
+        assert cache.get("graphs", key) is None, name
+    for name, data in {"deep": b"[" * 200_000, "not utf-8": b"\xff\xfe", "empty": b"", "nan": b"NaN"}.items():
+        path.write_bytes(data)
+        assert cache.get("graphs", key) is None, name
+    path.write_text(json.dumps(entry))
+    assert cache.get("graphs", key) == {"p": 0.1, "ops": [1, 2]}  # the original reads again
+
+
+def test_values_read_back_as_their_hash_was_taken(tmp_path):
+    """`put` hashes the value as JSON reads it back: tuples as lists, integer keys as
+    strings, non-finite floats as they are; so what is stored is always a hit."""
+    cache = Cache(tmp_path)
+    key = Cache.key("values")
+    value = {"t": (1, (2.5, None)), 3: "int key", 10: "sorts after 3 as a number, before as text", "inf": float("inf")}
+    cache.put("blocks", key, value)
+    assert cache.get("blocks", key) == {"t": [1, [2.5, None]], "3": "int key", "10": value[10], "inf": float("inf")}
+
+
+def test_only_regular_files_of_this_user_that_others_cannot_write_are_read(tmp_path):
+    cache = Cache(tmp_path)
+    key = Cache.key("own")
+    path = _entry_file(cache, "chains", key)
+    assert path.stat().st_mode & 0o777 == 0o600
+    path.chmod(0o620)  # group-writable: someone else could have written it
+    assert cache.get("chains", key) is None
+    path.chmod(0o600)
+    assert cache.get("chains", key) is not None
+    target = path.with_suffix(".target")
+    path.rename(target)
+    path.symlink_to(target)  # a link in an entry's place
+    assert cache.get("chains", key) is None
+    path.unlink()
+    os.mkfifo(path)  # would block a reader that opens it plainly
+    assert cache.get("chains", key) is None
+    path.unlink()
+    target.rename(path)
+    if os.getuid() == 0:  # only root can give a file away
+        os.chown(path, 65534, 65534)
+        assert cache.get("chains", key) is None
+
+
+def test_the_cache_makes_owner_only_directories_and_files_whatever_the_umask(tmp_path):
+    root = tmp_path / "a" / "cache"
+    old = os.umask(0)
+    try:
+        Cache(root).put("profiles", Cache.key("x"), 1)
+    finally:
+        os.umask(old)
+    made = [root, *(p for p in root.rglob("*") if p.is_dir())]
+    assert len(made) == 3 and all(p.stat().st_mode & 0o777 == 0o700 for p in made)
+    (entry,) = root.rglob("*.json")
+    assert entry.stat().st_mode & 0o777 == 0o600
+    assert Cache(root).get("profiles", Cache.key("x")) == 1
+
+
+def test_a_cache_others_can_write_is_neither_read_nor_written(tmp_path, capsys):
+    from remat_dsl.plan import cache as cache_module
+
+    root = tmp_path / "shared"
+    Cache(root).put("profiles", Cache.key("x"), 1)
+    root.chmod(0o770)
+    cache_module._warned.discard(str(root))
+    shared = Cache(root)
+    assert not shared.enabled and shared.get("profiles", Cache.key("x")) is None
+    shared.put("profiles", Cache.key("y"), 2)
+    assert len(list(root.rglob("*.json"))) == 1
+    Cache(root)  # a second look says nothing more
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"warning: not using the cache {root}: group or others can write it")
+    assert f"chmod go-w {root}" in err and "REMAT_CACHE_DIR" in err
+    root.chmod(0o700)
+    assert Cache(root).get("profiles", Cache.key("x")) == 1
 
 
 def test_default_place(monkeypatch, tmp_path):
@@ -249,7 +355,9 @@ def test_a_refused_budget_is_refused_again_from_the_chain_memo(tmp_path, monkeyp
     graph = capture_graph(load_model_file(str(ROOT / "tests" / "models" / "hf_llama.py"))).graph
     tables = []
     real = rk_rotor._tables
-    monkeypatch.setattr(rk_rotor, "_tables", lambda chain, budget, slots: tables.append(budget) or real(chain, budget, slots))
+    monkeypatch.setattr(
+        rk_rotor, "_tables", lambda chain, budget, slots: tables.append(budget) or real(chain, budget, slots)
+    )
 
     def refusal(cache, budget: int) -> BudgetError:
         tables.clear()
@@ -283,6 +391,9 @@ def test_a_refused_budget_is_refused_again_from_the_chain_memo(tmp_path, monkeyp
         entry = json.loads(path.read_text())
         if isinstance(entry["value"], dict) and entry["value"]["schedule"] is not None:
             entry["value"]["schedule"]["us"] -= 1  # a faster plan than the sequence gives
+            entry["sha256"] = entry_digest(
+                "chains", entry["key"], entry["value"]
+            )  # resealed: the replay must refuse it
             path.write_text(json.dumps(entry))
             tampered += 1
     assert tampered

@@ -44,11 +44,12 @@ def test_a_wheel_runs_without_the_repository(tmp_path):
         names = archive.namelist()
         archive.extractall(site)
     assert "remat_dsl/grammar/plan.lark" in names and "remat_dsl/templates/module.py.jinja" in names
+    assert "remat_dsl/grammar/plan.tables.json" in names  # NOTE: [Parser tables] in remat_dsl/plan/parser.py
     work = tmp_path / "elsewhere"
     work.mkdir()
     shutil.copy(ROOT / "tests" / "models" / "tiny_mlp.py", work)
     env = {"PYTHONPATH": str(site)}
-    where = run([sys.executable, "-c", "import remat_dsl.plan.parser as p, remat_dsl.codegen.generate as c; print(p.GRAMMAR_PATH); print(c.TEMPLATES)"], work, **env)
+    where = run([sys.executable, "-c", "import remat_dsl.plan.parser as p, remat_dsl.codegen.generate as c, remat_dsl.plan.tables as t; print(p.GRAMMAR_PATH); print(c.TEMPLATES); print(t.tables_path('plan')); assert t.load('plan')"], work, **env)
     assert all(line.startswith(str(site)) for line in where.stdout.split()), where.stdout
     plan = run([sys.executable, "-m", "remat_dsl", "plan", "tiny_mlp.py", "--budget", "90%", "--repeats", "1"], work, **env)
     (work / "t.plan").write_text(plan.stdout)

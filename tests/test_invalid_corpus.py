@@ -79,58 +79,34 @@ def test_every_diagnostic_locates_quotes_and_fixes():
         assert lines[-1].startswith("  hint: "), name
 
 
-def test_the_parser_read_back_from_its_cached_tables_gives_every_diagnostic(tmp_path, monkeypatch):
-    # NOTE: [Parser tables]: the first parser is built and kept; the next is read back, and
-    # must say exactly what the built one says, on every invalid plan and every valid one.
+def test_the_parser_from_its_shipped_tables_gives_every_diagnostic(monkeypatch):
+    # NOTE: [Parser tables]: the parser read from grammar/plan.tables.json must say exactly
+    # what the parser built from the grammar says, on every invalid plan and every valid one.
     from lark import Lark
 
-    from remat_dsl.plan import parser
+    from remat_dsl.plan import parser, tables
 
-    monkeypatch.setenv("REMAT_CACHE_DIR", str(tmp_path))
-    parser._lark.cache_clear()
-    try:
-        built = parser._lark()
-        (tables,) = (tmp_path / "parsers").glob("plan-*.lark")
-        valid = sorted((ROOT / "tests" / "plans").glob("*.plan"))
-        by_built = [parser.parse(path.read_text(), str(path)) for path in valid]
-        parser._lark.cache_clear()
+    valid = sorted((ROOT / "tests" / "plans").glob("*.plan"))
 
-        def no_build(*args, **kwargs):
-            raise AssertionError("the parser was built again, not read from its tables")
-
-        monkeypatch.setattr(Lark, "open", no_build)
-        loaded = parser._lark()
-        assert loaded is not built
-        for name in NAMES:
-            status, _, stderr = make_corpus.check_in_process(make_corpus.relative_path(name))
-            assert (status, stderr) == (2, _golden(name)), name
-        assert [parser.parse(path.read_text(), str(path)) for path in valid] == by_built
-        assert parser._terminal_names() and loaded.options.propagate_positions
-        monkeypatch.undo()
-        monkeypatch.setenv("REMAT_CACHE_DIR", str(tmp_path))
-
-        # tables cut short (a crash while they were written elsewhere) are built again
-        tables.write_bytes(tables.read_bytes()[:1000])
+    def outcomes() -> list:
         parser._lark.cache_clear()
         parser._terminal_names.cache_clear()
-        assert parser._lark() is not loaded
-        assert tables.stat().st_size > 100_000
-        status, _, stderr = make_corpus.check_in_process(make_corpus.relative_path(NAMES[0]))
-        assert (status, stderr) == (2, _golden(NAMES[0]))
+        diagnostics = [make_corpus.check_in_process(make_corpus.relative_path(name)) for name in NAMES]
+        return [(status, stderr) for status, _, stderr in diagnostics] + [parser.parse(p.read_text(), str(p)) for p in valid]
 
-        # tables that cannot be written (a directory in their place): the parser is built,
-        # and no temporary file is left
-        blocked = tmp_path / "blocked"
-        monkeypatch.setenv("REMAT_CACHE_DIR", str(blocked))
-        parser._tables_path().mkdir(parents=True)
-        parser._lark.cache_clear()
-        status, _, stderr = make_corpus.check_in_process(make_corpus.relative_path(NAMES[0]))
-        assert (status, stderr) == (2, _golden(NAMES[0]))
-        assert sorted(path.relative_to(blocked) for path in blocked.rglob("*")) == [parser._tables_path().relative_to(blocked).parent, parser._tables_path().relative_to(blocked)]
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(tables, "load", lambda name: None)  # built from the grammar
+            built = outcomes()
+        with monkeypatch.context() as patch:
 
-        # REMAT_CACHE_DIR=off keeps no tables
-        monkeypatch.setenv("REMAT_CACHE_DIR", "off")
-        assert parser._tables_path() is None
+            def no_build(*args, **kwargs):
+                raise AssertionError("the parser was built, not read from its shipped tables")
+
+            patch.setattr(Lark, "open", no_build)
+            assert outcomes() == built
+            assert parser._terminal_names() and parser._lark().options.propagate_positions
+        assert built[: len(NAMES)] == [(2, _golden(name)) for name in NAMES]
     finally:
         parser._lark.cache_clear()
         parser._terminal_names.cache_clear()

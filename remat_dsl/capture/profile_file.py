@@ -45,9 +45,8 @@ from pathlib import Path
 from lark import Lark, Token, Transformer
 from lark.exceptions import UnexpectedInput, VisitError
 
-from remat_dsl.plan import ir
+from remat_dsl.plan import ir, tables
 from remat_dsl.plan.errors import PlanError
-from remat_dsl.plan.resources import data_path
 from remat_dsl.plan.units import DURATION_UNITS, EXACT_SIZE_UNITS, format_duration, scaled, size_parts
 
 FORMAT_VERSION = 1
@@ -236,7 +235,8 @@ def _json_string(token: Token, builder: _Builder) -> str:
 
 @functools.cache
 def _lark() -> Lark:
-    return Lark.open(str(data_path("grammar", "profile.lark")), parser="lalr", lexer="contextual", propagate_positions=True)
+    """The parser of grammar/profile.lark (NOTE: [Parser tables] in remat_dsl/plan/parser.py)."""
+    return tables.parser("profile")
 
 
 HEADER_WORDS = ("model", "device", "torch", "input", "ops")

@@ -68,11 +68,10 @@ def read_constraints(path: str) -> tuple[ir.Constraint, ...]:
 
 @functools.cache
 def _lark():
-    from lark import Lark
+    """The parser of grammar/constraints.lark (NOTE: [Parser tables] in remat_dsl/plan/parser.py)."""
+    from remat_dsl.plan import tables
 
-    from remat_dsl.plan.resources import data_path
-
-    return Lark.open(str(data_path("grammar", "constraints.lark")), parser="lalr", lexer="contextual", propagate_positions=True)
+    return tables.parser("constraints")
 
 
 def _syntax_error(error, text: str, path: str) -> PlanError:

@@ -78,11 +78,8 @@ from __future__ import annotations
 
 import difflib
 import functools
-import hashlib
-import io
 import json
 import re
-import sys
 from dataclasses import dataclass, replace
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
@@ -92,8 +89,7 @@ from lark import Lark, Token, Transformer
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
 from lark.lexer import PatternStr
 
-from remat_dsl.plan import ir
-from remat_dsl.plan.cache import Cache, default_cache
+from remat_dsl.plan import ir, tables
 from remat_dsl.plan.errors import PlanError
 from remat_dsl.plan.resources import data_path
 from remat_dsl.plan.printer import FORMAT_VERSION, OP_HEADING, PEAK_AT_RE, PHASES, SOLVE_TIME_UNIT, STATUSES, SYM_PREFIX, TENSOR_HEADING, TENSOR_HEADING_V1
@@ -136,49 +132,28 @@ VERB_ALIASES = {
 }  # fmt: skip
 
 
-LARK_OPTIONS = dict(parser="lalr", lexer="contextual", propagate_positions=True, maybe_placeholders=False)
-
-
 @functools.cache
 def _lark() -> Lark:
-    """The plan parser, its LALR tables read from the cache when they are there.
+    """The plan parser (NOTE: [Parser tables]).
 
     NOTE: [Parser tables]
-    Lark builds the LALR(1) tables of grammar/plan.lark in 1.6 s on this 2-core machine
+    Lark builds the LALR(1) tables of grammar/plan.lark in 1.2-1.6 s on this 2-core machine
     (`start` and `header` spell out every combination of their optional sections, see the
-    grammar), which was most of a `remat fmt`, `remat diff` or `remat textconv` run, and
-    git runs `remat textconv` once per file and revision.  The built parser is kept (Lark's
-    own `save`, a pickle) under `parsers/` of the cache directory (remat_dsl.plan.cache,
-    NOTE: [Solution cache]) and read back in 0.1 s.  The file is named by a SHA-256 of
-    the grammar files, Lark's options and the versions of Lark and Python, so another
-    grammar is another file, never a stale hit; it is written atomically (a temporary file
-    renamed), and one that does not load is built again.  REMAT_CACHE_DIR=off keeps none.
+    grammar), which would be most of a `remat fmt`, `remat diff` or `remat textconv` run, and
+    git runs `remat textconv` once per file and revision.  The tables are built ahead of time
+    into the package as data: grammar/plan.tables.json, written by `python -m
+    remat_dsl.plan.tables` (`make tables`) and read back with Lark's own deserializer in
+    about 0.1 s (remat_dsl/plan/tables.py).  The file records a SHA-256 of the grammar files,
+    Lark's options and Lark's version; when they are not those in use (an edited grammar,
+    another Lark) the parser is built in memory instead, and tests/test_parser_tables.py
+    fails until the file is written again.  The loader accepts only the expected options (no
+    lexer callbacks, post-lexer or classes of its own), so nothing but data reaches Lark.
+    Nothing is read from or written to the cache directory: a cache is writable by whoever
+    shares or restores it, and Lark's own `save` format is a pickle, which runs code when it
+    is read.  grammar/constraints.lark and grammar/profile.lark are shipped the same way
+    (remat_dsl.plan.constraints, remat_dsl.capture.profile_file).
     """
-    path = _tables_path()
-    if path is not None:
-        try:
-            with path.open("rb") as handle:
-                return Lark.load(handle)
-        except Exception:  # missing, truncated or foreign: build it again
-            pass
-    parser = Lark.open(str(GRAMMAR_PATH), **LARK_OPTIONS)
-    if path is not None:
-        tables = io.BytesIO()
-        parser.save(tables)
-        Cache.write(path, tables.getvalue())
-    return parser
-
-
-def _tables_path() -> Path | None:
-    """Where NOTE: [Parser tables] keeps the plan parser (None: REMAT_CACHE_DIR=off)."""
-    import lark
-
-    root = default_cache().root
-    if root is None:
-        return None
-    texts = [(path.name, path.read_text()) for path in sorted(GRAMMAR_PATH.parent.glob("*.lark"))]  # with its %imports
-    key = hashlib.sha256(repr((texts, sorted(LARK_OPTIONS.items()), lark.__version__, sys.version_info[:2])).encode()).hexdigest()
-    return root / "parsers" / f"plan-{key[:32]}.lark"
+    return tables.parser("plan")
 
 
 MAX_NESTING = 64  # brackets inside one argument; captured graphs stay far below
