@@ -30,7 +30,7 @@ def build_model():
 
 
 def sample_inputs():
-    return (torch.randn(6, 8, generator=torch.Generator().manual_seed(1)),)
+    return (torch.randn(256, 8, generator=torch.Generator().manual_seed(1)),)
 
 
 def loss_fn(output):
