@@ -85,13 +85,22 @@ FILES = {
     "no_gradient_line.plan": lambda: _text_edit("  fc1.weight  = aten.t.default(aten.t.default(%fc1.bwd.mm))\n", ""),
     "edited_op.plan": lambda: _text_edit("relu = aten.relu.default(%fc1)", "relu = aten.sigmoid.default(%fc1)"),
     "no_digest.plan": _without_digest,
+    "own.plan": lambda: VALID.read_text(),  # a plan that a case tries to write over (NOTE: [Safe outputs])
+    "model.py": lambda: TINY.read_text(),  # a model file that a case tries to write over
+    "notes.txt": lambda: "notes nobody should lose\n",
 }
+SPECIAL = {"a_directory", "a_fifo", "big.plan", "link.plan"}  # made by the `files` fixture itself
+BIG_BYTES = 200_000_000  # a sparse file: its size is read, never its bytes (NOTE: [Bounded inputs])
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> Path:
     where = tmp_path_factory.mktemp("files")
     (where / "a_directory").mkdir()
+    os.mkfifo(where / "a_fifo")
+    with open(where / "big.plan", "wb") as handle:
+        handle.truncate(BIG_BYTES)
+    (where / "link.plan").symlink_to("own.plan")
     for name, make in FILES.items():
         data = make()
         (where / name).write_bytes(data if isinstance(data, bytes) else data.encode("utf-8"))
@@ -100,6 +109,11 @@ def files(tmp_path_factory) -> Path:
 
 def _expand(text: str, tmp: Path, files: Path) -> str:
     return text.format(tmp=tmp, tiny=TINY, models=HERE / "models", files=files, root=ROOT)
+
+
+def _unchanged(files: Path) -> bool:
+    """The files that cases try to write over are as the fixture made them."""
+    return all((files / n).read_bytes() == FILES[n]().encode("utf-8") for n in ("own.plan", "model.py", "notes.txt"))
 
 
 def _run(case: dict, base: Path, files: Path) -> tuple[dict, Path, list[str], subprocess.CompletedProcess]:
@@ -111,7 +125,7 @@ def _run(case: dict, base: Path, files: Path) -> tuple[dict, Path, list[str], su
         (tmp / entry).mkdir() if entry.endswith("/") else (tmp / entry).touch()
     before = sorted(os.listdir(tmp))
     args = [_expand(a, tmp, files) for a in case["args"]]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "REMAT_CACHE_DIR": str(cache)}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "REMAT_CACHE_DIR": str(cache), **case.get("env", {})}
     result = subprocess.run([sys.executable, "-m", "remat_dsl", *args], cwd=tmp, capture_output=True, text=True, env=env, timeout=300)
     return case, tmp, before, result
 
@@ -128,7 +142,7 @@ def test_the_corpus_is_large_and_names_are_unique():
     names = [case["name"] for case in CASES]
     assert len(names) >= 60
     assert len(set(names)) == len(names)
-    assert set(FILES) | {"a_directory"} >= {a.split("{files}/")[1] for case in CASES for a in case["args"] if "{files}/" in a}
+    assert set(FILES) | SPECIAL >= {a.split("{files}/")[1] for case in CASES for a in case["args"] if "{files}/" in a}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case["name"] for case in CASES])
@@ -142,4 +156,5 @@ def test_bad_invocation(case, results, files):
     if "where" in case:  # the error line starts with the location (progress lines may come before it)
         assert any(line.startswith(_expand(case["where"], tmp, files)) for line in stderr.splitlines()), stderr
     assert sorted(os.listdir(tmp)) == before, "files left behind"
+    assert _unchanged(files), "an input or a file the tool did not write was replaced"
     shutil.rmtree(tmp)

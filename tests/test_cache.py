@@ -158,14 +158,14 @@ def plan(tmp_path: Path, budget: str, name: str, *extra: str) -> str:
 
 
 def test_a_second_budget_reuses_times_and_block_solutions(tmp_path):
-    first = plan(tmp_path, "700000", "a.plan")
+    first = plan(tmp_path, "700000B", "a.plan")
     assert "from the cache" not in first and "solving block class" in first
-    again = plan(tmp_path, "700000", "b.plan")
+    again = plan(tmp_path, "700000B", "b.plan")
     assert "op times from the cache" in again and "(from the cache)" in again
     assert (tmp_path / "a.plan").read_bytes() == (tmp_path / "b.plan").read_bytes()
-    other = plan(tmp_path, "760000", "c.plan")
+    other = plan(tmp_path, "760000B", "c.plan")
     assert "op times from the cache" in other and "(from the cache)" in other
-    fresh = plan(tmp_path, "700000", "d.plan", "--no-cache")
+    fresh = plan(tmp_path, "700000B", "d.plan", "--no-cache")
     assert "from the cache" not in fresh
 
 

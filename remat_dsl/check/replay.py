@@ -204,7 +204,10 @@ def simulate(plan: ir.Plan, *, device: str | None = None, inplace: bool = True) 
 
 
 def _did_you_mean(name: str, choices) -> str | None:
-    close = difflib.get_close_matches(name, list(choices), n=1)
+    choices = list(choices)
+    if len(name) > 3 * max(map(len, choices), default=0):  # no match: a ratio >= 0.6 needs len(name) <= 2.33x;
+        return None  # a 20 MB name kept difflib busy for seconds (NOTE: [Bounded messages] in remat_dsl/plan/errors.py)
+    close = difflib.get_close_matches(name, choices, n=1)
     return f"did you mean '{close[0]}'?" if close else None
 
 

@@ -15,6 +15,7 @@ import atexit
 import gc
 import io
 import os
+import signal
 import sys
 import threading
 from typing import NoReturn
@@ -40,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Terminated as ended:  # NOTE: [Signals]
+        print(f"terminated by {signal.Signals(ended.signum).name}", file=sys.stderr)
+        return 128 + ended.signum
     write_stdout(args.out.getvalue())
     if args.whole_process:
         gc.freeze()  # exiting need not traverse what the command made (NOTE: [Garbage collection])
@@ -60,14 +64,55 @@ def main(argv: list[str] | None = None) -> int:
 # the tests and the DDP workers call it inside their own process.
 
 
+# NOTE: [Signals]
+# Python turns SIGINT into KeyboardInterrupt, so Ctrl-C unwinds a command: its `finally`
+# blocks run (`remat plan` stops its worker processes, NOTE: [Workers end with their
+# parent] in remat_dsl/solve/ilp/workers.py) and nothing is half-written (NOTE: [Output
+# files]).  SIGTERM (`kill`, a CI job's timeout) and SIGHUP (a closed terminal) end a
+# process at once, without unwinding: its workers would go on solving.  So the `remat`
+# program turns them into
+# the exception Terminated, handled as KeyboardInterrupt is: `terminated by SIGTERM` and
+# exit status 128 + the signal's number.  The handler is the program's, not `main`'s,
+# which the tests call inside their own process.  A second such signal while the first
+# unwinds ends the process at once (the default action): the workers then end by
+# themselves.
+
+
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP reached the `remat` program (NOTE: [Signals]); `signum` says which.
+    A BaseException, as KeyboardInterrupt is, so that `except Exception` lets it through."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+TERMINATING = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _terminate(signum, frame) -> None:
+    for number in TERMINATING:  # a second signal ends the process at once
+        signal.signal(number, signal.SIG_DFL)
+    raise Terminated(signum)
+
+
 def program() -> NoReturn:
     """The `remat` program: `main()` on sys.argv, then exit with its status (0 success,
-    2 a user error, 130 interrupted) without tearing down the modules it imported (NOTE:
-    [Exit]).  An error of the tool itself (a traceback) exits as Python does."""
+    2 a user error, 130 interrupted, 128 + N ended by signal N: NOTE: [Signals]) without
+    tearing down the modules it imported (NOTE: [Exit]).  An error of the tool itself (a
+    traceback) exits as Python does."""
+    for number in TERMINATING:
+        if signal.getsignal(number) is not signal.SIG_IGN:  # `nohup remat ...` keeps SIGHUP ignored
+            signal.signal(number, _terminate)
     try:
         code = main()
     except SystemExit as exc:  # argparse: --help, a usage error
         code = exc.code
+    except Terminated as ended:  # before `main` handles it (while the arguments are read)
+        code = 128 + ended.signum
+    for number in TERMINATING:
+        if signal.getsignal(number) is _terminate:
+            signal.signal(number, signal.SIG_DFL)
     if code is None:
         code = 0
     elif not isinstance(code, int):  # sys.exit("message"): printed, status 1

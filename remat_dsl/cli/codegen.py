@@ -11,6 +11,11 @@ def register(subparsers) -> None:
     codegen = subparsers.add_parser("codegen", help="generate a standalone PyTorch module that runs a plan")
     codegen.add_argument("plan")
     codegen.add_argument("-o", "--output", required=True, help="the .py file to write")
+    codegen.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the output even when it is the plan or a file that is not a module remat generated",
+    )
     codegen.set_defaults(run=run)
 
 
@@ -18,7 +23,7 @@ def run(args) -> int:
     from remat_dsl.check.verify import load_checked
     from remat_dsl.codegen.generate import generate
 
-    output = check_writable(args.output, "module")
+    output = check_writable(args.output, "module", inputs=((args.plan, "plan"),), force=args.force)
     write_atomically(output, generate(load_checked(args.plan), source=Path(args.plan).name))
     status(f"wrote {args.output}")
     return 0

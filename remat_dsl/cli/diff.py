@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 
 def register(subparsers) -> None:
     diff = subparsers.add_parser("diff", help="semantic summary and line diff of two plans")
@@ -13,8 +15,12 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     """0 (or 1 with --exit-code when they differ, solve time aside); invalid plans raise."""
+    from remat_dsl.plan.files import check_input
     from remat_dsl.review.diff import compared_text, load_side, render
 
+    for path in (args.old, args.new):  # both refused before either is parsed (NOTE: [Bounded inputs])
+        if path != os.devnull:
+            check_input(path, "plan")
     old, new = load_side(args.old), load_side(args.new)
     args.out.write(render(old, new))
     return 1 if args.exit_code and compared_text(old) != compared_text(new) else 0

@@ -14,7 +14,8 @@ def register(subparsers) -> None:
         "fmt",
         help="rewrite plan files IN PLACE in the canonical layout (comments kept); --check changes nothing",
         description="Rewrite each plan file in place in the canonical layout of `remat plan` (comments kept). "
-        "Every file is read and checked before any is written; with --check nothing is written.",
+        "Every file is read and checked before any is written; with --check nothing is written.  A symbolic link's "
+        "target is rewritten (keeping its permissions) and the link stays a link.",
     )
     fmt.add_argument("files", nargs="+", metavar="FILE", help="plan files to rewrite in place")
     fmt.add_argument("--check", action="store_true", help="change nothing; list the files that would change and exit 1 if any")

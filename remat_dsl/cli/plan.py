@@ -3,7 +3,10 @@
 NOTE: [Fail fast]
 `remat plan` reads and checks every argument it can without the model (budget, solver,
 bandwidth, constraints, `--from`, `--profile`, `--repeats`, the output path) before it
-imports the model file, so a typo costs a second, not a capture.
+imports the model file, so a typo costs a second, not a capture: a budget, host budget or
+bandwidth without its unit (`--budget 50`: 50 bytes, or 50%?) is refused first of all.
+Right after the capture, a budget below the proven bound is refused before any solve
+(NOTE: [Budgets below the bound] in remat_dsl/solve/driver.py).
 """
 
 from __future__ import annotations
@@ -52,7 +55,11 @@ def register(subparsers) -> None:
 
     plan = subparsers.add_parser("plan", help="capture and profile a model, solve, print the plan on stdout")
     plan.add_argument("model", help="model file, optionally path.py:factory")
-    plan.add_argument("--budget", help="bytes with a unit (1.5GiB, 800MB) or a percentage of the autograd peak (50%%); default: the constraints' budget (not needed with --solver autograd)")
+    plan.add_argument(
+        "--budget",
+        help="a size with its unit (1.5GiB, 800MB, 65536B) or a percentage of the autograd peak (50%%); a number "
+        "without a unit is refused; default: the constraints' budget (not needed with --solver autograd)",
+    )
     plan.add_argument("--constraints", help="a file of constraint lines: keep/recompute/offload/no-offload \"GLOB\", budget SIZE")
     plan.add_argument("--strict", action="store_true", help="a constraint pattern that matches no tensor is an error, not a warning")
     plan.add_argument("--from", dest="from_plan", help="re-solve with this plan's constraints and budget")
@@ -72,8 +79,17 @@ def register(subparsers) -> None:
     )
     plan.add_argument("--fake", action="store_true", help="capture with fake tensors (a FakeTensorMode): no weights or activations are allocated, costs come from --device (default cpu); automatic when the model would not fit in host memory")
     plan.add_argument("--autocast", metavar="bf16|fp16|none", help="capture and plan the step under torch.autocast(device, dtype) (bf16: torch.bfloat16, fp16: torch.float16); default: the model file's `autocast`, else none")
-    plan.add_argument("--bandwidth", help="host<->device bandwidth per second (default: the --device's host link, else 12GB)")
-    plan.add_argument("--host-budget", metavar="SIZE", help="host memory the offloaded activations may take (offmate; 8GiB, 500MB); default: unlimited")
+    plan.add_argument(
+        "--bandwidth",
+        help="host<->device bandwidth per second, with its unit (12GB, 12GB/s; default: the --device's host link, "
+        "else 12GB)",
+    )
+    plan.add_argument(
+        "--host-budget",
+        metavar="SIZE",
+        help="host memory the offloaded activations may take, with its unit (offmate; 8GiB, 500MB, 0); "
+        "default: unlimited",
+    )
     plan.add_argument("--repeats", type=positive_int, default=5, help="timed runs per operation, split over two timing passes; the least counts (default 5)")
     plan.add_argument("--time-limit", type=seconds, metavar="SECONDS", help="stop the solver after this many seconds (MILP solvers: the best plan found so far, status `feasible` with its gap); default: no limit (moccasin: 570 s per budget)")
     plan.add_argument("--jobs", type=positive_int, metavar="N", help="worker processes that may solve a block's ILPs at once when they are slow; the plan is the same for any N (default: the cores this process may use)")
@@ -81,6 +97,11 @@ def register(subparsers) -> None:
     plan.add_argument("--profile", help="take every operation's time and temporary memory from this profile file (see `remat profile`) instead of measuring")
     plan.add_argument("--no-cache", action="store_true", help="neither read nor write the cache of measured op times and block solutions ($REMAT_CACHE_DIR, else ~/.cache/remat-dsl); it makes another budget for the same model take seconds")
     plan.add_argument("-o", "--output", help="write the plan here instead of stdout")
+    plan.add_argument(
+        "--force",
+        action="store_true",
+        help="with -o: replace the file even when it is one of the inputs or a file that is not a plan remat wrote",
+    )
     plan.set_defaults(run=run)
 
 
@@ -106,23 +127,42 @@ class PlanRequest:
     host_budget: int | None = None
 
 
-def _quantity(parse, text: str, what: str):
+def _quantity(parse, text: str, what: str, **options):
+    """`parse(text, what, **options)` (a function of remat_dsl.plan.units), its UnitError
+    raised as a RematError."""
     from remat_dsl.plan.units import UnitError
 
     try:
-        return parse(text, what, exact=False)
+        return parse(text, what, **options)
     except UnitError as error:
         raise RematError(f"error: {error.message}", hint=error.hint) from None
+
+
+def _inputs(args) -> tuple:
+    """(path, what) of every file `remat plan` reads (NOTE: [Safe outputs] in remat_dsl/cli/console.py)."""
+    from remat_dsl.capture.model_file import split_spec
+
+    model = split_spec(args.model)[0]
+    return (
+        (model, "model file"),
+        (args.constraints, "constraints file"),
+        (args.from_plan, "plan"),
+        (args.profile, "profile"),
+        (args.device, "device description"),
+    )
 
 
 def read_request(args) -> PlanRequest:
     """NOTE: [Fail fast]: the arguments of `remat plan`, checked.  Raises RematError."""
     from remat_dsl.plan.constraints import budget_of, located, read_constraints
     from remat_dsl.plan.parser import parse_file
-    from remat_dsl.plan.units import parse_bandwidth, parse_percent, parse_size
+    from remat_dsl.plan.units import parse_bandwidth, parse_percent, parse_size, refuse_bare_number
     from remat_dsl.solve.lowering import DEFAULT_BANDWIDTH
 
-    output = check_writable(args.output, "plan") if args.output else None
+    for text, what in ((args.budget, "budget"), (args.host_budget, "host budget"), (args.bandwidth, "bandwidth")):
+        if text is not None:  # a number without its unit: 50 is rarely meant as 50 bytes
+            _quantity(refuse_bare_number, text, what, percent=what == "budget", per_second=what == "bandwidth")
+    output = check_writable(args.output, "plan", inputs=_inputs(args), force=args.force) if args.output else None
     device_model = None
     if args.device is not None:
         from remat_dsl.capture.cost import load_device
@@ -131,13 +171,13 @@ def read_request(args) -> PlanRequest:
     if args.bandwidth is None:
         bandwidth = int(device_model.host_to_device) if device_model is not None else DEFAULT_BANDWIDTH
     else:
-        bandwidth = _quantity(parse_bandwidth, args.bandwidth, "bandwidth")
+        bandwidth = _quantity(parse_bandwidth, args.bandwidth, "bandwidth", exact=False)
     if bandwidth <= 0:
         raise RematError(f"error: the bandwidth must be more than 0 bytes per second, got '{args.bandwidth}'", hint="pass e.g. --bandwidth 12GB")
     host_link = args.bandwidth is not None or (device_model is not None and device_model.kind == "cuda")
     host_budget = None
     if getattr(args, "host_budget", None) is not None:
-        host_budget = _quantity(parse_size, args.host_budget, "host budget")
+        host_budget = _quantity(parse_size, args.host_budget, "host budget", exact=False)
         if host_budget < 0:
             raise RematError(f"error: the host budget must be 0 or more, got '{args.host_budget}'", hint="pass e.g. --host-budget 8GiB")
     constraints, from_budget = (), None
@@ -160,7 +200,7 @@ def read_request(args) -> PlanRequest:
             return PlanRequest(None, False, bandwidth, constraints, profile, output, device_model, host_link, host_budget)
         raise RematError("error: no budget given", hint="pass --budget (2GiB, 50%), or a `budget SIZE` constraint, or --from PLAN")
     percent = parse_percent(text)
-    budget = percent if percent is not None else _quantity(parse_size, text, "budget")
+    budget = percent if percent is not None else _quantity(parse_size, text, "budget", exact=False)
     if budget <= 0:
         raise RematError(f"error: the budget must be more than 0, got '{text}'", hint="pass e.g. --budget 50% or --budget 2GiB")
     return PlanRequest(budget, percent is not None, bandwidth, constraints, profile, output, device_model, host_link, host_budget)
@@ -213,6 +253,7 @@ def run(args) -> int:
         budget = peak if request.budget is None else math.floor(peak * request.budget / 100)
     else:
         budget = int(request.budget)
+    planner.refuse_below_bound(budget, args.solver)  # NOTE: [Budgets below the bound] in remat_dsl/solve/driver.py
     limit = f", time limit {args.time_limit:g} s" if args.time_limit is not None else ""
     status(f"solving with {args.solver} for a budget of {format_bytes(budget)}{limit}")
     try:

@@ -9,6 +9,11 @@ def register(subparsers) -> None:
     profile = subparsers.add_parser("profile", help="measure every operation of a model and write the costs as a text file")
     profile.add_argument("model", help="model file, optionally path.py:factory")
     profile.add_argument("-o", "--output", required=True, help="the profile file to write (e.g. model.profile)")
+    profile.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the output even when it is the model file or a file that is not a profile remat wrote",
+    )
     profile.add_argument("--repeats", type=positive_int, default=5, help="timed runs per operation, split over two timing passes; the least counts (default 5)")
     profile.set_defaults(run=run)
 
@@ -19,7 +24,10 @@ def run(args) -> int:
     from remat_dsl.capture.profile_file import write_profile
     from remat_dsl.plan.units import format_duration
 
-    output = check_writable(args.output, "profile")
+    from remat_dsl.capture.model_file import split_spec
+
+    inputs = ((split_spec(args.model)[0], "model file"),)
+    output = check_writable(args.output, "profile", inputs=inputs, force=args.force)
     model_file = load_model_file(args.model)
     with Progress(f"profiling {model_file.spec}") as progress:
         captured = capture_graph(model_file, args.repeats, progress)

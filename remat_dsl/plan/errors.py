@@ -12,6 +12,16 @@ without a span `PATH: error: MESSAGE`, or `error: MESSAGE` without a path either
 when both the span and the source text are known; `length` carets go under the culprit.
 Where the culprit is a word later on the line than the span (an instruction's target,
 say), `word` names it: once the source is known the column and carets move onto it.
+
+NOTE: [Bounded messages]
+A plan is hostile text (NOTE: [Bounded inputs] in remat_dsl/plan/files.py), and an error
+quotes it: one 20 MB name, quoted whole in the message, the hint and the source line,
+would make 60 MB of error text.  So what an error prints is bounded: the source line is quoted up to
+QUOTE_CHARS characters (a window around the culprit when it lies further right, the cut
+marked with an ellipsis), the carets only under what is shown, and every line of the
+formatted message (message, hint) is cut: a word longer than WORD_CHARS to its first
+WORD_CHARS characters and an ellipsis, a line to LINE_CHARS.  `clipped` does the same for
+text a message interpolates before it is built.
 """
 
 from __future__ import annotations
@@ -21,6 +31,27 @@ import re
 from remat_dsl.plan.ir import Span
 
 UNKNOWN_PATH = "<plan>"
+QUOTE_CHARS = 200  # characters of a source line quoted (NOTE: [Bounded messages])
+WORD_CHARS = 200  # characters of one word of a message (a name, a path)
+LINE_CHARS = 2000  # characters of one line of a message
+ELLIPSIS = "…"
+_LONG_WORD = re.compile(r"\S{%d,}" % (WORD_CHARS + 1))
+
+
+def clipped(text: str, limit: int = WORD_CHARS) -> str:
+    """`text`, or its first `limit` characters and an ellipsis when it is longer."""
+    return text if len(text) <= limit else text[:limit] + ELLIPSIS
+
+
+def bounded(text: str) -> str:
+    """`text` with every word cut to WORD_CHARS characters and every line to LINE_CHARS
+    (NOTE: [Bounded messages])."""
+    lines = []
+    for line in text.split("\n"):
+        if len(line) > WORD_CHARS:
+            line = _LONG_WORD.sub(lambda found: clipped(found.group(0)), line)
+        lines.append(clipped(line, LINE_CHARS))
+    return "\n".join(lines)
 
 
 class RematError(Exception):
@@ -36,8 +67,9 @@ class RematError(Exception):
         self.hint = hint
 
     def format(self) -> str:
-        text = self.message if re.match(r"^(\S+: )?error: ", self.message) else f"error: {self.message}"
-        return text + (f"\n  hint: {self.hint}" if self.hint else "")
+        message = bounded(self.message)
+        text = message if re.match(r"^(\S+: )?error: ", message) else f"error: {message}"
+        return text + (f"\n  hint: {bounded(self.hint)}" if self.hint else "")
 
     def __str__(self) -> str:
         return self.format()
@@ -80,10 +112,10 @@ class PlanError(RematError):
 
     def format(self) -> str:
         location = self._location()
-        lines = [f"{location}: error: {self.message}" if location else f"error: {self.message}"]
+        lines = [bounded(f"{location}: error: {self.message}" if location else f"error: {self.message}")]
         lines.extend(self._quote())
         if self.hint:
-            lines.append(f"  hint: {self.hint}")
+            lines.append(bounded(f"  hint: {self.hint}"))
         return "\n".join(lines)
 
     def _location(self) -> str | None:
@@ -105,17 +137,36 @@ class PlanError(RematError):
         assert self.span is not None
         line = self._line()
         if self.word and line is not None:
-            found = re.compile(rf"(?<![^\s]){re.escape(self.word)}(?![^\s])").search(line, self.span.col - 1)
-            if found:
-                return found.start() + 1, len(self.word)
+            found = _whole_word(line, self.word, self.span.col - 1)
+            if found is not None:
+                return found + 1, len(self.word)
         return self.span.col, self.length
 
     def _quote(self) -> list[str]:
+        """The source line (at most QUOTE_CHARS of it, NOTE: [Bounded messages]) and the carets."""
         line = self._line()
         if line is None:
             return []
         col, length = self._culprit()
+        start = 0 if col - 1 < QUOTE_CHARS else col - 1 - QUOTE_CHARS // 4
+        shown = line[start : start + QUOTE_CHARS]
+        col -= start
+        length = max(1, min(length, QUOTE_CHARS + 1 - col))
         # Keep tabs in the caret prefix so the carets line up under tab-indented text.
-        prefix = "".join(c if c == "\t" else " " for c in line[: col - 1])
-        prefix += " " * max(0, col - 1 - len(line))
-        return [line, prefix + "^" * length]
+        prefix = "".join(c if c == "\t" else " " for c in shown[: col - 1])
+        prefix += " " * max(0, col - 1 - len(shown))
+        before = ELLIPSIS if start else ""
+        after = ELLIPSIS if start + QUOTE_CHARS < len(line) else ""
+        return [before + shown + after, " " * len(before) + prefix + "^" * length]
+
+
+def _whole_word(line: str, word: str, start: int) -> int | None:
+    """The index of the first `word` in `line` at or after `start` with white space or the
+    line's ends on both sides, or None."""
+    at = line.find(word, start)
+    while at >= 0:
+        end = at + len(word)
+        if (at == 0 or line[at - 1].isspace()) and (end == len(line) or line[end].isspace()):
+            return at
+        at = line.find(word, at + 1)
+    return None

@@ -6,7 +6,9 @@ NOTE: [Units]
 Quantities are integers: bytes, microseconds, bytes per second.  Text is read exactly
 (`1.5 MiB` is 1572864 bytes; a value that is not a whole number of bytes, say `0.3 B`, is
 refused) with or without a space before the unit, in binary (KiB, MiB, GiB, TiB) or decimal
-(KB, MB, GB, TB) units; a bare number is bytes.  Two ways to write a size:
+(KB, MB, GB, TB) units; a bare number is bytes, but the command line refuses one for a
+budget, a host budget or a bandwidth (`refuse_bare_number`: `--budget 50` is meant as 50%
+or 50 MiB, not 50 bytes).  Two ways to write a size:
 
 * `format_size`, exact and compact, for tables that must read back exactly: the largest
   binary unit up to GiB in which the value is a whole number of thousandths (`4 KiB`,
@@ -45,6 +47,8 @@ SECONDS_DECIMALS = 1
 
 _QUANTITY = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?|\.[0-9]+)\s*([A-Za-z/]*)\s*")
 _PERCENT = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*%\s*")
+BARE_BYTES = 10**6  # a number without a unit from this on is most likely bytes (refuse_bare_number)
+_BARE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?|\.[0-9]+)\s*")  # a number without a unit
 
 
 class UnitError(ValueError):
@@ -111,6 +115,39 @@ def parse_bandwidth(text: str, what: str = "bandwidth", *, exact: bool = True) -
 def parse_duration(text: str, what: str = "duration") -> int:
     """Microseconds from `0.120 ms`, `15 us` or `2 s`.  Raises UnitError."""
     return _quantity(text, DURATION_UNITS, None, what, "0.120 ms")
+
+
+def refuse_bare_number(text: str, what: str, *, percent: bool = True, per_second: bool = False) -> None:
+    """Raise UnitError when `text` is a number without a unit (other than 0), which the
+    readers above take as bytes (bytes per second, `per_second`): on the command line
+    `--budget 50` means 50% or 50 MiB far more often than 50 bytes.  The hint says what it
+    may mean: `50` -> `50% or 50MiB` (`50GiB or 50MiB` where a percentage is no choice,
+    `percent` False), `0.5` -> `50%`, `1000000` -> `1000000B`, `12` (per second) -> `12GB/s`."""
+    match = _BARE.fullmatch(text)
+    if match is None or Decimal(match.group(1)) == 0:
+        return
+    number = Decimal(match.group(1))
+    n = _plain(number)
+    unit = "bytes per second" if per_second else "bytes"
+    if per_second:
+        guess, examples = f"{n}GB/s", f"{n}GB/s, {n} MB/s; {n}B/s for bytes per second"
+    elif number >= BARE_BYTES:
+        guess, examples = f"{n}B", f"{n}B, or a size such as 4GiB"
+    elif number < 1:
+        guess = f"{_plain(number * 100)}%" if percent else f"{n}GiB"
+        examples = f"{guess}, or a size such as {n}GiB" if percent else f"{n}GiB, {n}GB"
+    else:
+        share = percent and number <= 100  # a percentage above 100 is rarely meant
+        guess = f"{n}% or {n}MiB" if share else f"{n}MiB or {n}GiB"
+        examples = (f"{n}%, " if share else "") + f"{n}MiB, {n}GB; {n}B for bytes"
+    message = f"{what} '{text.strip()}' has no unit (alone, the number would be {n} {unit})"
+    raise UnitError(message, f"did you mean {guess}? Write the unit ({examples})")
+
+
+def _plain(number: Decimal) -> str:
+    """A decimal without exponent or trailing zeros: Decimal('50.0') -> `50`."""
+    text = format(number.normalize(), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def parse_percent(text: str) -> float | None:

@@ -33,6 +33,7 @@ COLORS = {
     OP_TEMPS: "#DD8452",
 }
 MIB = 1024 * 1024
+PNG_SOFTWARE = "remat-dsl (remat show --png)"  # its PNGs' Software (NOTE: [Safe outputs] in remat_dsl/cli/console.py)
 BLOCKS = " ▁▂▃▄▅▆▇█"
 
 
@@ -241,7 +242,7 @@ def draw_png(verified) -> bytes:
         ax.spines[side].set_visible(False)
 
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
+    fig.savefig(buffer, format="png", metadata={"Software": PNG_SOFTWARE})
     return buffer.getvalue()
 
 

@@ -140,7 +140,7 @@ class BudgetError(RematError):
         super().__init__(
             f"error: budget {format_bytes(budget)} is infeasible for solver {solver}{why}: "
             f"the smallest feasible budget is {format_bytes(smallest)}{proof}",
-            hint=f"plan with --budget {smallest} or more" + ("" if reason else ", or choose another solver"),
+            hint=f"plan with --budget {smallest}B or more" + ("" if reason else ", or choose another solver"),
         )
 
 

@@ -44,6 +44,22 @@ every budget at or above it gets a plan and none below it does.  On GPT-2 (4 lay
 30% of the autograd peak (output gradients counted, before 2026-11-26), with one measured
 profile, this gave 49,597 us where the fallback's plan took 83,881 us (NOTE: [Repair];
 `python bench/polish.py` for more).
+
+NOTE: [Budgets below the bound]
+A budget below `peak_lower_bound` has no plan, whatever the solver: `remat plan` refuses it
+right after the capture (`Planner.refuse_below_bound`), before any solve, which would take
+long to find that out (examples/gpt2.py at 50 bytes: 23.9 s of profile and solve on two
+loaded cores with an empty cache, where the refusal comes after the 5 s profile).  The
+refusal says the bound, why (the op whose inputs, outputs and temporaries make it, or the
+gradients and outputs the step ends with) and the parameter gradients' bytes.  The
+smallest budget a solver reaches is found only by solving (its floor plans), so every
+refusal of `plan` and every `smallest_budget` stores it in the cache (kind SMALLEST_KIND),
+keyed by what it depends on: the graph with its costs (its digest items,
+remat_dsl.plan.digest), the device, the solver, the keep/recompute/offload lines, the
+bandwidth, the host link and the host budget (and the cache's VERSION, in every key); a
+solve under a time limit is not stored.  A later refusal below the bound names it.  The
+cache only adds to the message: the refusal itself rests on the bound alone, and a stored
+value below the bound is ignored.
 """
 
 from __future__ import annotations
@@ -53,7 +69,7 @@ import time
 from dataclasses import replace
 
 from remat_dsl.check.replay import value_nbytes
-from remat_dsl.plan import ir
+from remat_dsl.plan import digest, ir
 from remat_dsl.plan.ir import op_uses, pinned_tensors
 from remat_dsl.plan.constraints import check_conflicts, constraint_lines
 from remat_dsl.plan.errors import RematError
@@ -68,6 +84,7 @@ MAX_ROUNDS = 8
 RAISE_ROUNDS = 3  # targets raised by the room a fitting plan leaves (NOTE: [Budget correction])
 REPAIR_REACH = 0.15  # near misses repaired: simulated peaks at most 15% above the budget (NOTE: [Polish and repair])
 REPAIR_PLANS = 3  # the fastest near misses repaired, per solver
+SMALLEST_KIND = "smallest"  # cache entries: a solver's smallest feasible budget (NOTE: [Budgets below the bound])
 
 
 class Planner:
@@ -159,6 +176,7 @@ class Planner:
         try:
             plan, info = self._first_fitting(self.solver(name), budget)
         except BudgetError as error:
+            self._remember_smallest(name, error.smallest)
             gradients, reason = self.gradient_bytes, None
             if budget < gradients:  # no schedule of any solver: the step ends holding them all
                 reason = f"the parameter gradients alone take {format_bytes(gradients)}, and the budget counts them"
@@ -182,8 +200,62 @@ class Planner:
     def smallest_budget(self, solver: str = "rotor") -> int:
         """The least simulated peak (bytes) of the solver's plans near its floor (and its
         fallbacks'): `plan` succeeds at any budget at or above it."""
-        chosen = self.solver(self.chosen(solver))
-        return min(p.header.peak_bytes for candidate in self._candidates(chosen) for p in self._floor_plans(candidate))
+        name = self.chosen(solver)
+        chosen = self.solver(name)
+        plans = (p for candidate in self._candidates(chosen) for p in self._floor_plans(candidate))
+        smallest = min(p.header.peak_bytes for p in plans)
+        self._remember_smallest(name, smallest)
+        return smallest
+
+    # --- budgets no plan reaches (NOTE: [Budgets below the bound]) ----------
+
+    def refuse_below_bound(self, budget: int, solver: str = "auto") -> None:
+        """Raise RematError, before any solve, when `budget` (bytes) is below
+        `peak_lower_bound`: no plan of any solver fits it.  The message names the bound and
+        why, the parameter gradients' bytes, and the smallest budget `solver` reaches when
+        an earlier run found it (NOTE: [Budgets below the bound])."""
+        bound, why = self.peak_lower_bound
+        if budget >= bound:
+            return
+        name = self.chosen(solver)
+        smallest = self.known_smallest(name)
+        message = (
+            f"error: budget {format_bytes(budget)} is infeasible: no plan can peak below {format_bytes(bound)} "
+            f"({why}); the parameter gradients alone take {format_bytes(self.gradient_bytes)}"
+        )
+        if smallest is None:
+            hint = f"plan with --budget {bound}B or more; a budget the solver cannot reach is refused with the smallest one"
+            raise RematError(message, hint=hint)
+        known = f"solver {name}'s smallest feasible budget is {format_bytes(smallest)} (found by an earlier run, in the cache)"
+        raise RematError(f"{message}; {known}", hint=f"plan with --budget {smallest}B or more")
+
+    def known_smallest(self, solver: str) -> int | None:
+        """The smallest feasible budget (bytes) of `solver` (a registry name, not `auto`)
+        that an earlier refusal stored in the cache, or None.  A stored value below
+        `peak_lower_bound` is no budget a solver found and is ignored."""
+        cache = self.problem.cache
+        if cache is None or not getattr(cache, "enabled", False):
+            return None
+        value = cache.get(SMALLEST_KIND, self._smallest_key(solver))
+        if not isinstance(value, int) or isinstance(value, bool) or not self.peak_lower_bound[0] <= value < 1 << 62:
+            return None
+        return value
+
+    def _remember_smallest(self, solver: str, smallest: int) -> None:
+        """Store `solver`'s smallest feasible budget (bytes) in the cache; not under a time
+        limit, where what a MILP finds depends on the machine's load."""
+        cache = self.problem.cache
+        if cache is None or not getattr(cache, "enabled", False) or self.problem.time_limit is not None:
+            return
+        cache.put(SMALLEST_KIND, self._smallest_key(solver), int(smallest))
+
+    def _smallest_key(self, solver: str) -> str:
+        """The cache key of `solver`'s smallest budget: everything it depends on (NOTE:
+        [Budgets below the bound])."""
+        p = self.problem
+        constraints = tuple((c.kind, c.pattern) for c in p.constraints if c.kind != "budget")
+        graph = digest.graph_hash(digest.items(p.graph, costs=True))
+        return p.cache.key(SMALLEST_KIND, graph, p.device, solver, constraints, p.bandwidth, p.host_link, p.host_budget)
 
     def _first_fitting(self, solver, budget: int) -> tuple[ir.Plan, SolverInfo]:
         """The plan of the first candidate that fits, polished, or a near miss of it or of

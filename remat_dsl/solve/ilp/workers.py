@@ -23,18 +23,35 @@ points (`rockmate._grid_point`).  They ignore Ctrl-C, which the `remat` process 
 `stop()` kills them, and the `remat plan` command calls it when it ends, however it ends.
 A pool that breaks (a worker killed from outside) leaves the rest of the grid to the
 calling process.
+
+NOTE: [Workers end with their parent]
+No worker outlives the process that started it.  The `remat` program turns SIGTERM and
+SIGHUP into an exception, as Python turns SIGINT into KeyboardInterrupt (NOTE: [Signals]
+in remat_dsl/cli/__init__.py), so `remat plan` unwinds and calls `stop()`, however it was
+asked to end.  A parent that cannot unwind (SIGKILL, a crash) is covered in the worker
+itself (`_start_worker`): on Linux the kernel sends it SIGKILL when its parent dies
+(prctl PR_SET_PDEATHSIG; the kernel sends it when the thread that started the worker ends,
+and the pool is started and fed by the thread that solves, the main one), and a daemon
+thread checks every PARENT_POLL_S seconds that its parent is still the process that
+started it (os.getppid), for systems without prctl and for a parent that died before the
+prctl call.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
 import multiprocessing
 import os
 import signal
+import threading
+import time
 from typing import Callable
 
 PARALLEL_AFTER_S = 0.25  # a block's first grid ILP took this long (seconds): the rest go to workers
 PARALLEL_AFTER_TOTAL_S = 1.0  # or its first ILPs took this long together
+PARENT_POLL_S = 0.5  # how often a worker checks that its parent lives (NOTE: [Workers end with their parent])
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def slow(seconds) -> bool:
@@ -88,9 +105,27 @@ def _executor(jobs: int) -> concurrent.futures.ProcessPoolExecutor:
         stop()
     if _pool is None:
         context = multiprocessing.get_context("spawn")
-        _pool = (jobs, concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context, initializer=_ignore_interrupts))
+        parent = (os.getpid(),)
+        executor = concurrent.futures.ProcessPoolExecutor(jobs, context, initializer=_start_worker, initargs=parent)
+        _pool = (jobs, executor)
     return _pool[1]
 
 
-def _ignore_interrupts() -> None:
+def _start_worker(parent: int) -> None:
+    """In a worker: ignore Ctrl-C (the parent handles it) and end when the process
+    `parent` (pid) ends (NOTE: [Workers end with their parent])."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the thread below
+        pass
+    if os.getppid() != parent:  # it died before prctl
+        os._exit(1)
+    threading.Thread(target=_exit_without, args=(parent,), name="remat-parent-watch", daemon=True).start()
+
+
+def _exit_without(parent: int) -> None:
+    """End this process as soon as its parent is no longer the process `parent`."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(1)
