@@ -24,7 +24,10 @@ plan's solve time), although neither depends on the budget.  Both are now kept h
 * `chains`: RK-Rotor's result on a chain of blocks with their options at one target
   budget, keyed by the chain's sizes and times, the slots and the DP's source (NOTE:
   [Chain memo] in remat_dsl.solve.ilp.rockmate): a refused budget's search for the
-  smallest feasible one runs the same tables whatever the budget asked for.
+  smallest feasible one runs the same tables whatever the budget asked for;
+* `smallest`: a solver's smallest feasible budget for a graph, as a refusal found it, so
+  that a later budget below the proven bound can name it without a solve (NOTE: [Budgets
+  below the bound] in remat_dsl.solve.driver).
 
 The parser tables are not kept here: they ship with the package (NOTE: [Parser tables] in
 remat_dsl.plan.parser), and no command that only reads plans (`check`, `diff`, `fmt`,
@@ -63,7 +66,7 @@ import tempfile
 from pathlib import Path
 
 VERSION = 3  # bump when what an entry means changes (3: the entry's own sha256)
-KINDS = ("profiles", "graphs", "blocks", "chains")
+KINDS = ("profiles", "graphs", "blocks", "chains", "smallest")
 KEY = re.compile(r"[0-9a-f]{64}[0-9a-z_-]*")  # a digest, and for `chains` the target budget
 _warned: set[str] = set()  # roots this process has warned about (once each)
 
