@@ -127,7 +127,7 @@ def run(name: str, budget: str, where: Path) -> str:
         found = re.search(r"smallest feasible budget is [^(]*\((\d+) B\)", result.stderr)
         if found is None:
             return f"{name:12s} {budget:>10s}  refused, no smallest budget named: {result.stderr.strip().splitlines()[-1][:200]}"
-        budget = f"{int(found.group(1)) * 11 // 10}"
+        budget = f"{int(found.group(1)) * 11 // 10}B"
         result = shell(pipeline.format(model=path, budget=budget), work)
     if result.returncode:
         return f"{name:12s} {budget:>10s}  FAILED (exit {result.returncode}): {result.stderr.strip()[-600:]}"

@@ -305,7 +305,7 @@ def test_constants_upsampling_and_a_drop_path_train_bit_for_bit(solver, tmp_path
     through the shell."""
     model = MODELS / "constants_upsample.py"
     smallest = smallest_budget(model, tmp_path, f"--solver {solver}")
-    text, _ = plan_and_train(model, str(smallest * 11 // 10), tmp_path, f"--solver {solver}")
+    text, _ = plan_and_train(model, f"{smallest * 11 // 10}B", tmp_path, f"--solver {solver}")
     assert re.search(r"= aten\.full\.default\(\s*\[1\],\s*-2,", text) and re.search(r"= aten\.arange\.start_step\(\s*0,\s*4,\s*1,", text)
     assert "= aten.upsample_bilinear2d_backward.default(" in text and "_unsafe_index" not in text
 
