@@ -7,6 +7,7 @@ remat_dsl/solve/driver.py).  Commands run as a user types them."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -103,3 +104,22 @@ def test_a_stored_smallest_budget_that_no_solver_found_is_ignored(tmp_path):
         assert planner.known_smallest("checkmate") is None, bogus
     other = Planner(graph, cache=cache, constraints=(), host_budget=1 << 20)
     assert other._smallest_key("checkmate") != key  # what it depends on is in the key
+
+
+def test_the_smallest_budget_a_refusal_names_gets_a_plan(tmp_path):
+    """A model whose parameter gradients dominate its peak: the store-all plan fits below the
+    floor of Rockmate's own model, and `remat plan` returns it at any budget it fits (NOTE:
+    [Budget correction]), so the refusal names its peak, not the floor: that budget plans,
+    one byte less does not."""
+    (tmp_path / "wide.py").write_text(
+        (ROOT / "tests" / "models" / "template_names.py").read_text().replace("torch.randn(256, 8,", "torch.randn(6, 8,")
+    )
+    result, _ = remat("plan", "wide.py", "--budget", "4500B", "--solver", "rockmate", "--repeats", "1", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    found = re.search(r"the smallest feasible budget is [^(]*\((\d+) B\)", result.stderr)
+    assert found, result.stderr
+    result, _ = remat("plan", "wide.py", "--budget", f"{found[1]}B", "--solver", "rockmate", "--repeats", "1", "-o", "w.plan", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    below = int(found[1]) - 1  # and none below it has one
+    result, _ = remat("plan", "wide.py", "--budget", f"{below}B", "--solver", "rockmate", "--repeats", "1", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr

@@ -176,11 +176,12 @@ class Planner:
         try:
             plan, info = self._first_fitting(self.solver(name), budget)
         except BudgetError as error:
-            self._remember_smallest(name, error.smallest)
+            smallest = self._or_store_all(name, error.smallest)
+            self._remember_smallest(name, smallest)
             gradients, reason = self.gradient_bytes, None
             if budget < gradients:  # no schedule of any solver: the step ends holding them all
                 reason = f"the parameter gradients alone take {format_bytes(gradients)}, and the budget counts them"
-            error = BudgetError(error.budget, error.smallest, error.solver, reason, self.peak_lower_bound)
+            error = BudgetError(error.budget, smallest, error.solver, reason, self.peak_lower_bound)
             raise self._constraints_error(error, budget, solver) from None
         label = f"auto: {plan.header.solver}" if solver == "auto" else plan.header.solver
         header = replace(plan.header, solver=label, gap=info.gap, solve_seconds=time.perf_counter() - start)
@@ -203,9 +204,19 @@ class Planner:
         name = self.chosen(solver)
         chosen = self.solver(name)
         plans = (p for candidate in self._candidates(chosen) for p in self._floor_plans(candidate))
-        smallest = min(p.header.peak_bytes for p in plans)
+        smallest = self._or_store_all(name, min(p.header.peak_bytes for p in plans))
         self._remember_smallest(name, smallest)
         return smallest
+
+    def _or_store_all(self, name: str, smallest: int) -> int:
+        """`smallest` (bytes), or the store-all plan's peak where that is lower and solver
+        `name` minimizes time: `plan` returns the store-all plan at any budget it fits (NOTE:
+        [Budget correction]), which a solver's own floor may not show (a small model whose
+        parameter gradients dominate its peak)."""
+        if not getattr(solver_class(name), "optimizes", False):
+            return smallest
+        store_all = self._lowered(autograd_order(self.problem.graph), name, Status.OPTIMAL, smallest)
+        return min(smallest, store_all.header.peak_bytes)
 
     # --- budgets no plan reaches (NOTE: [Budgets below the bound]) ----------
 
