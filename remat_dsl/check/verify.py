@@ -3,13 +3,16 @@
 `verify(plan)` runs, in this order, and raises PlanError at the first failure (with the
 offending line, carets and a hint):
 
-1. the digest: the graph sections are those the plan was made with (NOTE: [Graph
-   digest] in remat_dsl.plan.digest), so only the schedule, the header's budget and comments
-   were edited by hand;
+1. the digest: the graph sections and the header's text lines are those the plan was made
+   with (NOTE: [Graph digest] in remat_dsl.plan.digest), so only the schedule, the header's
+   budget and status and comments were edited by hand;
 2. the declarations: the device is one the generated module can run on, the autocast
    dtype (if any) is one torch.autocast runs in, every dtype is known, no tensor, value or budget is larger than any device holds (MAX_BYTES);
-3. the operators: every `aten.NAME.OVERLOAD` exists in this torch, inline calls are views,
-   and the arguments fit the operator's schema;
+3. the operators and values: every `aten.NAME.OVERLOAD` exists in this torch, inline calls
+   are views (or `operator.getitem` with an integer, `torch.device("kind")`), the arguments
+   fit the operator's schema, symbols are torch's dtypes, layouts and memory formats, and
+   constant inputs are plain constants (NOTE: [Plan text as data] in
+   remat_dsl.codegen.generate);
 4. the schedule: `simulate` replays it (remat_dsl.check.replay) and the plan's own
    constraints hold (remat_dsl.plan.constraints.check_plan).
 
