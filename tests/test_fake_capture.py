@@ -36,6 +36,8 @@ def shell(script: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def _without_costs_line(text: str) -> str:
+    """The plan without its `costs` line and the digest, which seals that line too."""
+    text = text[: text.index("\ndigest\n")]
     return "\n".join(line for line in text.splitlines() if not line.startswith("  costs "))
 
 

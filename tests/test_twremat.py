@@ -144,5 +144,5 @@ def test_twremat_on_a_stock_parallel_residual_model_through_the_shell(tmp_path):
 
     model = MODELS / "hf_gpt_neox.py"
     smallest = smallest_budget(model, tmp_path, "--solver twremat")
-    text, _ = plan_and_train(model, str(smallest * 11 // 10), tmp_path, "--solver twremat")
+    text, _ = plan_and_train(model, f"{smallest * 11 // 10}B", tmp_path, "--solver twremat")
     assert 'solver      "twremat bags=' in text

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -223,11 +224,16 @@ def _layout(value, depth: int) -> str:
     return "[\n" + ",\n".join(pad + _layout(item, depth + 1) for item in value) + "\n" + " " * depth + "]"
 
 
+def _write(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file renamed over it (no half-written file)."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text, encoding="utf-8")
+    os.replace(temporary, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Write grammar/NAME.tables.json for every grammar (or, with --check, list the files
     that are not what the grammar gives: exit 1)."""
-    from remat_dsl.cli.console import write_atomically
-
     options = argparse.ArgumentParser(prog=REGENERATE, description=main.__doc__)
     options.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file is out of date")
     args = options.parse_args(argv)
@@ -239,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         stale.append(path)
         if not args.check:
-            write_atomically(path, text)
+            _write(path, text)
             print(f"wrote {path}", file=sys.stderr)
     if args.check and stale:
         print("out of date: " + ", ".join(map(str, stale)) + f"; run `{REGENERATE}`", file=sys.stderr)
