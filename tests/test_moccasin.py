@@ -261,30 +261,62 @@ def test_stage_bound_is_below_the_proven_optimum_and_above_every_op_once(tiny_cn
     assert planner.solver("moccasin").stage_bound(planner.autograd_peak // 100, 30) is None
 
 
-def test_a_solve_stopped_by_its_time_limit_ends_within_it():
+def test_a_solve_stopped_by_its_time_limit_ends_within_it(monkeypatch):
     """NOTE: [Deadline]: the time limit bounds the whole solve of a budget (building and
     solving the stage relaxation, the hints, the CP model, CP-SAT), not CP-SAT's share of
-    it: a stock GPT-2 at 60% with a 9 s limit, stopped by it with a gap, is planned within
-    the limit, or within the relaxation's share and the first hint (a Rockmate plan, not
-    cut), and 1.5 s (the CP model's build begun before the deadline, lowering, polish).
-    Before, CP-SAT was given the limit less the relaxation's solve time alone, and the
-    hints and the CP model came on top.  The hint's time is measured here under the same
-    load: CI once took 10.0 s at a 6 s limit, the hint and the CP model taking more than
-    the limit beside other tests."""
+    it: on a stock GPT-2 at 60% with a 16 s limit, CP-SAT, when it runs, is given the time
+    left to the deadline (the solve's start plus the limit), not the limit less the
+    relaxation's share; when it does not run, under a second was left after the hints or
+    after the CP model's build.  Checked on the times the solver hands to CP-SAT, so that
+    the machine's load (tests beside this one) does not decide the outcome; the whole
+    solve's wall time is bounded loosely as well."""
+    from remat_dsl.solve import moccasin
+
     model_file = load_model_file(str(ROOT / "tests/models/hf_gpt2.py"))
     captured = capture_graph(model_file, device_model=load_device("h100"))
-    limit = 9.0
+    limit = 16.0
     planner = Planner(captured.graph, model=model_file.spec, device=captured.device, time_limit=limit)
     budget = int(planner.autograd_peak * 0.6)
     start = time.perf_counter()
     planner.plan(budget, "rockmate")  # what the first hint costs; warms up imports and the lowering
     hint = time.perf_counter() - start
+
+    events: list[tuple[str, float, float | None]] = []  # (what, when, CP-SAT's time limit)
+
+    def timed(name, method):
+        def wrapper(self, *args, **kwargs):
+            if name == "run":  # _run(model, cp_model, time_limit, bound)
+                events.append(("run", time.perf_counter(), args[2] if len(args) > 2 else kwargs.get("time_limit")))
+            else:
+                events.append((name, time.perf_counter(), None))
+            result = method(self, *args, **kwargs)
+            events.append((name + " done", time.perf_counter(), None))
+            return result
+
+        monkeypatch.setattr(moccasin.Moccasin, "_" + name, wrapper)
+
+    for name in ("solve", "incumbent", "model", "run"):
+        timed(name, getattr(moccasin.Moccasin, "_" + name))
     start = time.perf_counter()
     plan = planner.plan(budget, "moccasin")
     elapsed = time.perf_counter() - start
-    assert plan.header.status == "feasible" and plan.header.gap > 0.001, plan.header  # stopped by the limit
-    within = max(limit, STAGE_SHARE * limit + hint) + 1.5
-    assert elapsed <= within, f"{elapsed:.1f} s for a {limit:g} s limit and a {hint:.1f} s hint"
+    assert plan.header.peak_bytes <= budget and plan.header.status in ("feasible", "optimal"), plan.header
+    solves = [when for what, when, _ in events if what == "solve"]
+    assert solves, "moccasin solved no budget"
+    for index, (what, when, given) in enumerate(events):
+        if what not in ("run", "incumbent done", "model done"):
+            continue
+        deadline = max(t for w, t, _ in events[:index] if w == "solve") + limit
+        following = [w for w, _, _ in events[index + 1 :]]
+        if what == "run":  # CP-SAT ends at its solve's deadline, not past it
+            assert given is not None and 1 <= given and when + given <= deadline + 0.01, (when, given, deadline)
+        elif what == "incumbent done" and following[:1] != ["model"]:  # no CP model: proven, or under a second left
+            assert deadline - when < 1 or plan.header.status == "optimal", (what, deadline - when)
+        elif what == "model done" and following[:1] != ["run"]:  # no CP-SAT: under a second was left
+            assert deadline - when < 1, (what, deadline - when)
+    # what may come on top of the limit: the relaxation's share and the first hint, what
+    # began before the deadline (the CP model's build, the lowering, the polish)
+    assert elapsed <= max(limit, STAGE_SHARE * limit) + 2 * hint + 5, f"{elapsed:.1f} s for {limit:g} s"
 
 
 def test_the_plan_help_states_moccasins_default_time_limit():
