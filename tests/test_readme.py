@@ -1,13 +1,15 @@
-"""The README is executed: every `sh` block runs as written, as a user types it.
+"""The README and the docs are executed: every `sh` block runs as written, as a user types it.
 
 Each block runs with bash (`set -euo pipefail`) in a temporary copy of the repository
 (a git repository of its own, so the git driver set-up works), with `.venv/bin` first on
 PATH, so `remat` is the installed command and `> gpt2.plan` is a real shell redirection.
-Blocks run in README order and share the copy, as a reader's shell would.  A block that
-fails fails the test with its output.
+The README's blocks run first, in order, then those of each file of DOCS, in DOCS order;
+all share the copy, as a reader's shell would (the docs' blocks use the README's
+quickstart plan, `gpt2.plan`).  A block that fails fails the test with its output.
 
-One line is not run: `make test` is this suite itself.  The "Adding a solver" block adds a
-solver to the copy; its plan's module is then trained beside eager PyTorch.
+One line is not run: `make test` is this suite itself.  The "Adding a solver" block
+(docs/solvers.md) adds a solver to the copy; its plan's module is then trained beside
+eager PyTorch.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from remat_dsl.codegen.compare import compare_training, load_generated
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+# The docs whose `sh` blocks run after the README's, in this order: exactly the files of
+# docs/ that have one (test_every_doc_with_sh_blocks_is_listed).
+DOCS = tuple(ROOT / "docs" / name for name in ("commands.md", "profiles.md", "devices.md", "generated-module.md", "solvers.md", "plan-language.md"))
 SKIPPED_LINES = {"make test"}  # the suite that runs this test
 COPY_IGNORED = shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis")
 
@@ -36,6 +41,11 @@ def sh_blocks(text: str) -> list[tuple[int, str]]:
     for match in re.finditer(r"^```sh\n(.*?)^```$", text, flags=re.M | re.S):
         blocks.append((text[: match.start()].count("\n") + 1, match.group(1)))
     return blocks
+
+
+def all_sh_blocks() -> list[tuple[str, int, str]]:
+    """(file, line number, body) of every ```sh block of the README, then of DOCS, in order."""
+    return [(path.relative_to(ROOT).as_posix(), line, body) for path in (README, *DOCS) for line, body in sh_blocks(path.read_text())]
 
 
 def runnable(body: str) -> str:
@@ -57,10 +67,16 @@ def workdir(tmp_path_factory) -> Path:
     return work
 
 
+def test_every_doc_with_sh_blocks_is_listed():
+    with_blocks = {path.name for path in (ROOT / "docs").glob("*.md") if sh_blocks(path.read_text())}
+    assert with_blocks == {path.name for path in DOCS}, with_blocks
+
+
 def test_readme_has_the_blocks_a_user_runs():
     blocks = [body for _, body in sh_blocks(README.read_text())]
     assert blocks[0].split("#")[0].strip() == "make demo", "the README starts with `make demo` and `make test`"
-    text = "".join(blocks)
+    assert "remat plan examples/gpt2.py --budget 50% > gpt2.plan" in blocks[1], "then the quickstart"
+    text = "".join(body for _, _, body in all_sh_blocks())
     for command in ("remat plan examples/gpt2.py --budget 50% > gpt2.plan", "remat codegen", "remat fmt", "remat diff", "git config diff.remat.command", "--constraints gpt2.constraints"):
         assert command in text, command
 
@@ -74,10 +90,10 @@ def test_every_sh_block_runs_as_written(workdir):
         "PYTHON": sys.executable,
         "PYTHONPATH": str(workdir),
     }
-    for line, body in sh_blocks(README.read_text()):
+    for name, line, body in all_sh_blocks():
         script = "set -euo pipefail\n" + runnable(body)
         result = subprocess.run(["bash", "-c", script], cwd=workdir, env=env, capture_output=True, text=True, timeout=900)
-        assert result.returncode == 0, f"README.md:{line}: this block failed (exit {result.returncode}):\n{body}\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-3000:]}"
+        assert result.returncode == 0, f"{name}:{line}: this block failed (exit {result.returncode}):\n{body}\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-3000:]}"
     plan = (workdir / "gpt2.plan").read_text()
     assert plan.startswith("remat-plan "), plan[:200]  # the redirected plan holds the plan and nothing else
     assert (workdir / "fast_gpt2.py").exists() and (workdir / "timeline.png").exists()
