@@ -237,3 +237,99 @@ def test_other_input_shapes_say_which_shapes_the_plan_is_for(mlp):
     fast = module.FastModel(model_file.build_model())
     with pytest.raises(ValueError, match=r"input 'x' is float32\[8, 32\] but the plan was made for float32\[16, 32\]"):
         fast(torch.randn(8, 32))
+
+
+NESTED_NAMES_MODEL = """
+import torch
+from torch import nn
+
+
+class Inner(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.model = nn.Linear(6, 6)  # named as FastModel's own submodule
+        self.norm = nn.BatchNorm1d(6)  # running statistics and a version in the metadata
+
+    def forward(self, x):
+        return self.norm(self.model(x)).relu()
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.model = Inner()
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.head(self.model(x))
+
+
+def build_model():
+    torch.manual_seed(0)
+    return Net()
+
+
+def sample_inputs():
+    return (torch.randn(5, 6, generator=torch.Generator().manual_seed(1)),)
+"""
+
+
+def _train(module, x, steps: int, seed: int) -> list[torch.Tensor]:
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9)
+    losses = []
+    for step in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        torch.manual_seed(seed + step)
+        loss = module(x).square().mean()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.detach())
+    return losses
+
+
+def test_a_checkpoint_saved_from_the_module_loads_into_the_model_and_trains_on_exactly(tmp_path):
+    """NOTE: [State dict keys]: FastModel.state_dict() has the model's keys, in the model's
+    order (a model whose own submodules are named `model`, with BatchNorm's running
+    statistics); torch.save of it loads into a fresh model and into a fresh FastModel, and
+    both train on exactly alike; a state dict saved from the model loads into FastModel."""
+    path = tmp_path / "nested.py"
+    path.write_text(NESTED_NAMES_MODEL)
+    model_file = load_model_file(str(path))
+    module = plan_module(model_file, tmp_path, percent=100)
+    (x,) = model_file.sample_inputs().args
+    model = model_file.build_model()
+    fast = module.FastModel(model)
+    _train(fast, x, 2, seed=10)
+    saved = fast.state_dict()
+    assert list(saved) == list(model.state_dict()), list(saved)
+    assert "model.model.weight" in saved and "model.norm.num_batches_tracked" in saved
+    torch.save(saved, tmp_path / "checkpoint.pt")
+    loaded = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+
+    def fresh():
+        other = model_file.build_model()
+        with torch.no_grad():
+            for tensor in other.state_dict().values():
+                tensor.add_(1) if tensor.is_floating_point() else tensor.zero_()  # not the checkpoint's
+        return other
+
+    eager = fresh()
+    assert not eager.load_state_dict(loaded).missing_keys
+    twin = fresh()
+    again = module.FastModel(twin)
+    result = again.load_state_dict(loaded)
+    assert not result.missing_keys and not result.unexpected_keys
+    for a, b, c in zip(model.state_dict().values(), eager.state_dict().values(), twin.state_dict().values()):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    eager_losses, fast_losses = _train(eager, x, 3, seed=20), _train(again, x, 3, seed=20)
+    assert all(torch.equal(a, b) for a, b in zip(eager_losses, fast_losses))
+    for (name, a), b in zip(eager.state_dict().items(), twin.state_dict().values()):
+        assert torch.equal(a, b), name
+    # the other way: the model's own state dict into a FastModel, and under a parent module
+    third = module.FastModel(fresh())
+    third.load_state_dict(model.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), third.state_dict().values()))
+    parent = torch.nn.Sequential(module.FastModel(model))
+    assert list(parent.state_dict()) == ["0." + key for key in model.state_dict()]
+    module.FastModel(fresh()).load_state_dict(saved)
+    torch.nn.Sequential(module.FastModel(fresh())).load_state_dict(parent.state_dict())
