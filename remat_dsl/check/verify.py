@@ -29,7 +29,7 @@ import re
 
 from remat_dsl.plan import digest, ir
 from remat_dsl.plan.operators import is_view, torch_constants
-from remat_dsl.plan.errors import PlanError
+from remat_dsl.plan.errors import PlanError, RematError
 from dataclasses import dataclass
 
 from remat_dsl.check.replay import DTYPE_ITEMSIZE, Simulation, simulate
@@ -225,6 +225,26 @@ def check_operators(graph: ir.Graph, outputs_span: ir.Span | None = None) -> Non
     _check_outputs(graph.outputs, outputs_span)
     for grad in graph.gradients:
         _check_inline(grad.value, grad.span)
+
+
+def refuse_custom_operators(graph: ir.Graph) -> None:
+    """Raise RematError naming the first op of `graph` that calls a custom operator (NOTE:
+    [Custom operators]): a plan runs aten operators only."""
+    custom = first_custom_operator(graph)
+    if custom is None:
+        return
+    raise RematError(
+        f"error: op '{custom.name}' calls `{custom.target}`, which is not an aten operator (a custom operator, "
+        "registered by a library); a plan runs aten operators only",
+        hint="run the model with an implementation made of torch operations (a library option that turns its "
+        "custom kernel off), or plan the modules around it"
+        + (
+            "; Hugging Face's mixture-of-experts models run their experts with torch operations when their config "
+            'has experts_implementation="batched_mm"'
+            if str(custom.target).startswith("transformers.grouped_mm")
+            else ""
+        ),
+    )
 
 
 def first_custom_operator(graph: ir.Graph) -> ir.Op | None:

@@ -208,7 +208,7 @@ def read_request(args) -> PlanRequest:
 
 def run(args) -> int:
     from remat_dsl.capture.model_file import load_model_file
-    from remat_dsl.check.verify import first_custom_operator
+    from remat_dsl.check.verify import refuse_custom_operators
     from remat_dsl.plan.constraints import unmatched
     from remat_dsl.plan.printer import print_plan
     from remat_dsl.plan.units import format_bytes, format_duration
@@ -224,20 +224,7 @@ def run(args) -> int:
     graph, device, costs, eager = _captured(model_file, args, request)
     if eager:  # NOTE: [Eager agreement] in remat_dsl/capture/agreement.py; also above the plan's header
         status(" ".join(eager).replace("  ", " "))
-    custom = first_custom_operator(graph)
-    if custom is not None:  # NOTE: [Custom operators] in remat_dsl/check/verify.py
-        raise RematError(
-            f"error: op '{custom.name}' calls `{custom.target}`, which is not an aten operator (a custom operator, "
-            "registered by a library); a plan runs aten operators only",
-            hint="run the model with an implementation made of torch operations (a library option that turns its "
-            "custom kernel off), or plan the modules around it"
-            + (
-                "; Hugging Face's mixture-of-experts models run their experts with torch operations when their config "
-                'has experts_implementation="batched_mm"'
-                if str(custom.target).startswith("transformers.grouped_mm")
-                else ""
-            ),
-        )
+    refuse_custom_operators(graph)  # NOTE: [Custom operators] in remat_dsl/check/verify.py
     for warning in unmatched(graph, request.constraints):
         if args.strict:
             raise RematError(warning.replace("warning:", "error:", 1), hint="fix the pattern or remove the line (without --strict this is a warning)")

@@ -1,0 +1,198 @@
+"""The whole job from Python: plan a model, check a plan, generate and load its module.
+
+    import remat_dsl
+    plan = remat_dsl.plan_model(model, (tokens,), budget="50%", loss_fn=lambda out: out.logits.mean())
+    Path("model.plan").write_text(remat_dsl.plan_text(plan))   # the text `remat plan` prints
+    Path("fast_model.py").write_text(remat_dsl.generate_module(plan))
+    fast = remat_dsl.load_module("fast_model.py").FastModel(model)   # shares model's parameters
+
+`model` is an nn.Module built in the caller's own script (with its inputs) or a model file
+as `remat plan` takes it (`path.py` or `path.py:factory`).  These functions compose the same
+stages the commands do (capture, solver driver, printer, verifier, code generation), so a
+plan made here is the plan `remat plan` prints for the same model, inputs, costs and budget.
+Errors are remat_dsl.plan.errors.RematError (bad input: a message and a hint) and its
+subclasses: PlanError (a plan's text, with path:line:col), BudgetError (no plan fits).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+from remat_dsl.plan import ir
+from remat_dsl.plan.errors import RematError
+
+MODULE_SPEC = "python:{name}"  # the header's `model` for a module built in a script (no file)
+
+
+def model_of(model: Any, inputs: Any = None, loss_fn: Callable[[Any], Any] | None = None, autocast: Any = None):
+    """A capture.model_file.ModelFile for `model`: a model file spec (str or Path; then
+    `inputs` and `loss_fn` come from the file and must be None) or an nn.Module with its
+    forward's `inputs` (a tensor, a tuple of positional arguments, a dict of keyword
+    arguments, or (args, kwargs)).  The module is deep-copied for every capture, so the
+    caller's model, its buffers and its RNG-drawn state are left as they are.  `loss_fn`
+    turns the forward's output into the scalar loss (default: the model file contract's,
+    the sum of the output's floating-point tensors' means).  Raises RematError."""
+    import torch
+
+    from remat_dsl.capture.model_file import ModelFile, load_model_file
+
+    if isinstance(model, (str, Path)):
+        if inputs is not None or loss_fn is not None:
+            raise RematError(
+                f"error: {model}: a model file gives its own inputs and loss",
+                hint="define sample_inputs() and loss_fn(output) in the file, or pass the nn.Module itself",
+            )
+        loaded = load_model_file(str(model))
+        return loaded if autocast is None else replace(loaded, autocast=autocast)
+    if not isinstance(model, torch.nn.Module):
+        raise RematError(f"error: the model is a {type(model).__name__}, not a torch.nn.Module or a model file path")
+    if inputs is None:
+        raise RematError("error: no inputs given for the model", hint="pass the arguments of its forward: a tuple, a dict, or (args, kwargs)")
+    if loss_fn is not None and not callable(loss_fn):
+        raise RematError(f"error: loss_fn is a {type(loss_fn).__name__}, not a function", hint="pass loss_fn=lambda output: ... or None")
+    if autocast not in (None, torch.bfloat16, torch.float16):
+        raise RematError(f"error: autocast is {autocast!r}, not torch.bfloat16 or torch.float16", hint="pass autocast=torch.bfloat16 or None")
+    name = type(model).__qualname__
+    if not name.isidentifier():  # a class made inside a function: `f.<locals>.Net`
+        name = type(model).__name__
+    spec = MODULE_SPEC.format(name=name)
+    return ModelFile(
+        spec, Path(spec), name, None, lambda: copy.deepcopy(model), lambda: copy.deepcopy(inputs), loss_fn, autocast
+    )
+
+
+def plan_model(
+    model: Any,
+    inputs: Any = None,
+    budget: int | str | None = None,
+    *,
+    loss_fn: Callable[[Any], Any] | None = None,
+    solver: str = "auto",
+    device: str | None = None,
+    constraints: str | Path | None = None,
+    autocast: Any = None,
+    repeats: int = 5,
+    time_limit: float | None = None,
+    report: Callable[[str], None] | None = None,
+) -> ir.Plan:
+    """Capture `model`'s training step (forward, loss, backward), cost every op, solve for
+    `budget` and return the plan (print it with `plan_text`).
+
+    model, inputs, loss_fn, autocast: as `model_of` takes them.
+    budget: bytes (an int), a size with its unit ("2GiB", "800MB") or a percentage of the
+    autograd peak ("50%"); None: the autograd peak, the store-all plan's memory.
+    solver: a name of `remat plan --solver` (auto, rockmate, hiremate, rotor, ...).
+    device: None measures every op on this machine; a device name (h100, a100, cpu) or a
+    device-description TOML file predicts the costs for that device (docs/devices.md).
+    constraints: a constraints file (keep/recompute/offload lines; docs/plan-language.md).
+    repeats: timing runs per op.  time_limit: seconds per solve for the MILP solvers.
+    report: called with each progress line (default: none).
+    Measured costs are not cached here (`remat plan` caches them).
+    Raises RematError (bad input, a model that cannot be captured), BudgetError (no plan
+    of `solver` fits `budget`: it names the smallest budget that does).
+    """
+    from remat_dsl.capture.cost import load_device
+    from remat_dsl.capture.pipeline import capture_graph
+    from remat_dsl.check.verify import refuse_custom_operators
+    from remat_dsl.plan.constraints import read_constraints, unmatched
+    from remat_dsl.solve.driver import Planner
+    from remat_dsl.solve.ilp import workers
+    from remat_dsl.solve.registry import NAMES
+
+    if solver not in NAMES:
+        raise RematError(f"error: unknown solver '{solver}'", hint="pick one of " + ", ".join(NAMES))
+    model_file = model_of(model, inputs, loss_fn, autocast)
+    device_model = load_device(device) if device is not None else None
+    rules = read_constraints(str(constraints)) if constraints is not None else ()
+    captured = capture_graph(model_file, repeats, device_model=device_model)
+    refuse_custom_operators(captured.graph)
+    for warning in unmatched(captured.graph, rules):
+        if report:
+            report(warning)
+    host_link = device_model is not None and device_model.kind == "cuda"
+    options = {"bandwidth": int(device_model.host_to_device)} if device_model is not None else {}
+    planner = Planner(
+        captured.graph, model=model_file.spec, device=captured.device, constraints=rules, time_limit=time_limit,
+        report=report, host_link=host_link, **options,
+    )  # fmt: skip
+    budget_bytes = _budget(budget, planner.autograd_peak)
+    planner.refuse_below_bound(budget_bytes, solver)
+    try:
+        plan = planner.plan(budget_bytes, solver)
+    finally:
+        workers.stop()
+    header = replace(plan.header, costs=captured.costs, comments=plan.header.comments + captured.eager, solve_seconds=None)
+    return replace(plan, header=header)
+
+
+def _budget(budget: int | str | None, autograd_peak: int) -> int:
+    """Bytes of `budget` (plan_model's argument).  Raises RematError."""
+    from remat_dsl.plan.units import UnitError, parse_percent, parse_size
+
+    if budget is None:
+        return autograd_peak
+    if isinstance(budget, bool) or not isinstance(budget, (int, str)):
+        raise RematError(f"error: the budget is a {type(budget).__name__}", hint='pass bytes (an int), "2GiB" or "50%"')
+    if isinstance(budget, str):
+        percent = parse_percent(budget)
+        if percent is not None:
+            budget = math.floor(autograd_peak * percent / 100)
+        else:
+            try:
+                budget = parse_size(budget, "budget", exact=False)
+            except UnitError as error:
+                raise RematError(f"error: {error.message}", hint=error.hint) from None
+    if budget <= 0:
+        raise RematError(f"error: the budget must be more than 0 bytes, got {budget}", hint='pass e.g. "50%" or "2GiB"')
+    return budget
+
+
+def plan_text(plan: ir.Plan) -> str:
+    """The plan as the text `remat plan` prints (the plan language, sealed by its digest)."""
+    from remat_dsl.plan.printer import print_plan
+
+    return print_plan(plan)
+
+
+def read_plan(path: str | Path) -> ir.Plan:
+    """Parse a plan file.  Raises PlanError (path:line:col) and RematError (unreadable)."""
+    from remat_dsl.plan.parser import parse_file
+
+    return parse_file(str(path))
+
+
+def check_plan(plan: ir.Plan | str | Path, model: Any = None, inputs: Any = None, loss_fn: Callable[[Any], Any] | None = None) -> ir.Plan:
+    """Verify a plan (an ir.Plan, or the path of a plan file) as `remat check` does: its
+    digest, declarations and operators, and a simulation within its budget; with `model`
+    (and its inputs, as `model_of` takes them), also against what the model is.  Returns
+    the plan.  Raises PlanError (what is wrong, with path:line:col for a file) and
+    RematError."""
+    from remat_dsl.capture.pipeline import check_plan_matches
+    from remat_dsl.check.verify import load_checked, verify
+
+    plan = load_checked(str(plan)).plan if isinstance(plan, (str, Path)) else verify(plan).plan
+    if model is not None:
+        check_plan_matches(plan, model_of(model, inputs, loss_fn))
+    return plan
+
+
+def generate_module(plan: ir.Plan | str | Path) -> str:
+    """The source of the standalone module that runs `plan` (verified first, as `check_plan`):
+    it imports torch and nothing of remat_dsl.  Raises PlanError and RematError."""
+    from remat_dsl.check.verify import verify
+    from remat_dsl.codegen.generate import generate
+
+    source = str(plan) if isinstance(plan, (str, Path)) else "a plan"
+    return generate(verify(check_plan(plan)), source)
+
+
+def load_module(path: str | Path):
+    """Import a generated module from its file (a fresh module object at each call); its
+    `FastModel(model)` runs the plan."""
+    from remat_dsl.codegen.compare import load_generated
+
+    return load_generated(path)
