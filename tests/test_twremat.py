@@ -1,4 +1,5 @@
-"""`--solver twremat` (papers/twremat-*, Algorithm 1; issue 13 part 1): tree
+"""`--solver twremat` (Kumar et al., "Efficient Rematerialization for Deep Networks",
+NeurIPS 2019, Algorithm 1; issue 13 part 1): tree
 decompositions, schedules that compute what they must, plans that train bit-exactly,
 deterministic plans, and graphs of any size (bench/twremat_scale.py times 20,000 ops)."""
 

@@ -21,28 +21,17 @@ differ) in a plan that profiles; a plan whose profile comes from the cache takes
 from there.  Each eager run starts from the buffers the traced one read (a training step
 updates batch norm's running statistics), which are put back after it.
 
-Found this way (2026-11-26): transformers' masking utilities leave out an attention mask of
-ones when the model runs eagerly (`_ignore_bidirectional_mask_sdpa` reads the mask's values)
-and keep it, a tensor of zeros added to the scores, when traced.  In float32 adding zeros
-changes nothing; under bfloat16 autocast the float32 mask makes the scores, the softmax and
-the attention dropout float32, where eagerly they are bfloat16, and the dropout's scaling
-rounds elsewhere: a stock BigBird (`attention_type="original_full"`, 2 layers) trained under
-autocast with its loss and 40 of its 43 gradients differing, by up to 1.1 of a gradient's
-largest magnitude.  Which path eager takes there depends on the mask's values, which a plan
-for other batches cannot assume, so capture keeps the traced path and says so.  Planned at
-100% under bfloat16 autocast, 10 of 128 stock Hugging Face models that plan got the warning,
-and in float32 none.  Their causes (2026-11-26, each shown by making eager take the traced
-path and getting the traced step's bits):
-- transformers' `is_tracing()` branches (eager with `is_tracing` made to answer True gives
-  `torch.compile(model, backend="eager")`'s bits): BigBird, ConvBERT, RoFormer,
-  SqueezeBERT, RemBERT, LUKE, Perceiver;
-- autocast's cache of a weight's cast (eager under `torch.autocast(..., cache_enabled=False)`
-  gives `backend="aot_eager"`'s bits): ALBERT, whose layers share their weights; the warning
-  names this cause where a differing gradient's parameter is cast at more than one op
-  (`_cast_more_than_once`, tests/models/shared_weight.py);
-- our own capture: SegFormer and WavLM dropped out transposed bfloat16 tensors with other
-  masks than eager (NOTE: [Draws in memory order] in capture/fx.py), fixed; they no longer
-  warn.
+Known causes of a disagreement (the models found, and how each cause was shown:
+docs/measured-notes.md):
+- transformers' masking utilities keep an attention mask of ones (zeros added to the
+  scores) when traced and leave it out eagerly, so under bfloat16 autocast the traced
+  attention is float32 where the eager one is bfloat16; which path eager takes depends on
+  the mask's values, which a plan for other batches cannot assume, so capture keeps the
+  traced path and says so;
+- transformers' `is_tracing()` branches;
+- autocast's cache of a weight's cast, which the warning names where a differing
+  gradient's parameter is cast at more than one op (`_cast_more_than_once`,
+  tests/models/shared_weight.py).
 
 Not checked: captures with fake tensors (no values), and plans for another device kind than
 the one capturing (their ops are not this device's: NOTE: [Fake capture] in

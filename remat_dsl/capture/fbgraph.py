@@ -75,9 +75,9 @@ def build_graph(captured: Captured, step: StepProfile, inputs: tuple, device_kin
 # op that reads a tangent counts the tangent's bytes among its temporaries
 # (`ir.with_gradient_zeros`), once per tangent, whatever the caller does, so the module
 # holds no more than the plan predicts; a step with one gets its gradient whenever its
-# backward runs.  Before 2026-11-26 the tangents were counted from the backward's start to
-# its end and the module held the zeros as long: bench/models/llama_d512.py's logits
-# gradient, float32[4, 256, 8000], is 31.25 MiB, 9.5% of its autograd peak.  A profile
+# backward runs.  Counted instead from the backward's start to its end, the zeros would be
+# held that long, and a language model's logits gradient is a large share of its
+# autograd peak (docs/measured-notes.md).  A profile
 # file keeps the measured temporaries alone (`write_profile` takes the zeros out,
 # `apply_profile` puts them back).
 

@@ -5,7 +5,8 @@ whose partition function records the forward and backward FX graphs that PyTorch
 default partition makes: the forward graph returns the buffer updates, the model outputs
 and the saved tensors; the backward graph takes the saved tensors and the output
 gradients (tangents) and returns one gradient per forward input.  This is the "autograd"
-FB-graph: it saves what eager PyTorch saves (../shared/notes/capture-probe.md).
+FB-graph: it saves what eager PyTorch saves (the partition's forward outputs after the
+model outputs are the saved tensors, the backward's inputs that are not tangents).
 
 The model is deep-copied (unless the caller built it for the capture alone) and the RNG
 state restored, so capture changes neither the model's buffers nor the random stream.
@@ -33,7 +34,7 @@ hidden states (SegFormer's segmentation head does), under a threading lock that 
 cannot trace; when a capture fails and the model has such hooks to install, capture
 installs them, as transformers' backbones do in `post_init`, and traces once more
 (`_output_hooks_installed`; not before the first trace: dynamo would trace the hooks of
-every model: 0.13 s more in a warm `remat plan` of a Llama decoder, three runs each).
+every model, which slows every capture: docs/measured-notes.md).
 """
 
 from __future__ import annotations
@@ -200,11 +201,11 @@ class Recalled:
 
 
 # NOTE: [Capture key]
-# A warm `remat plan` (another budget, the profile and block solutions in the cache) still
-# traced the model with dynamo and then its joint forward and backward with AOTAutograd:
-# 1 s of the 5 s a Llama decoder took, the rest being torch's and transformers' imports
-# and dynamo.  AOTAutograd's graphs are a function of dynamo's graph, its example inputs
-# and our settings, so the key of the whole FB-graph can be made before AOTAutograd runs:
+# Without a key, a warm `remat plan` (another budget, the profile and block solutions in
+# the cache) would trace the model with dynamo and then its joint forward and backward
+# with AOTAutograd, a fifth of its time on a Llama decoder (docs/measured-notes.md).
+# AOTAutograd's graphs are a function of dynamo's graph, its example inputs and our
+# settings, so the key of the whole FB-graph can be made before AOTAutograd runs:
 # every node of dynamo's graph (op, name, target, arguments, module stacks, the layout of
 # its example value), the example inputs' layouts, `requires_grad`, shared storages and
 # integer values (as NOTE: [Profile key] in pipeline.py takes them), the bytes of the
@@ -1005,18 +1006,18 @@ def _copy_aliased_outputs(gm: fx.GraphModule) -> None:
 
 # NOTE: [Capture without running]
 # torch.compile traces the forward and backward on fake tensors, then runs the compiled
-# forward on the real ones: a whole forward pass (1.5 s of a Llama decoder on this 2-core
-# CPU, a fifth of a warm `remat plan`) whose values nobody reads, since capture keeps the
-# graphs and only the structure of the output (its pytree, which leaves are None).  So the
-# compiled forward returns, instead of computing them, empty tensors with each output's
-# shape, strides, dtype and device (`_outputs_only`); the model's output is built from them
-# as from the real ones.  The graphs, their inputs and the example primals are the same;
-# what the run did besides is kept where it matters: a forward that updates an input in
-# place (BatchNorm's running statistics, its `num_batches_tracked`) still runs for real,
-# so the buffers later profiled hold the updated values as before, and a fake capture
-# (NOTE: [Fake capture] in pipeline.py) runs its fake forward, which costs nothing.  An
-# error that only running shows (an index out of range) now surfaces when the ops are
-# profiled, in `profile_step`.
+# forward on the real ones: a whole forward pass (a fifth of a warm `remat plan` of a
+# Llama decoder on a 2-core CPU: docs/measured-notes.md) whose values nobody reads, since
+# capture keeps the graphs and only the structure of the output (its pytree, which leaves
+# are None).  So the compiled forward returns, instead of computing them, empty tensors
+# with each output's shape, strides, dtype and device (`_outputs_only`); the model's
+# output is built from them as from the real ones.  The graphs, their inputs and the
+# example primals are the same; what the run did besides is kept where it matters: a
+# forward that updates an input in place (BatchNorm's running statistics, its
+# `num_batches_tracked`) still runs for real, so the buffers later profiled hold the
+# updated values, and a fake capture (NOTE: [Fake capture] in pipeline.py) runs its fake
+# forward, which costs nothing.  An error that only running shows (an index out of range)
+# surfaces when the ops are profiled, in `profile_step`.
 
 
 def _outputs_only(gm: fx.GraphModule, value: str = "val"):
@@ -1060,8 +1061,8 @@ def _torch_logs_silenced():
     With its loggers off, dynamo still names the function of every source line that makes
     an FX node, for a `TRACE FX call` log line it then drops: the first time it meets a
     source file it tokenizes all of it (`torch._dynamo.funcname_cache`; transformers'
-    modeling files are thousands of lines).  That was 0.18-0.20 s of the 1.6 s trace of
-    the 4-layer Llama decoder, in every `remat plan`, warm or cold.  While the loggers are
+    modeling files are thousands of lines), a tenth or more of a decoder's trace in every
+    `remat plan`, warm or cold (docs/measured-notes.md).  While the loggers are
     off, the lookup answers None (the name is left out of a line nobody sees); the FX
     graph does not depend on it.
     """
@@ -1136,11 +1137,11 @@ def _capture_error(exc: Exception) -> RematError:
 # op fails on the sample inputs' shapes, dynamo's explanation lists every argument before
 # the op's own error (`...): got RuntimeError('Attempting to broadcast ...')`), and
 # StableLM's attention call is long enough that the 400 characters quoted cut the error
-# off: the error line now ends with it.  When the line dynamo stops on is the model's loss
-# (DeBERTa-v2's sequence classifier counts the labels to keep with `nonzero()` and branches
-# on that count), the model captures whole without `labels=`, and the model file's
-# `loss_fn` can compute the loss: the hint says so when the line lies in an
-# `if labels ...:` block of its source (`_in_labels_branch`).
+# off; so the error line ends with the op's own error.  When the line dynamo stops on is
+# the model's loss (DeBERTa-v2's sequence classifier counts the labels to keep with
+# `nonzero()` and branches on that count), the model captures whole without `labels=`, and
+# the model file's `loss_fn` can compute the loss: the hint says so when the line lies in
+# an `if labels ...:` block of its source (`_in_labels_branch`).
 
 
 def _in_labels_branch(filename: str, lineno: int) -> bool:

@@ -6,7 +6,8 @@ activations, temporaries, the outputs and the parameter gradients (NOTE: [Gradie
 in remat_dsl.capture.fbgraph).  So a step's unit output gradients are made before the
 step measured: `step_peak` runs one step first, whose outputs give their shapes.  On CPU
 the PyTorch profiler's raw `[memory]` allocator events, ordered by time, with a running
-sum of their sizes give an exact, repeatable peak (../shared/notes/capture-probe.md); on
+sum of their sizes give an exact, repeatable peak (identical over runs, processes and
+thread counts: docs/measured-notes.md, "Capture probe"); on
 CUDA we use `torch.cuda.max_memory_allocated` above the allocation at the start.
 """
 

@@ -329,23 +329,22 @@ def _machine() -> tuple:
 
 
 # NOTE: [Profile key]
-# A cached profile was first found by the graph of an untimed run (every op run once
-# under the memory profiler to measure sizes and temporaries), which cost a training step
-# under the profiler, seconds on a Llama decoder, in every warm `remat plan`.  The key is
-# now made from the captured FX graphs without running any op, and the entry holds the
-# whole step profile (each call node's outputs with their sizes and aliasing, temporary
-# bytes, time, randomness), so a hit runs nothing and builds the same graph as the run
-# that filled it.  What a profile depends on is in the key: every node of both graphs
-# (name, op, target, arguments, the module stacks the op names come from, the shape,
-# strides, dtype, device and storage offset of its value), the example primals' shapes,
-# strides, dtypes, devices and shared storages, the rest of `Captured` that build_graph
-# reads, the device kinds it renames, and, as before, torch, this machine and `repeats`.
-# Values are in it only for integer and bool primals (token ids, labels, masks): kernels
-# take their branches and index their allocations from those, while a static-shape op's
-# sizes and temporaries do not depend on floating values (op times never did: the old key
-# held no values either), and hashing weights would cost time and make the cache miss for
-# every model file whose weights are not seeded.  A graph with a size that is not a
-# number (dynamic or data-dependent shapes) gets no key and is measured every time.
+# The key of a cached profile is made from the captured FX graphs without running any op
+# (the graph of an untimed run, every op run once under the memory profiler, would cost a
+# training step under the profiler, seconds on a Llama decoder, in every warm `remat
+# plan`), and the entry holds the whole step profile (each call node's outputs with their
+# sizes and aliasing, temporary bytes, time, randomness), so a hit runs nothing and builds
+# the same graph as the run that filled it.  What a profile depends on is in the key:
+# every node of both graphs (name, op, target, arguments, the module stacks the op names
+# come from, the shape, strides, dtype, device and storage offset of its value), the
+# example primals' shapes, strides, dtypes, devices and shared storages, the rest of
+# `Captured` that build_graph reads, the device kinds it renames, and torch, this machine
+# and `repeats`.  Values are in it only for integer and bool primals (token ids, labels,
+# masks): kernels take their branches and index their allocations from those, while a
+# static-shape op's sizes and temporaries do not depend on floating values (nor do op
+# times), and hashing weights would cost time and make the cache miss for every model file
+# whose weights are not seeded.  A graph with a size that is not a number (dynamic or
+# data-dependent shapes) gets no key and is measured every time.
 
 
 def _profile_key(captured, device_kinds: dict[str, str], repeats: int) -> str | None:

@@ -7,7 +7,8 @@ exact storage sizes, or views of existing storage), its temporary memory and its
 * aliasing: an output that shares storage with an argument is a view, it allocates nothing;
 * temporary memory: one pass under the PyTorch profiler with a `record_function` range per
   node; the allocator's `[memory]` events inside a range give the node's own peak above
-  its outputs (../shared/notes/capture-probe.md, "Peak memory on CPU");
+  its outputs (on CPU the raw allocator events give an exact, repeatable peak:
+  docs/measured-notes.md, "Capture probe");
 * duration: the least of its timed runs (microseconds): one warm-up, then `repeats` runs
   split over passes over the whole graph, more passes until two agree (NOTE: [Robust
   timing]); with

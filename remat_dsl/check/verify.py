@@ -257,8 +257,8 @@ def first_custom_operator(graph: ir.Graph) -> ir.Op | None:
 # A library may register its own operators (torch.library): Hugging Face's mixture-of-
 # experts layers call `transformers.grouped_mm_fallback`.  AOTAutograd keeps them whole,
 # and a plan's parser, this verifier and the generated module (which imports torch alone)
-# know aten operators only: `remat plan` wrote a plan that `remat check` then refused as
-# `unknown operator`.  `remat plan` now refuses such a graph before solving
+# know aten operators only: `remat check` would refuse a plan of such a graph as
+# `unknown operator`.  So `remat plan` refuses such a graph before solving
 # (`first_custom_operator`), naming the op; capture and `remat profile` still take it
 # (tests/test_robust_timing.py times its own operators).
 

@@ -53,14 +53,14 @@ def main(argv: list[str] | None = None) -> int:
 # NOTE: [Exit]
 # When a `remat` process has done its work, the interpreter still tears down every module
 # it imported: torch's, and a model file's transformers, hundreds of thousands of objects
-# freed one by one.  That took 0.25 s of a warm `remat plan` of a Llama decoder (6.5 s in
-# all; NOTE: [Garbage collection] in cli/plan.py removed the collector's share of it).
+# freed one by one, a measurable part of a warm `remat plan` (docs/measured-notes.md;
+# NOTE: [Garbage collection] in cli/plan.py takes the collector's share out of it).
 # Nothing the command made needs it: its output is written and flushed (NOTE: [Stdout is
 # the data], NOTE: [Output files]).  So the program (`program`, what the `remat` script and
 # `python -m remat_dsl` run) does what a normal exit does that can matter (the atexit
 # functions, which finalize temporary directories too; Python's and C's buffered output),
 # and then ends the process with os._exit.  While a thread other than the main one still
-# runs, the exit is the normal one, which waits for it.  `main` itself returns as before:
+# runs, the exit is the normal one, which waits for it.  `main` itself returns normally:
 # the tests and the DDP workers call it inside their own process.
 
 

@@ -264,13 +264,13 @@ def run(args) -> int:
 # NOTE: [Garbage collection]
 # Importing a model file imports torch and its libraries (transformers): hundreds of
 # thousands of objects that live as long as the process.  Python's cyclic collector
-# traversed them all at every full collection, during the imports, then while dynamo
-# traced the model, and once more when the interpreter exited: 2 s of a warm `remat plan`
-# on a Llama decoder (1 s of it at exit).  So in a `remat` process (`main()` run as the
+# would traverse them all at every full collection, during the imports, then while dynamo
+# traces the model, and once more when the interpreter exits: a large share of a warm
+# `remat plan` (docs/measured-notes.md).  So in a `remat` process (`main()` run as the
 # program, `args.whole_process`) the collector is paused while the model file is
 # imported, what the imports made is then frozen (`gc.freeze`: kept out of every later
 # collection), and `main` freezes everything again before it returns, so that exiting
-# does not traverse it.  Garbage made later (the capture's) is collected as before, only
+# does not traverse it.  Garbage made later (the capture's) is still collected, only
 # less often (every GC_THRESHOLD allocations, not 700: dynamo makes millions of objects
 # while it traces); nothing a plan holds depends on when objects are collected.
 # `main(argv)` called inside another program (the tests) leaves its collector alone:

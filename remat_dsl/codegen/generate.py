@@ -681,7 +681,7 @@ class _Renderer:
         (the lines leave them in `_s.pending` and suspend `_backward`):
         those finished by the same instruction (the last that makes or reads their
         tensors), at most MAX_RELEASES groups (neighbours merged, the later index kept);
-        gradients finished by the last instruction leave with the return as before."""
+        gradients finished by the last instruction leave with the return."""
         instructions = self.plan.backward
         runs = [i for i, ins in enumerate(instructions, 1) if ins.verb in ("compute", "recompute")]
         if not runs:

@@ -1,9 +1,9 @@
 """A cache directory for what `remat plan` measures and solves, reused across budgets and runs.
 
 NOTE: [Solution cache]
-A budget sweep re-ran the same work at every budget: each `remat plan` timed every op again
-(seconds to a minute) and solved every block class's RK-Checkmate grid again (most of a
-plan's solve time), although neither depends on the budget.  Both are now kept here:
+Without a cache a budget sweep redoes the same work at every budget: each `remat plan` times
+every op again (seconds to a minute) and solves every block class's RK-Checkmate grid again
+(most of a plan's solve time), although neither depends on the budget.  Both are kept here:
 
 * `profiles`: the step profile measured for a captured graph (every op's output sizes,
   aliasing, temporary bytes and time), keyed by everything it depends on (the graph's ops,
@@ -11,8 +11,8 @@ plan's solve time), although neither depends on the budget.  Both are now kept h
   processor, core count and torch threads, `--repeats`) and found without running any op
   (NOTE: [Profile key] in remat_dsl.capture.pipeline), kept even when some ops' timings did not
   settle (NOTE: [Robust timing] in remat_dsl.capture.profile: the run that measured them
-  said so): on this 2-core machine a few of a Llama decoder's 1,834 ops often disagree
-  between passes even idle, and a cache that kept only settled profiles kept none;
+  said so): on a 2-core machine a few of a Llama decoder's 1,834 ops often disagree
+  between passes even idle, so a cache of settled profiles alone would keep none;
 * `graphs`: the whole profiled FB-graph (the plan's graph sections, op times included),
   keyed by dynamo's graph before AOTAutograd traces the backward, so that a warm run skips
   that trace as well as the profile (NOTE: [Capture key] in remat_dsl.capture.fx), stored

@@ -14,11 +14,8 @@ and at most a cap of bytes:
 * the cap is DEFAULT_MAX_INPUT_SIZE, or the size in the environment variable MAX_INPUT_SIZE_VARIABLE
   (`REMAT_MAX_INPUT_SIZE=64MiB`, read with remat_dsl.plan.units).
 
-The default holds a 70B model's plan with room.  Measured: the plan of an 8-layer Llama decoder
-(`remat plan bench/models/llama_d512_bytes.py:build_8_layers --budget 50% --device cpu`) is 429,355 bytes and
-that of the same decoder 4 layers deep 223,189, so about 51,500 bytes a layer and 17,000 besides: a 32-layer
-Llama-2-7B plan is about 1.7 MB and an 80-layer Llama-2-70B plan about 4.1 MB (wider shapes add a digit or two
-to some numbers).  32 MiB is eight times that; `remat check` of the 8-layer plan took 2.5 s and 241 MB.
+The default holds a 70B model's plan with room: a plan grows by about 51,500 bytes a layer, so an 80-layer
+Llama-2-70B plan is about 4.1 MB, and 32 MiB is eight times that (the measurements: docs/measured-notes.md).
 """
 
 from __future__ import annotations

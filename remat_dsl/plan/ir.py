@@ -250,8 +250,8 @@ class Gradient:
     output the head discards) is `PARAM = None`: autograd leaves its `.grad` None, as
     eager does.  The generated module refuses a parameter that requires grad but has no
     line (the plan computes no gradient for it), and takes one with `= None` as eager
-    would: both were written `= None` before, so stock BigBird was refused as "planned
-    with it frozen".
+    would: the two cases are written differently so that a parameter the loss does not
+    reach is not refused as "planned with it frozen".
     """
 
     parameter: str

@@ -7,8 +7,9 @@ budget-fitting loop; `smallest_budget(solver)` the one smallest-budget search.
 `make_plan` is a Planner used once.
 
 NOTE: [Budget correction]
-A solver plans with its own model of memory (rotor's chain, section 3 of papers/rotor-*;
-Rockmate's blocks; the H-ILP's clusters), which does not see everything the exact
+A solver plans with its own model of memory (rotor's chain, section 3 of Beaumont et al.,
+"Optimal checkpointing for heterogeneous chains", ACM TOMS 2024; Rockmate's blocks; the
+H-ILP's clusters), which does not see everything the exact
 simulation sees (the prelude's masks, the step's outputs, a block's
 saved tensors freed during its own backward, the discretization, values crossing
 clusters; the chain solvers do count the parameter gradients piling up during the
@@ -40,16 +41,14 @@ are repaired (recomputations added at the peak until it fits) and polished too; 
 fastest of these is the plan.  Near misses count from every candidate tried (a solver
 whose own model cannot meet the budget, then its fallbacks), but only once one of them
 fits: a budget below the smallest feasible one (the floor plans') is still refused, so
-every budget at or above it gets a plan and none below it does.  On GPT-2 (4 layers) at
-30% of the autograd peak (output gradients counted, before 2026-11-26), with one measured
-profile, this gave 49,597 us where the fallback's plan took 83,881 us (NOTE: [Repair];
-`python bench/polish.py` for more).
+every budget at or above it gets a plan and none below it does.  Near misses repaired
+can be much faster than the plans that fit at first (NOTE: [Repair]; `python
+bench/polish.py` measures it).
 
 NOTE: [Budgets below the bound]
 A budget below `peak_lower_bound` has no plan, whatever the solver: `remat plan` refuses it
 right after the capture (`Planner.refuse_below_bound`), before any solve, which would take
-long to find that out (examples/gpt2.py at 50 bytes: 23.9 s of profile and solve on two
-loaded cores with an empty cache, where the refusal comes after the 5 s profile).  The
+long to find that out (several times the profile's time: docs/measured-notes.md).  The
 refusal says the bound, why (the op whose inputs, outputs and temporaries make it, or the
 gradients and outputs the step ends with) and the parameter gradients' bytes.  The
 smallest budget a solver reaches is found only by solving (its floor plans), so every

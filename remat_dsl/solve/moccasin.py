@@ -1,6 +1,6 @@
 """Moccasin: rematerialization as a constraint program over retention intervals.
 
-Source: Bartan, Li, Teague, Mirhoseini, Pilanci, "Moccasin: Efficient Tensor
+Source: Bartan, Li, Teague, Lott, Dilkina, "Moccasin: Efficient Tensor
 Rematerialization for Neural Networks" (ICML 2023), section 3, and its reference
 implementation (github.com/haoming-codes/moccasin, src/moccasin/cp.py, `make_cpsat_model`
 with `use_stage=True`, `discretized=True` and explicit interval-to-interval assignments in
@@ -40,10 +40,8 @@ interval from the op's first run to the end of the axis; its temp_bytes over [s,
 of each run; the RNG states of recomputed random ops (NOTE: [RNG states]).  Parameters,
 inputs and tangents are counted by neither (the zeros of an absent tangent are in the
 temp_bytes of the ops that read it: NOTE: [Gradient zeros] in remat_dsl.capture.fbgraph).
-Measured 2026-11-24: the model's peak equals the simulated peak of the order for every
-schedule checked (examples/gpt2.py, rockmate's plans and CP-SAT's solutions at 50% and 30%
-of the autograd peak; tests/models/tiny_cnn.py at its floor), so the driver's first target
-fits and no solve is wasted on NOTE: [Budget correction] (remat_dsl.solve.driver).  Should
+So the model's peak is the simulated peak of the order, the driver's first target fits,
+and no solve is spent on NOTE: [Budget correction] (remat_dsl.solve.driver).  Should
 a graph still differ, `offset` (NOTE: [Model offset]) lowers each target by what the
 store-all order is simulated above the model, and the driver corrects the rest.
 Outputs a `keep` line names are never recomputed; the one lowering applies the other
@@ -52,30 +50,15 @@ sorting present intervals by start: a forward op's first run is its compute, lat
 are recomputes.
 
 NOTE: [Size limit]
-Measured on this 2-core machine (shared with other work), one worker.  Before 2026-11-24
-(memory per op, no tangents, no hints, no stage rows): tests/models/tiny_cnn.py (22 ops)
-proved its optimum in under a second at every budget; tests/models/hf_gpt2.py (188 ops)
-stopped at 60 s per solve with gaps of 2% (smallest peak) and 10% (70% of the autograd
-peak); examples/transformer.py (331 ops) found no lower bound in 120 s and no plan below
-69% of the autograd peak, where rockmate reaches 27%; examples/gpt2.py (4 layers, 310
-ops, 20 s per solve) planned 70% 3.7% slower than rockmate (gap 7.7%) and nothing below
-83%: hence a limit of 200 ops then.
-On 2026-11-24, with NOTE: [Hints], [Tensor ends], [RNG states] and [Stage memory],
-`bench/optimality.py examples/gpt2.py --max-ops 400 --time-limit 600 --fractions 0.5,0.3
---solvers auto,rockmate --no-smallest` (one capture; its profile put the step near 95 ms):
-at 50% moccasin planned 94990 us, gap 3.23% after 605 s, rockmate (`auto`) 95522 us, x1.006
-over moccasin's plan and at most x1.039 over the optimum; at 30% moccasin 190706 us, gap
-48.75% after 604 s, rockmate 197708 us, x1.037 over moccasin's plan (x2.023 over the
-bound).  Each budget took one solve (the model's peak is the simulated one).  Not proven:
-the bound rises slowly (60 s at 50% on an earlier capture: 35532 us against a no-recompute
-time of 34129 us and a best plan of 38217 us).  Tried at 60 s and not kept, each with a
-lower bound than the default: optimize_with_core, linearization_level=2,
-optimize_with_lb_tree_search, the cumulative's overload checker and timetable edge
-finding, and NOTE: [Stage memory] extended to the inputs of recomputations (recursively).
-A solve starts from Rockmate's plan, so where that plan fits the model (both budgets
-above) it returns it or a faster one within its time limit, where before it did worse
-than Rockmate; so MAX_OPS = 310 takes GPT-2 (4 layers), with the gap in the header.
-bench/optimality.py lifts the limit to measure larger graphs.
+CP-SAT proves little on a graph of a few hundred ops within minutes (gaps of a few
+percent at half the autograd peak, tens of percent at tight budgets), so moccasin refuses
+graphs of more than MAX_OPS ops: 310 takes GPT-2 with 4 layers (examples/gpt2.py).  A
+solve starts from Rockmate's plan (NOTE: [Hints]) and the stage relaxation's bound
+(NOTE: [Stage bound]), so where that plan fits the model it returns it or a faster one
+within its time limit, with the gap in the header.  CP-SAT runs with its defaults (PARAMETERS
+is empty, for measuring): each other search option measured gave a lower bound than the
+defaults.  bench/optimality.py lifts the limit to measure larger graphs.  Measurements:
+docs/measured-notes.md.
 
 NOTE: [Tensor ends]
 cp.py keeps a node's whole output until its last reader.  A node here is an op whose
@@ -84,8 +67,8 @@ by the backward; a layer norm's mean and rstd only by the backward), and the sim
 frees each output after its own last reader.  So each output T of a run has its own end
 e_T^i <= e_v^i, its own interval [s_v^i, e_T^i) in the "memory budget", and the
 "precedence constraint" also asks e_T^i > s_w for each output T the reader w reads.
-Before this, GPT-2 (4 layers) at 50% had its model peak 0.4 MB below or above the
-simulated one, depending on the order, and every solve was corrected at least once.
+With one end per op, the model's peak would differ from the simulated one by outputs
+that die early, and solves would need budget corrections.
 
 NOTE: [Hints]
 CP-SAT starts from a complete solution hint (each variable's value): the fastest schedule
@@ -98,30 +81,21 @@ at least that of the hint (Rockmate recomputes some GPT-2 ops five times at 30% 
 autograd peak).  So where Rockmate's plan fits the capacity, a solve returns it or a
 faster one, and CP-SAT's time goes to improving it and to the bound.  The stage
 relaxation's schedule (NOTE: [Stage bound]) is a hint too, often the fastest.  Without a fitting
-hint (below Rockmate's smallest budget) CP-SAT searches from nothing, as before.
+hint (below Rockmate's smallest budget) CP-SAT searches from nothing.
 
 NOTE: [Stage bound]
-Before CP-SAT, each solve runs the stage relaxation (remat_dsl.solve.stage_relaxation,
+Each solve first runs the stage relaxation (remat_dsl.solve.stage_relaxation,
 NOTE: [Stage relaxation]): a MILP over stage boundaries, solved by HiGHS within
 STAGE_SHARE of the time limit, whose optimum bounds the model's from below and whose
 solution, once it fits the capacity, is a schedule of the model.  Its schedule joins the
 hints; where the best hint is within GAP_OPTIMAL of its bound the solve ends there,
 proven, without CP-SAT; else CP-SAT has the rest of the time, with the objective held at
 or above the bound, and the gap is over the better bound.  A relaxation with no solution
-proves that no schedule fits.  Measured 2026-11-24 with `bench/optimality.py
-examples/gpt2.py --max-ops 400 --time-limit 540 --fractions 0.5,0.3 --solvers
-auto,rockmate --no-smallest` (4 layers, 310 ops, one capture, other jobs running part of
-the time): at 50% of the autograd peak 37,633 us with a 0.82% gap after 546 s, where
-CP-SAT alone had a 3.23% gap after 600 s (Rockmate: 38,257 us, at most 2.5% above the
-optimum); at 30% 81,677 us with a 47.07% gap (Rockmate: 82,109 us, 1.9x the bound).  At
-30% the relaxation's schedules broke the capacity (by 0.2-4% in earlier runs: its rows
-leave out inputs held for later recomputations) and the repairs did not fit in time; one
-that broke it by 0.23% (30.07% of the autograd peak) predicted 50,292 us where Rockmate's
-plan at that peak predicted 83,826 us, so Rockmate's tight plans are far from the optimum
-there, and moccasin does not yet reach such schedules either.  The bound rises with time:
-`stage_bound` gives the first solve all of its time (2026-11-25, at 30%, two other
-profiles: 44,332 and 46,630 us after 2,700 s, where Rockmate's repaired and polished plans
-are 47,727 and 49,895 us; README, `bench/optimality.py --bound-time`).
+proves that no schedule fits.  At tight budgets the relaxation's schedules may break the
+capacity a little (its rows leave out inputs held for later recomputations:
+NOTE: [Lazy slot rows]).  Its bound rises with time, so `stage_bound` gives the first
+solve all of its time, to measure how far plans are from the optimum
+(bench/optimality.py --bound-time).  Measurements: docs/measured-notes.md.
 
 NOTE: [Honest CP status]
 CP-SAT runs with NUM_WORKERS workers and a fixed RANDOM_SEED, so a solve that ends by
@@ -134,32 +108,16 @@ NOTE: [Deadline]
 The time limit (problem.time_limit, else TIME_LIMIT seconds) bounds the whole solve of a
 target: building and solving the stage relaxation (at most STAGE_SHARE of the limit),
 the hints (Rockmate's plans), building the CP model, and CP-SAT, which gets what is left
-(nothing when under a second is left).  Before, CP-SAT was given the limit less the
-relaxation's solve time, and the rest came on top of the limit: on a machine slower than
-the one of the figures above (its eager GPT-2 step about twice as long, 2026-11-25),
-`remat plan examples/gpt2.py --budget 50% --solver moccasin` took 611 s, 605 s of it
-solving, so it did not end within 10 minutes.  TIME_LIMIT is 570 s so that a command
-like it (capture and profiling take seconds) does.  In that run CP-SAT added nothing:
-the relaxation's first solve stopped at the time it may take (150 s, half its share) with
-a bound of 40,050 us, and CP-SAT, hinted with a 40,418 us schedule, found nothing faster
-in 450 s.  So the plan and its gap (0.91% on that profile, rerun from the cache) were
-the relaxation's and the hints', which a shorter CP-SAT does not change.  With the
-deadline the same command took 575.7 s (570.1 s solving) on a new capture, whose gap
-was 2.42% with tests running beside it for its first minutes, and 1.75% rerun from the
-cache (one solve per core); the relaxation given all of the time (STAGE_SHARE 1.0,
-beside it) gave 1.53%, and HiGHS's log of its first solve alone showed 2.0% at 142 s and
-1.29% at 350 s.  So on that machine a gap under 1% in 10 minutes depends on the profile;
-STAGE_SHARE is kept: one run's 0.2 points are less than two profiles differ by.
-The first Rockmate plan of a target (its first hint) is not cut: it is what makes a
-result when CP-SAT finds nothing.  Later hint rounds do not start past the deadline, and
-the CP model is not built with under a second left, since CP-SAT would not run.  So a
-solve ends within the limit, or within the relaxation's share and one Rockmate plan, plus
-what began before the deadline (the CP model's build, the lowering, the polish).  CI's
-`make test` once took 10.0 s for a 6 s limit (stock GPT-2 at 60%, tests beside it); on
-its own, 2026-11-26, the relaxation took 1.7-2.4 s, the Rockmate hint 2.6-3.6 s, the CP
-model 0.5-1.1 s, and CP-SAT had under a second left, so it did not run.  With a 12 s
-limit CP-SAT (given 3.6-4.6 s) stopped with no solution, its complete hint feasible, in
-or just after its presolve: at such limits the plan is the hint's or the relaxation's.
+(nothing when under a second is left).  TIME_LIMIT is 570 s so that a command like
+`remat plan examples/gpt2.py --budget 50% --solver moccasin` (capture and profiling take
+seconds) ends within 10 minutes.  The first Rockmate plan of a target (its first hint) is
+not cut: it is what makes a result when CP-SAT finds nothing.  Later hint rounds do not
+start past the deadline, and the CP model is not built with under a second left, since
+CP-SAT would not run.  So a solve ends within the limit, or within the relaxation's share
+and one Rockmate plan, plus what began before the deadline (the CP model's build, the
+lowering, the polish).  At limits of a few seconds CP-SAT gets little or no time, and
+the plan is the hint's or the relaxation's.  STAGE_SHARE is kept at half: other shares
+changed the gap by less than two profiles differ by (docs/measured-notes.md).
 """
 
 from __future__ import annotations

@@ -28,21 +28,14 @@ are then removed in one pass from the end, the order lowered and simulated again
 the round kept only if the exact peak is within the budget (always, unless the timeline
 above is wrong: then the previous order stays).  Rounds repeat until one drops nothing,
 at most MAX_ROUNDS, and while the order entries simulated stay within POLISH_WORK (a
-round costs about its order's length).  `python bench/twremat_scale.py` (a 20,000-op
-layered graph, 2026-11-25, idle): TW-Remat's plans at 50% and 30% of the store-all peak
-and at its smallest budget (25.3%), 215,000 runs and x10.77 over every op once
-unpolished, were polished to x1.36, x3.37 and x3.86 (MAX_ROUNDS or POLISH_WORK stopped
-the last two) in 31.6 to 37.8 s a plan, after 10.5 s of tree decomposition and candidate
-orders shared by all three: under a minute.  Before, dead runs were removed one level
-per pass (1,253 passes, 467 s of a 482 s round under a profiler) and an op dropped once
-per round.  Everything is in a fixed order, so the result is deterministic.
+round costs about its order's length).  Dead runs go in one pass, not one level of
+readers per pass, and a round drops every run that fits, so that plans of a 20,000-op
+graph are polished in under a minute (`python bench/twremat_scale.py`; figures in
+docs/measured-notes.md).  Everything is in a fixed order, so the result is deterministic.
 
 NOTE: [Repair]
 A solver's plans near its floor can be a little above the budget while the plans it makes
-within the budget are much slower: at 30% of GPT-2's (4 layers) autograd peak (its output
-gradients counted, before 2026-11-26), with one measured profile, Rockmate's smallest
-plans peaked 1.3% to 7% above the budget at 50,773 to 54,954 us, and the plan the driver
-then took, from a fallback, predicted 83,881 us.
+within the budget are much slower (GPT-2 at 30% of its autograd peak: docs/measured-notes.md).
 `repair` brings such a plan under the budget: at its exact peak it recomputes one of the
 tensors resident there and not used there, right before its next use (the lowering then
 deletes the tensor after its last use before the peak, and keeps the producer's inputs
@@ -52,8 +45,7 @@ tensors it estimates each move on the timeline (`_estimate`: the excess over the
 simulates the REPAIR_EXACT that promise the most fall per microsecond added, takes the
 best of those by the exact time added per byte-step the excess falls, and repeats until
 the plan fits (at most REPAIR_STEPS moves, and at most REPAIR_WORK order entries lowered
-in all).  What it returns was lowered and simulated exactly.  There, repaired (15 moves)
-and polished, a near miss 10.7% above the budget gave 49,597 us.
+in all).  What it returns was lowered and simulated exactly.
 
 NOTE: [Backward ops moved up]
 A backward op that writes its output into an input dying there (NOTE: [In-place
@@ -62,14 +54,12 @@ frees that input: run earlier, right after the last run that makes or reads what
 reads, it frees that input earlier and holds nothing more anywhere (its output lives in
 the storage its input held anyway).  So every order the driver lowers has such ops
 moved up to there (`move_up`), kept when the exact peak falls; no random op is one, so
-the random stream is drawn as before, and ops that do not read each other's outputs
-give the same values in either order.  On the 8-layer Llama decoder of
-bench/models/llama_d512_bytes.py a decoder layer's MLP backward computes `silu_backward`
-of its gate after both matrix products of its up projection; moved up before them, it
-writes into the gate and frees the gradient it reads: 5.375 MiB less while those two
-products run: Rockmate's first plan at 40% of the autograd peak peaks at 135.78 MiB, and
-at 133.41 MiB with the move, in the same time.  Such a plan's backward is then not in the
-captured order.
+the random stream is drawn in the same order, and ops that do not read each other's outputs
+give the same values in either order.  In a Llama decoder layer's MLP backward, for
+example, `silu_backward` of the gate comes after both matrix products of the up
+projection; moved up before them, it writes into the gate and frees the gradient it
+reads, so less is held while those products run, in the same time (figures in
+docs/measured-notes.md).  Such a plan's backward is then not in the captured order.
 
 None of these is applied to plans with transfers (offload, prefetch: their timing depends on
 the order).  Repair leaves orders of more than MAX_RUNS runs as they are (every try

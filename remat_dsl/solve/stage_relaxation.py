@@ -3,16 +3,15 @@
 Moccasin's model (remat_dsl.solve.moccasin, NOTE: [Moccasin on an FB-graph]) runs every
 forward op once, in graph order, and backward op b once at time t_b, after a stage of
 slots where forward ops may be recomputed, in graph order.  CP-SAT proves little about it
-on a few hundred ops (NOTE: [Size limit] there: a 3.23% gap after 600 s on GPT-2, 4
-layers, at 50% of the autograd peak).  This MILP keeps the same decisions and counts
-memory at fewer moments, each exactly or from below, so that every schedule of the model
-is a solution of it with the same time: its optimum, or HiGHS's dual bound, is a proven
-lower bound on the model's optimum.  It is RK-Checkmate's ILP (papers/thesis-*, section
-2.4, eq. 2.3-2.19) with the pruning of remat_dsl.solve.ilp.hilp (NOTE: [Pruning]) and
-without the per-step alive and delete variables of section 2.4.3 (eq. 2.13-2.17), which
-make up most of that ILP: on GPT-2 (4 layers) hilp's model had 61,850 variables and
-119,264 rows and HiGHS found no solution at 30% of the autograd peak in 300 s (other
-runs beside it); this one starts at 22,212 variables and 24,069 rows, built in 0.3 s.
+on a few hundred ops (NOTE: [Size limit] there).  This MILP keeps the same decisions and
+counts memory at fewer moments, each exactly or from below, so that every schedule of the
+model is a solution of it with the same time: its optimum, or HiGHS's dual bound, is a
+proven lower bound on the model's optimum.  It is RK-Checkmate's ILP (Zhao, PhD thesis
+"Optimizing Memory Usage when Training Deep Neural Networks", 2024, section 2.4, eq.
+2.3-2.19) with the pruning of remat_dsl.solve.ilp.hilp (NOTE: [Pruning]) and without the
+per-step alive and delete variables of section 2.4.3 (eq. 2.13-2.17), which make up most
+of that ILP: without them the model is a fraction of hilp's size and HiGHS finds
+solutions where hilp's model gives none in minutes (docs/measured-notes.md).
 
 NOTE: [Stage relaxation]
 Variables (binary), for each forward output T (made by forward op u(T)) and each
@@ -41,9 +40,8 @@ interval from its run):
 Objective: the compute time of every op once plus sum t_u r_{u,b} (microseconds).
 `StageRelaxation.point` maps a schedule of the model onto these variables; the tests
 check that the schedules of Rockmate's plans and of the relaxation break no row at their
-own peak.  (They caught y_{T,b} first stopping at the last backward reader of T: a
-schedule keeping T for a later recomputation broke eq. 2.8, and the "proven" optimum at
-50% on GPT-2 was 0.9% above a schedule CP-SAT then found.)
+own peak (y_{T,b} runs to the last stage that may need T, not to its last backward
+reader: a schedule keeping T for a later recomputation must satisfy eq. 2.8).
 
 The relaxation's solution is also a schedule (each r_{u,b} = 1 a run at u's slot of
 stage b), often close to fitting the capacity, so Moccasin takes it as a hint once it
@@ -200,9 +198,8 @@ class StageRelaxation:
 
     NOTE: [Lazy slot rows]
     Memory at the slots of each stage is one row per slot where a recomputation may run
-    (examples/gpt2.py, 4 layers: 6,128 rows of up to 177 terms, 746,534 nonzeros), and
-    most never bind: at 50% of the autograd peak the first solve's schedule fitted
-    without any of them (one profile, 60 s: 39,376 us over a bound of 38,458 us).  So the model starts with the
+    (thousands of rows and hundreds of thousands of nonzeros on GPT-2 with 4 layers), and
+    most never bind (docs/measured-notes.md).  So the model starts with the
     rows at forward ops and at each t_b; after a solve, the rows of the slots where its
     schedule breaks the capacity in Moccasin's model (`Moccasin.profile`) are added, and
     it is solved again.  Each solve's optimum is a lower bound (its rows are a subset of
@@ -399,16 +396,16 @@ class MomentRelaxation:
     HiGHS does not bound in minutes.
 
     NOTE: [Moment relaxation]
-    On the 8-layer Llama decoder of bench/models/llama_d512_bytes.py (849 ops, 556
-    backward stages) the stage relaxation's first solve (NOTE: [Stage relaxation], no
-    slot rows) proved x1.056 of every op once after 900 s at 40% of the autograd peak,
-    where Rockmate's plan predicts x1.112.  This relaxation keeps the memory rows at the
-    end of the forward and at `moments` stages s_1 < ... < s_K = B - 1 (in each of K
-    equal windows of stages, the one where the store-all schedule holds the most), and
-    joins the stages between two moments into one interval I_i = (s_i, s_{i+1}] (s_0 =
-    -1).  Variables (binary): y_{T,j}, forward output T resident at t_{s_j}, and R_{u,i},
-    forward op u recomputed at least once in a stage of I_i (where Moccasin's model
-    offers it).  Constraints, each implied by every schedule of Moccasin's model:
+    On graphs with hundreds of backward stages (the 8-layer Llama decoder of
+    bench/models/llama_d512_bytes.py) the stage relaxation's first solve
+    (NOTE: [Stage relaxation], no slot rows) bounds little even in 15 minutes.  This
+    relaxation keeps the memory rows at the end of the forward and at `moments` stages
+    s_1 < ... < s_K = B - 1 (in each of K equal windows of stages, the one where the
+    store-all schedule holds the most), and joins the stages between two moments into one
+    interval I_i = (s_i, s_{i+1}] (s_0 = -1).  Variables (binary): y_{T,j}, forward output
+    T resident at t_{s_j}, and R_{u,i}, forward op u recomputed at least once in a stage of
+    I_i (where Moccasin's model offers it).  Constraints, each implied by every schedule
+    of Moccasin's model:
     * keep: y_{T,j+1} <= y_{T,j} + R_{u(T),j} (a copy alive at t_{s_{j+1}} was alive at
       t_{s_j} or made within I_j);
     * read: y_{T,j} + R_{u(T),j} >= 1 when a backward op of I_j reads T, and y_{T,j+1} = 1
@@ -422,11 +419,8 @@ class MomentRelaxation:
     graph order, recomputing in between, is faster within the capacity.  With every
     stage a moment it is the stage relaxation without slot rows.  `point` maps a
     schedule onto it; the tests check that schedules break no row at their own peak.
-    MOMENTS = 32: on that decoder (one profile, 2026-11-27) HiGHS proved x1.086 with 8 or
-    16 moments after 120 s, x1.104 with 32 after 120 s (x1.100 after 240 s in another
-    process: a bound stopped by its time limit depends on the machine's load), and x1.087
-    with 64 after 240 s, where Rockmate's plan predicts x1.112: with few moments the rows
-    miss the peaks, with many HiGHS is slower."""
+    MOMENTS = 32 proved the highest bound on that decoder: with few moments the rows miss
+    the peaks, with many HiGHS is slower (docs/measured-notes.md)."""
 
     def __init__(self, m, moments: int = MOMENTS):
         self.m = m

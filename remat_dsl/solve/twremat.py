@@ -1,6 +1,7 @@
 """TW-Remat: rematerialization by divide and conquer over a tree decomposition.
 
-papers/twremat-* (Kumar, Purohit, Schwartzman, Svitkina, Wang, NeurIPS 2019), section 3:
+Kumar, Purohit, Svitkina, Vee, Wang, "Efficient Rematerialization for Deep Networks"
+(NeurIPS 2019; TW-Remat in docs/references.md), section 3:
 Algorithm 1 schedules a subset S of a computation graph's nodes by recursing over a tree
 decomposition of the graph (its undirected version, section 2.2).  A balanced separator
 bag X* (Lemma 3, Jordan's theorem) splits the decomposition into components that touch
@@ -73,8 +74,8 @@ def tree_decomposition(adjacency: list[set[int]]) -> TreeDecomposition:
     Eliminating v makes its remaining neighbours a clique; its bag is v and those
     neighbours, hung below the bag of the first of them to be eliminated.  Ties go to the
     smaller index, so the decomposition is deterministic.  (networkx's
-    `treewidth_min_degree` builds the same kind of decomposition, but took 35 s on a
-    20,000-node layered graph of width 9 here; this one takes well under a second.)
+    `treewidth_min_degree` builds the same kind of decomposition, but is much slower on
+    graphs of tens of thousands of nodes: docs/measured-notes.md.)
     """
     n = len(adjacency)
     adj = [set(a) for a in adjacency]

@@ -101,9 +101,9 @@ def _prelude(graph: ir.Graph, forward: list[ir.Op]) -> set[str]:
 # The prelude runs before the chain, so an op moved there runs before every op of the
 # chain.  Random ops draw from one RNG stream in graph order (the verifier refuses any
 # other order: check/replay.py).  SegFormer's drop path draws `rand(shape)`, which reads
-# no parameter, after the first attention's dropout, which does: in the prelude it drew
-# first, and every chain solver's plan at a low budget was refused.  A random op after a
-# random op of the chain now stays in the chain, at its place in graph order.
+# no parameter, after the first attention's dropout, which does: moved to the prelude it
+# would draw first, and every chain solver's plan at a low budget would be refused.  So a
+# random op after a random op of the chain stays in the chain, at its place in graph order.
 
 
 def _separators(ops: list[ir.Op], skips: set[str]) -> list[int]:
@@ -250,8 +250,8 @@ def _assign_backward(backward: list[ir.Op], fw_blocks: list[list[ir.Op]]) -> lis
     NOTE: [Modules run several times] A module called more than once (ALBERT's one layer
     run for every layer, an activation module shared by two branches) has its forward ops
     in blocks that are not contiguous, and its name says nothing of which run a backward op
-    belongs to: given the last block, every run's backward went to the last run, and
-    ALBERT's smallest budget was 70-75% of its autograd peak (50.6% with this rule).  There an
+    belongs to: were it given the last block, every run's backward would go to the last
+    run, and ALBERT's smallest budget would be far higher (docs/measured-notes.md).  There an
     op that reads forward tensors goes to the module's first block at or after the last
     block that made them, and one that reads only gradients to the module's last block at
     or before the block that made them."""
@@ -451,28 +451,16 @@ AUTO_BLOCK_OPS = 64  # ... and at most this many (a Llama decoder layer, attenti
 # NOTE: [Chains of two layers]
 # A stock decoder built from a small config has two layers, so its attention block holds
 # about a third of the forward ops: OLMo's 17 of 53, Qwen3's 34 of 102 (its q/k norms),
-# Gemma-2's 43 of 139.  With the share at 0.3 such chains went to HiRemate's H-ILP root
-# over its non-strict blocks, and planned worse than Rockmate over their strict blocks.
-# Measured on 2026-11-27 (this machine, one thread, beside another planning run,
-# `capture_graph(repeats=3)`; the smallest feasible budget and the predicted time over
-# every op once at 50/60/70% of the autograd peak, `--` where infeasible), HiRemate's
-# root | Rockmate's strict chain:
-#   OLMo          0.622, --, --, 1.144       | 0.497, 1.207, 1.114, 1.069
-#   Qwen3         0.464, 1.109, 1.079, 1.064 | 0.401, 1.121, 1.070, 1.026
-#   Gemma-2       0.410, 1.219, 1.172, 1.123 | 0.326, 1.142, 1.080, 1.039
-#   GPT-BigCode   0.572, --, 1.233, 1.185    | 0.481, 1.348, 1.195, 1.100
-#   DistilBERT    0.622, --, --, 1.154       | 0.523, --, 1.230, 1.145
-#   Swin          0.545, --, 1.167, 1.117    | 0.545, --, 1.155, 1.084
-#   Falcon        0.560, --, 1.074, 1.042    | 0.526, --, 1.078, 1.043
-#   GPT-J (0.48)  0.417, 1.167, 1.115, 1.068 | 0.431, 1.163, 1.130, 1.071
-# (shares 0.31-0.39 but GPT-J's).  Above 0.4 are graphs that are no chain of layers: the
-# strict cuts of BART (0.49), CLIP (0.52), T5 (0.52), the U-Net (0.86) leave one block
-# spanning what skip tensors cross (the encoder output every decoder layer reads), where
-# HiRemate's H-ILP sees every tensor; GPT-J's parallel attention and MLP is one block of
-# 42 of 88 ops, about as well planned by either.  The price is Gemma-2's: its eager
-# attention with soft-capping is a block of 42 forward ops, whose RK-Checkmate ILPs took
-# 70-100 s per block class, so `remat plan --budget 1%` took 2 min 47 s against 31 s
-# (smallest budget 3.72 MiB against 4.69 MiB); a deep Gemma-2 took this path before.
+# Gemma-2's 43 of 139.  Such chains plan better with Rockmate over their strict blocks
+# (smaller feasible budgets, faster plans at most budgets) than at a share of 0.3, which
+# sends them to HiRemate's H-ILP root over its non-strict blocks.  Above 0.4 are graphs
+# that are no chain of layers: the strict cuts of BART (0.49), CLIP (0.52), T5 (0.52),
+# the U-Net (0.86) leave one block spanning what skip tensors cross (the encoder output
+# every decoder layer reads), where HiRemate's H-ILP sees every tensor; GPT-J's parallel
+# attention and MLP is one block of 42 of 88 ops, about as well planned by either.  The
+# price is Gemma-2's: its eager attention with soft-capping is a block of 42 forward ops,
+# whose RK-Checkmate ILPs take over a minute per block class.  The comparison of both
+# paths per model is in docs/measured-notes.md.
 
 
 def is_small_chain(graph: ir.Graph) -> bool:

@@ -1,8 +1,9 @@
 """RK-Rotor: rotor's dynamic program with several options per block.
 
-Thesis (papers/thesis-*), section 2.5: eq. 2.20 (Opt_1, block s computed once with option
-o > 0 keeping abar_s^o), eq. 2.21 (Opt_2, block s computed without keeping anything, then
-the next checkpoint), eq. 2.22 (Opt = min of both), Algorithm 5 (the table) and
+Zhao, PhD thesis "Optimizing Memory Usage when Training Deep Neural Networks" (2024),
+section 2.5: eq. 2.20 (Opt_1, block s computed once with option o > 0 keeping abar_s^o),
+eq. 2.21 (Opt_2, block s computed without keeping anything, then the next checkpoint),
+eq. 2.22 (Opt = min of both), Algorithm 5 (the table) and
 Algorithm 6 (the sequence).  Option 0 of the thesis (keep nothing) is rotor's F_ck/F_n;
 the options with a backward are the block's store-all (`Block`'s own fields, our option
 0) and its `BlockOption`s.  The memory conditions are rotor's (remat_dsl.solve.chain.rotor,
@@ -134,9 +135,8 @@ def min_feasible_budget(chain: Chain, slots: int = DEFAULT_SLOTS) -> int:
     its store-all shortcut), exactly: rotor's search (`rotor.first_fitting`) over the
     budgets between the undiscretized floor and the store-all peak, with rotor's min/max
     table (`rotor._min_peak`) over the options, many budgets per round (feasibility grows
-    with the budget: rounded sizes shrink); 0.01-0.1 s on a Llama decoder's chains, where
-    a bisection with the whole cost table took twelve tables of up to 84 ms (NOTE: [Chain
-    memo] in solve/ilp/rockmate.py)."""
+    with the budget: rounded sizes shrink); much faster than a bisection, which runs the
+    whole cost table a dozen times (NOTE: [Chain memo] in solve/ilp/rockmate.py)."""
     exact = _exact_sizes(chain)
     options = _option_bytes(chain)
     floor = int(_min_peak(exact, options))

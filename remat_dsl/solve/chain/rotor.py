@@ -342,7 +342,8 @@ def _opt_rec_p(choice: np.ndarray, sz: _Sizes, top: int, all_step=None) -> tuple
 
 class Rotor:
     """`--solver rotor`: Algorithms 3-4 over the chain of blocks cut at the graph's
-    1-separators (remat_dsl.solve.chain.partition, papers/rockmate-* appendix A.4), with
+    1-separators (remat_dsl.solve.chain.partition; Zhao et al., "Rockmate", ICML 2023,
+    appendix A.4), with
     DEFAULT_SLOTS memory slots.  Its chain budget is the driver's target."""
 
     name = "rotor"

@@ -1,9 +1,10 @@
 """H-ILP: the rematerialization ILP over a graph whose compute nodes have options.
 
-Source: the thesis (papers/thesis-*), section 3.4 (H-ILP, eq. 3.4-3.34), which generalizes
-RK-Checkmate (section 2.4, eq. 2.3-2.19).  With one option per node and no phantoms this
-*is* RK-Checkmate on an FB-graph of operations; with nodes standing for H-clusters whose
-options are sub-schedules it is the H-ILP of HiRemate.
+Source: Zhao, PhD thesis "Optimizing Memory Usage when Training Deep Neural Networks"
+(2024), section 3.4 (H-ILP, eq. 3.4-3.34), which generalizes RK-Checkmate (section 2.4,
+eq. 2.3-2.19).  With one option per node and no phantoms this *is* RK-Checkmate on an
+FB-graph of operations; with nodes standing for H-clusters whose options are
+sub-schedules it is the H-ILP of HiRemate.
 
 Graph.  cNodes k = 0..T-1 in a topological order, forward nodes first, then backward
 nodes (stage t_b = the first backward node: the forward/backward boundary, the "loss").
@@ -221,14 +222,12 @@ class HILP:
         output, which the next block reads) must be alive when the backward starts, and
         nothing reads it after: the one lowering deletes it after its last use, and
         Rockmate's replay (NOTE: [Option costs] in remat_dsl.solve.ilp.rockmate) frees it
-        after the first backward step.  With deletions only after a step that makes or
-        reads a value, the ILP kept it to the end of the graph instead, so it counted a
-        block's output (2 MiB on a d=512 decoder) through the block's whole backward, where
-        the replay, whose store-all peak sets the grid of (M_peak, M_save) budgets, does
-        not: on the 8-layer Llama decoder of bench/models/llama_d512_bytes.py every grid
-        point of `model.norm` was infeasible (no option: it kept both its 2 MiB tensors),
-        and the lower M_peak of each decoder layer's grid was out of reach.  Here the ILP
-        may delete such a value right after the first backward step, as the replay does."""
+        after the first backward step.  So the ILP may delete such a value right after the
+        first backward step, as the replay does.  With deletions only after a step that
+        makes or reads a value, the ILP would keep it to the end of the graph, counting a
+        block's output through the block's whole backward where the replay, whose
+        store-all peak sets the grid of (M_peak, M_save) budgets, does not: grid points
+        would be infeasible (docs/measured-notes.md)."""
         tb, g = self.tb, self.graph
         if tb == self.T:
             return frozenset()

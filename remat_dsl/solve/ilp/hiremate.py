@@ -1,6 +1,7 @@
 """HiRemate: a hierarchy of clusters solved bottom-up, H-ILP at every level.
 
-Thesis (papers/thesis-*) chapter 3 and papers/hiremate-*: the graph is partitioned into a
+Zhao, PhD thesis "Optimizing Memory Usage when Training Deep Neural Networks" (2024),
+chapter 3, and Gusak et al., "HiRemate" (preprint, 2023): the graph is partitioned into a
 hierarchy of small clusters (section 3.3); each cluster is solved on a grid of budgets,
 its children being nodes with options (H-ILP, section 3.4, eq. 3.4-3.34, in
 remat_dsl.solve.ilp.hilp); the schedules found become the cluster's own options one level
@@ -278,14 +279,12 @@ def _level_graph(graph: ir.Graph, singles: list[tuple[str, ...]], children: list
 # A tensor a child's forward makes and only that child's backward reads is what the child
 # saves for its backward: in the H-ILP it is part of the phantom p_{j,o} of the option the
 # child runs (eq. 3.5, 3.16-3.19), the bytes the option keeps beyond the child's outputs.
-# The level graph once made every tensor read by another group of ops an aNode, the
-# child's own saved tensors included; their bytes then counted as outputs, every phantom
-# was 0, and the H-ILP could free a saved tensor only by running the child's whole forward
-# again: the options' memory savings were out of its reach.  A small DenseNet (6 dense
-# layers in one block) could not be planned below 96% of its autograd peak by hiremate,
-# where rockmate went to 60% and checkmate to 49%.  Only tensors read by another child
-# (or by ops outside the level, or pinned) are aNodes now; a saved tensor that another
-# child also reads stays one, and its own backward reads it as an aNode too.
+# So only tensors read by another child (or by ops outside the level, or pinned) are
+# aNodes; a saved tensor that another child also reads stays one, and its own backward
+# reads it as an aNode too.  Were a child's own saved tensors aNodes, their bytes would
+# count as outputs, every phantom would be 0, and the H-ILP could free a saved tensor only
+# by running the child's whole forward again: the options' memory savings would be out of
+# its reach (docs/measured-notes.md).
 
 
 def _option_costs(graph: ir.Graph, child: Child) -> list[tuple[int, int, int, int, int]]:

@@ -1,9 +1,12 @@
 """H-Partition: the recursive convex partition of the forward graph used by HiRemate.
 
-References (the two texts in ../shared/papers):
-  [HR]  HiRemate paper, Section 3.1 and Appendix A (Algorithm 1 = Algorithm 2, eq. (1),
+References (docs/references.md):
+  [HR]  Gusak, Zhao, Le Hellard, Li, Eyraud-Dubois, Beaumont, "HiRemate: Hierarchical
+        Approach for Efficient Re-materialization of Large Neural Networks" (preprint,
+        2023), Section 3.1 and Appendix A (Algorithm 1 = Algorithm 2, eq. (1),
         Property 1, Lemma A.2, Lemma A.3, Theorem A.4) and Appendix C.1.1.
-  [TH]  Thesis, Section 3.3 (Algorithm 7, eq. 3.1 - 3.3, Definition 3.3.1, Lemma 3.3.1,
+  [TH]  Zhao, PhD thesis "Optimizing Memory Usage when Training Deep Neural Networks"
+        (2024), Section 3.3 (Algorithm 7, eq. 3.1 - 3.3, Definition 3.3.1, Lemma 3.3.1,
         Lemma 3.3.2, Theorem 3.3.2, Section 3.3.5 identical H-clusters, Section 3.3.6
         complexity).
 
@@ -87,9 +90,7 @@ O((N + E) * max_size * log N) Python operations per level, and levels shrink by 
 a quarter (NOTE: [Fallback]), so the sum over levels is of the same order.  The bitset
 operations add a factor N/64 machine words (about 50 for 3000 nodes) and O(N^2/64) bits
 of memory (1 MB at 3000 nodes, 12 MB at 10^4): negligible at the sizes of forward graphs,
-quadratic beyond.  Measured (one CPU core): GPT-2 forward graphs of 12 / 48 layers (366 /
-1374 ops) take about 0.05 / 0.25 s; random sparse DAGs of 1000 / 3000 / 10^4 nodes about
-0.3 / 1.3 / 7 s.
+quadratic beyond (timings: docs/measured-notes.md).
 
 NOTE: [Fallback]
 Algorithm 7 can get stuck: no candidate of a level fits max_size (isolated nodes such as

@@ -2,7 +2,8 @@
 
 NOTE: [Honest status]
 With a time limit both backends may stop early while pulp's `LpStatus` still reads
-"Optimal" (../shared/notes/capture-probe.md, MILP).  We read pulp's `sol_status` instead:
+"Optimal" (seen with both: docs/measured-notes.md, "Capture probe").  We read pulp's
+`sol_status` instead:
 `LpSolutionOptimal` is a proven optimum (within the backend's default relative gap,
 1e-4 for HiGHS), `LpSolutionIntegerFeasible` is the best solution found before the limit,
 with the relative MIP gap HiGHS reports.  CBC through pulp does not report its bound, so

@@ -1,7 +1,8 @@
 # ruff: noqa: E741 (l is a block index, as in the thesis and rotor)
 """OffMate for activations: recomputation and offloading chosen together by one ILP (O-ILP).
 
-Source: the thesis (papers/thesis-*), chapter 4.  Blocks are Rockmate's (the chain
+Source: Zhao, PhD thesis "Optimizing Memory Usage when Training Deep Neural Networks"
+(2024), chapter 4 (OffMate).  Blocks are Rockmate's (the chain
 partition of remat_dsl.solve.chain.partition, `refine=1`); each block gets the options of
 section 4.4 beside Rockmate's RK-Checkmate options (remat_dsl.solve.ilp.rockmate):
 
@@ -65,8 +66,8 @@ ILP (HiGHS's tolerances suit numbers near 1); the solution goes back to bytes.
 
 NOTE: [Offloaded block outputs] Beyond the thesis: A_t of eq. 4.17 holds the interface
 activations, every block's outputs until the backward of the block that reads them: on
-examples/gpt2.py's 12 layers (26 Rockmate blocks, 0.25 MiB of outputs each) about 6 MiB,
-a sixth of a 30% budget, which Rockmate's chain DP may forget and recompute instead.  Block j's
+a 12-layer GPT-2 about a sixth of a 30% budget, which Rockmate's chain DP may forget and
+recompute instead.  Block j's
 outputs that only block j+1 reads, its forward among them and a backward op of block j
 or j+1 (so they stay on the device from F_j to B_{j+1} in every option; `interface_tensors`)
 get two more continuous variables, as the thesis's Ofl and Prf:
@@ -82,10 +83,8 @@ back sum_{j < l, k >= l} PrfI[j,k] (so B_{j+1} holds all of them).  Time: F_l's 
 (4.22) is Ofl[l] + OflI[l-1]; B_l's incoming copies (4.21) add sum_j PrfI[j,l], and
 PrfI[l-1,l], read first by B_l, adds to its compute as Prf[l,l] does (4.20).  The host
 budget (4.18) counts OflI too.  Whole tensors as below, the prefetch steps from B_L down
-to B_{j+1}.  On examples/gpt2.py at 30% of the autograd peak this is what lets the O-ILP
-plan at all (over rotor's finer blocks: its floor 13.02 MiB; without them it had no plan
-at 13.13 MiB, nor over Rockmate's blocks, floor 13.52 MiB): 35.8 ms predicted where
-Rockmate's plan takes 82.2 ms (README, "Offload (offmate)").
+to B_{j+1}.  At tight budgets this is what lets the O-ILP plan at all (examples/gpt2.py
+at 30% of the autograd peak: docs/measured-notes.md).
 A tensor only recomputations read again is left out: the lowering deletes it after
 F_{j+1} in the store-all plan already, and the O-ILP would count its bytes twice.
 

@@ -1,12 +1,13 @@
 """Rockmate: RK-Checkmate options per block, identical blocks solved once, RK-Rotor on top.
 
-Thesis (papers/thesis-*) chapter 2, Algorithm 3: for each block, RK-Checkmate (section
-2.4, here remat_dsl.solve.ilp.hilp on the block's ops) is solved on a grid of
-(M_peak, M_save) budgets (section 2.6.0.0.1: M_peak evenly spaced between the largest
-temporary memory of an op and the block's autograd peak, M_save evenly spaced between
-the block's output size and M_peak); identical blocks (papers/rockmate-*, appendix A.5:
-same ops, same arguments up to renaming, same shapes) are solved once; the distinct
-schedules become the blocks' options for RK-Rotor (section 2.5, remat_dsl.solve.chain.rk_rotor).
+Zhao, PhD thesis "Optimizing Memory Usage when Training Deep Neural Networks" (2024),
+chapter 2, Algorithm 3: for each block, RK-Checkmate (section 2.4, here
+remat_dsl.solve.ilp.hilp on the block's ops) is solved on a grid of (M_peak, M_save)
+budgets (section 2.6.0.0.1: M_peak evenly spaced between the largest temporary memory of
+an op and the block's autograd peak, M_save evenly spaced between the block's output size
+and M_peak); identical blocks (Zhao et al., "Rockmate", ICML 2023, appendix A.5: same
+ops, same arguments up to renaming, same shapes) are solved once; the distinct schedules
+become the blocks' options for RK-Rotor (section 2.5, remat_dsl.solve.chain.rk_rotor).
 
 NOTE: [Option costs]
 An option is the block's backward sequence (recomputations interleaved with backward
@@ -16,20 +17,17 @@ ILP's estimates but an exact replay of the block under the one lowering's livene
 it.  Each block of a class is replayed with its own measured op times.
 
 NOTE: [Chain memo]
-A budget the solver cannot meet is refused with the smallest one it can, and finding it
-ran RK-Rotor's cost table (`try_rk_rotor`: 8 ms on the 11 blocks of a 4-layer Llama
-decoder, 84 ms on the 34 of its finer partition) at the bisection points of the floor, at
-the driver's targets at and above that floor, in both partitions and both chain models
-(NOTE: [Two partitions]): 88 tables, 4.0 s of a warm `remat plan` of that decoder at 44%
-that took 8.8 s in all, where a feasible budget took 4.6 s.  The floor is now found
-exactly by a min/max table over many budgets at once (`rk_rotor.min_feasible_budget`,
-0.01-0.1 s), and of the other tables only the first, at the budget asked for, depends on
-it.  So with a cache (NOTE: [Solution cache] in remat_dsl/plan/cache.py), each table's
-result is kept under `chains`, keyed by the chain itself (every block's and option's
-sizes and times, so the profile and the block solutions), the slots, the target and a
-digest of the DP's source.  A recalled sequence is replayed on the chain
-(`simulate_chain`) and used only when it gives the time and peak it was stored with,
-within the target; so the plan made from it is the plan the table would give.
+A budget the solver cannot meet is refused with the smallest one it can.  The floor comes
+from a min/max table over many budgets at once (`rk_rotor.min_feasible_budget`), but the
+driver's targets at and above it each run RK-Rotor's cost table (`try_rk_rotor`), in both
+partitions and both chain models (NOTE: [Two partitions]): tens of tables, seconds of a
+warm `remat plan` (docs/measured-notes.md).  So with a cache (NOTE: [Solution cache] in
+remat_dsl/plan/cache.py), each table's result is kept under `chains`, keyed by the chain
+itself (every block's and option's sizes and times, so the profile and the block
+solutions), the slots, the target and a digest of the DP's source.  A recalled sequence is
+replayed on the chain (`simulate_chain`) and used only when it gives the time and peak it
+was stored with, within the target; so the plan made from it is the plan the table would
+give.
 """
 
 from __future__ import annotations
@@ -106,9 +104,9 @@ def replay(hg: HGraph, backward: tuple[int, ...]) -> Replay:
 
 
 def block_signature(graph: ir.Graph, forward: tuple[str, ...], backward: tuple[str, ...]) -> tuple:
-    """Equal for identical blocks (papers/rockmate-*, appendix A.5): op targets, arguments
-    with references renamed to positions inside the block (outside values by shape and
-    dtype), output shapes and dtypes, in order."""
+    """Equal for identical blocks (Zhao et al., "Rockmate", ICML 2023, appendix A.5): op
+    targets, arguments with references renamed to positions inside the block (outside
+    values by shape and dtype), output shapes and dtypes, in order."""
     ops = {op.name: op for op in graph.ops}
     decls = {d.name: (d.shape, d.dtype) for group in (graph.inputs, graph.parameters, graph.buffers, graph.tangents) for d in group}
     decls.update({t.name: (t.shape, t.dtype) for t in graph.tensors})
@@ -161,17 +159,12 @@ def grid(hg: HGraph, store_all: Replay) -> list[tuple[int, int]]:
     NOTE: [Grid]
     Three M_peak values (the store-all peak, then a quarter and a half of the way down to
     the largest temporary of an op) and six M_save values under each, so 18 ILPs per block
-    class; at most MAX_OPTIONS = 10 schedules after the Pareto filter.  With two M_peak
-    values and 6 options (12 ILPs) the 4-layer Llama decoder of
-    bench/models/llama_d512_bytes.py could not go below 40.24% of its autograd peak: its
-    floor is the first decoder layer's attention backward, beside the parameter gradients
-    of the whole model, and no option of that block recomputed its normalized input after
-    the attention's backward, where the lower M_peak asks for it.  Now it reaches 38.02%
-    and plans 40% at x1.117 of every op once; its 50% plan and the 8-layer decoder's 35%,
-    40%, 45% and 50% plans predict the same times as before (one profile, 2026-11-28).
-    Finer still (4 x 8 points, 16 options) predicted slower plans at 40% and 50% on both
-    decoders (x1.129 and x1.104 at 40%): more options are not better plans for the chain's
-    500-slot DP."""
+    class; at most MAX_OPTIONS = 10 schedules after the Pareto filter.  The third, lowest
+    M_peak is what makes an option recompute a block's normalized input after the
+    attention's backward, which a Llama decoder's floor needs (the first layer's attention
+    backward, beside the parameter gradients of the whole model).  A finer grid (4 x 8
+    points, 16 options) predicted slower plans: more options are not better plans for the
+    chain's 500-slot DP (docs/measured-notes.md)."""
     top = max(store_all.fwd_peak, store_all.bwd_peak)
     low = max((n.options[0].overhead for n in hg.nodes), default=0)
     out = sum(v.size for v in hg.values if v.producer < hg.boundary and (v.keep_at_boundary or v.keep_at_end))
@@ -490,13 +483,12 @@ class Rockmate(OverBlocks):
     at most MAX_BLOCKS blocks, so a model with more layers than that in few stages
     (torchvision's EfficientNet-V2-S, 43 blocks of at most 19 forward ops for Rockmate)
     gets its stages (11 blocks of up to 283 forward ops), and the RK-Checkmate ILP of
-    one such block ran for over 15 minutes (`remat plan --budget 1%`, which builds every
-    fallback to find the smallest budget).  So the fallback is built only where its
+    one such block runs for many minutes (`remat plan --budget 1%` builds every fallback
+    to find the smallest budget).  So the fallback is built only where its
     blocks are `affordable`: none larger than both Rockmate's largest and
-    LARGE_BLOCK_FORWARD_OPS.  Not only where they are more blocks: the Transformer
-    example's 6 rotor blocks (up to 40 forward ops; 72 ILPs, 35 s when this was written,
-    99-153 s in later sessions, varying with the profile measured) reach 27.2% of the
-    autograd peak where Rockmate's 11 reach 28.0%."""
+    LARGE_BLOCK_FORWARD_OPS.  Not only where they are more blocks: fewer, larger rotor
+    blocks can still reach a lower budget (the Transformer example's 6 rotor blocks
+    against Rockmate's 11; docs/measured-notes.md)."""
 
     name = "rockmate"
     auto_rank = 2
