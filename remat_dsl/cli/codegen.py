@@ -20,10 +20,9 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from remat_dsl.check.verify import load_checked
-    from remat_dsl.codegen.generate import generate
+    from remat_dsl.workflow import generate_module
 
     output = check_writable(args.output, "module", inputs=((args.plan, "plan"),), force=args.force)
-    write_atomically(output, generate(load_checked(args.plan), source=Path(args.plan).name))
+    write_atomically(output, generate_module(Path(args.plan)))
     status(f"wrote {args.output}")
     return 0

@@ -1,5 +1,5 @@
 """git's diff drivers for plan files: `remat git-diff` (diff.remat.command) and
-`remat textconv` (diff.remat.textconv); see README.md, "In git".
+`remat textconv` (diff.remat.textconv); see docs/reviewing.md, "In git".
 
 In these two modes a file that does not parse is shown as its raw text with a note
 instead of failing, since git stops on a failing driver.

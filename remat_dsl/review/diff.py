@@ -20,7 +20,7 @@ canonical texts (`difflib`, so layout-only edits never show up as changes):
 Positions are `SECTION:K`, the 1-based index of the instruction (as in `peak_at`).
 The output is plain text (no colors), so it reads the same in a pipe, a pager or CI.
 
-Git integration (see README.md, "Reviewing plans"): with `*.plan diff=remat` in
+Git integration (see docs/reviewing.md, "In git"): with `*.plan diff=remat` in
 .gitattributes, `diff.remat.command = remat git-diff` makes `git diff` print this summary
 and `diff.remat.textconv = remat textconv` makes `git log -p` diff a summary header plus
 the canonical text.  In those two git modes a file that is not a valid plan is shown

@@ -2,7 +2,7 @@
 
 Adding a solver: write a module with a class that follows remat_dsl.solve.api (`name`,
 `auto_rank`, `__init__(problem)`, `describe`, `solve`, `floor`, `info`; optionally
-`fallbacks`, `fits` and `optimizes`), and add one line here (README, "Adding a
+`fallbacks`, `fits` and `optimizes`), and add one line here (docs/solvers.md, "Adding a
 solver").  Entries are `module:Class` strings, imported when a solver is asked for, so
 listing the solvers imports none of them (no pulp, no numpy).
 """

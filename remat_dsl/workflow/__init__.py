@@ -181,13 +181,15 @@ def check_plan(plan: ir.Plan | str | Path, model: Any = None, inputs: Any = None
 
 
 def generate_module(plan: ir.Plan | str | Path) -> str:
-    """The source of the standalone module that runs `plan` (verified first, as `check_plan`):
-    it imports torch and nothing of remat_dsl.  Raises PlanError and RematError."""
-    from remat_dsl.check.verify import verify
+    """The source of the standalone module that runs `plan` (an ir.Plan, or the path of a
+    plan file), verified first as `check_plan` does: it imports torch and nothing of
+    remat_dsl.  Raises PlanError and RematError."""
+    from remat_dsl.check.verify import load_checked, verify
     from remat_dsl.codegen.generate import generate
 
-    source = str(plan) if isinstance(plan, (str, Path)) else "a plan"
-    return generate(verify(check_plan(plan)), source)
+    if isinstance(plan, (str, Path)):
+        return generate(load_checked(str(plan)), source=Path(plan).name)
+    return generate(verify(plan))
 
 
 def load_module(path: str | Path):
