@@ -6,7 +6,6 @@ remat_dsl/solve/driver.py).  Commands run as a user types them."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys

@@ -16,7 +16,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import torch
 
 from remat_dsl.capture.model_file import load_model_file
 from remat_dsl.capture.pipeline import FAKE_FRACTION, host_available_bytes, too_large_for_host
