@@ -227,8 +227,8 @@ class _GraphIndex:
 
     def __init__(self, graph: ir.Graph):
         self.graph = graph
-        self.ops = {op.name: op for op in graph.ops}
-        self.tensors = {t.name: t for t in graph.tensors}
+        self.ops = graph.op_by_name
+        self.tensors = graph.tensor_by_name
         self.values = {v.name: v for v in (*graph.inputs, *graph.parameters, *graph.buffers, *graph.tangents)}
         self.outputs = [ref for ref in iter_refs(graph.outputs) if ref.name in self.tensors]
         self.gradients = [

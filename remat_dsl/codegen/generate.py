@@ -290,7 +290,7 @@ def host_layout(plan: ir.Plan) -> tuple[dict[str, int], int]:
     """
     import torch
 
-    tensors = {t.name: t for t in plan.graph.tensors}
+    tensors = plan.graph.tensor_by_name
     offsets: dict[str, int] = {}
     end = 0
     for ins in (*plan.forward, *plan.backward):
@@ -332,8 +332,8 @@ class _Renderer:
     def __init__(self, verified, names: _Namespace, source: str):
         self.plan, self.sim = verified.plan, verified.simulation
         self.names, self.var, self.source = names, names.var, source
-        self.ops = {op.name: op for op in self.plan.graph.ops}
-        self.tensors = {t.name: t for t in self.plan.graph.tensors}
+        self.ops = self.plan.graph.op_by_name
+        self.tensors = self.plan.graph.tensor_by_name
         self.tangent_names = {t.name for t in self.plan.graph.tangents}
         self._tangent_sources: dict[str, set[str]] | None = None  # tensor -> the tangents it is computed from
         self._readers: dict[str, list[tuple[ir.Op, list[str]]]] | None = None

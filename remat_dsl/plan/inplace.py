@@ -89,7 +89,7 @@ def whole_tensor(arg: ir.Arg, tensors: dict) -> tuple[str, tuple[int, ...]] | No
 def inplace_candidates(graph: ir.Graph) -> dict[str, tuple[str, ...]]:
     """Op -> the input tensors it may write its output into (NOTE: [In-place outputs]),
     for the ops that have any."""
-    tensors = {t.name: t for t in graph.tensors}
+    tensors = graph.tensor_by_name
     values = {v.name: v for v in (*graph.inputs, *graph.parameters, *graph.buffers)}
     contiguous: set[str] = set()
     found: dict[str, tuple[str, ...]] = {}

@@ -41,6 +41,7 @@ consumed as in eager PyTorch.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field, replace
@@ -319,6 +320,29 @@ class Graph:
     updates: tuple[BufferUpdate, ...] = ()
     constants: tuple[ConstantInput, ...] = ()
     autocast: Autocast | None = None
+
+    # NOTE: [Graph index]: the indexes every stage reads (solvers, lowering, polish, replay,
+    # codegen), built once per graph on first use; a Graph is immutable, so they never go
+    # stale, and they are not fields (equality and the printer ignore them).
+
+    @functools.cached_property
+    def op_by_name(self) -> dict[str, Op]:
+        """{op name: Op}, in the graph's order (NOTE: [Graph index]).  Read it, never change it."""
+        return {op.name: op for op in self.ops}
+
+    @functools.cached_property
+    def tensor_by_name(self) -> dict[str, TensorDecl]:
+        """{tensor name: TensorDecl} (NOTE: [Graph index]).  Read it, never change it."""
+        return {t.name: t for t in self.tensors}
+
+    @functools.cached_property
+    def readers(self) -> dict[str, frozenset[str]]:
+        """{value name: the names of the ops whose arguments read it} (NOTE: [Graph index])."""
+        found: dict[str, set[str]] = {}
+        for op in self.ops:
+            for ref in op_refs(op):
+                found.setdefault(ref.name, set()).add(op.name)
+        return {name: frozenset(ops) for name, ops in found.items()}
 
 
 # ---------------------------------------------------------------------------

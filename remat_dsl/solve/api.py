@@ -4,7 +4,8 @@ A solver decides the ORDER in which operations run (the first run of a forward o
 `compute`, any later one a `recompute`), and optionally which saved tensors go to the host
 and back (`Transfer`); the driver (remat_dsl.solve.driver) lowers that
 order into instructions (remat_dsl.solve.lowering, the one lowering), simulates it exactly
-(remat_dsl.check.replay) and fits it to the budget.  Every solver is a class with:
+(remat_dsl.check.replay) and fits it to the budget.  Every solver subclasses `Solver`
+(below), which gives the optional members their defaults; the driver reads them directly:
 
     name                    the registry name (`rotor`, `rockmate`, ...)
     auto_rank: int | None   the order in which `auto` asks (None: never)
@@ -17,7 +18,7 @@ order into instructions (remat_dsl.solve.lowering, the one lowering), simulates 
     info -> SolverInfo      how its solves so far went (status, largest gap, seconds):
                             what the plan header records
 
-and, optionally:
+and, with defaults in `Solver`:
 
     fallbacks() -> tuple    solvers to try, in order, when this one cannot meet a budget
                             (Rockmate falls back to rotor's finer blocks)
@@ -38,7 +39,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Protocol
+from typing import Callable, ClassVar, Iterable
 
 from remat_dsl.plan import ir
 from remat_dsl.plan.errors import RematError
@@ -144,22 +145,45 @@ class BudgetError(RematError):
         )
 
 
-class Solver(Protocol):
-    """See the module docstring."""
+class Solver:
+    """The solver contract (the module docstring): every solver subclasses it, so that the
+    driver reads each member directly; the optional members have their defaults here.
+
+    Subclasses set `name` and `info` (a SolverInfo, a class attribute, an attribute set in
+    `__init__(problem)` or a property) and define `solve(target)` and `floor()`."""
 
     name: ClassVar[str]
-    auto_rank: ClassVar[int | None]
+    auto_rank: ClassVar[int | None] = None  # the order in which `auto` asks; None: never
+    optimizes: ClassVar[bool] = False  # minimizes time: the driver tries store-all first
+    cheap_targets: ClassVar[bool] = False  # another target costs little (NOTE: [Budget correction])
+    info: SolverInfo
 
-    def __init__(self, problem: Problem) -> None: ...
+    def describe(self) -> str:
+        """Its settings for the plan header (`slots=500 blocks=9`); none by default."""
+        return ""
 
-    def describe(self) -> str: ...
+    def solve(self, target: int) -> SolverResult:
+        """An order whose peak, in the solver's memory model, is at most `target` bytes.
+        Raises BudgetError when none is."""
+        raise NotImplementedError(f"{type(self).__name__}.solve")
 
-    def solve(self, target: int) -> SolverResult: ...
+    def floor(self) -> int:
+        """The smallest target (bytes) `solve` accepts."""
+        raise NotImplementedError(f"{type(self).__name__}.floor")
 
-    def floor(self) -> int: ...
+    @classmethod
+    def fits(cls, problem: Problem) -> bool:
+        """Whether `auto` may pick it for this problem's graph: any graph by default."""
+        return True
 
-    @property
-    def info(self) -> SolverInfo: ...
+    def fallbacks(self) -> Iterable["Solver"]:
+        """Solvers to try, in order, when this one cannot meet a budget: none by default."""
+        return ()
+
+    def floor_targets(self) -> list[int]:
+        """Targets at and a little above the floor whose plans the driver compares for the
+        smallest budget: the floor times FLOOR_SWEEP by default."""
+        return [math.ceil(self.floor() * factor) for factor in FLOOR_SWEEP]
 
 
 def refuse_above(graph: ir.Graph, limit: int, solver: str, what: str, hint: str) -> None:
@@ -173,23 +197,17 @@ def refuse_above(graph: ir.Graph, limit: int, solver: str, what: str, hint: str)
         )
 
 
-def fallbacks(solver):
-    """The solver's fallbacks, an iterator (built as they are asked for; empty when none)."""
-    method = getattr(solver, "fallbacks", None)
-    return iter(method()) if method else iter(())
-
-
 FLOOR_SWEEP = (1.0, 1.05, 1.1, 1.2, 1.35, 1.5)
 
 
-def floor_targets(solver) -> list[int]:
-    """Targets at and a little above the solver's floor, whose plans the driver compares for
-    the smallest budget: the solver's own `floor_targets()` when it has them (a bisection's
-    feasible points), else its floor times FLOOR_SWEEP."""
-    method = getattr(solver, "floor_targets", None)
-    if method:
-        return method() or [solver.floor()]
-    return [math.ceil(solver.floor() * factor) for factor in FLOOR_SWEEP]
+def fallbacks(solver: Solver):
+    """The solver's fallbacks, an iterator (built as they are asked for; empty when none)."""
+    return iter(solver.fallbacks())
+
+
+def floor_targets(solver: Solver) -> list[int]:
+    """`solver.floor_targets()`, or its floor when that gives none."""
+    return solver.floor_targets() or [solver.floor()]
 
 
 def header_name(solver) -> str:

@@ -20,11 +20,9 @@ def choose(problem: Problem) -> str:
     ranked = []
     for name in SOLVERS:
         cls = solver_class(name)
-        rank = getattr(cls, "auto_rank", None)
-        if rank is not None:
-            ranked.append((rank, name, cls))
+        if cls.auto_rank is not None:
+            ranked.append((cls.auto_rank, name, cls))
     for _, name, cls in sorted(ranked):
-        fits = getattr(cls, "fits", None)
-        if fits is None or fits(problem):  # no `fits`: any graph
+        if cls.fits(problem):  # Solver.fits: any graph unless the solver says otherwise
             return name
     raise LookupError("no registered solver fits this graph (one should declare fits() -> True)")

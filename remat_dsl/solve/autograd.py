@@ -5,11 +5,11 @@ from __future__ import annotations
 import functools
 from typing import ClassVar
 
-from remat_dsl.solve.api import BudgetError, Problem, SolverInfo, SolverResult, Status
+from remat_dsl.solve.api import BudgetError, Problem, Solver, SolverInfo, SolverResult, Status
 from remat_dsl.solve.lowering import autograd_order, simulated_peak
 
 
-class FixedOrder:
+class FixedOrder(Solver):
     """A solver whose order does not depend on the budget (a baseline or a rule): it
     fits any budget at or above the exact peak of its plan, and no other."""
 

@@ -167,7 +167,7 @@ class Planner:
         budget, or RematError naming the constraint lines when they are what cannot hold."""
         start = time.perf_counter()
         name = self.chosen(solver)
-        if name not in self._solvers and getattr(solver_class(name), "optimizes", False):
+        if name not in self._solvers and solver_class(name).optimizes:
             plan = self._store_all_if_it_fits(name, budget)
             if plan is not None:  # no plan is faster: the solver's ILPs need not be built
                 label = f"auto: {plan.header.solver}" if solver == "auto" else plan.header.solver
@@ -212,7 +212,7 @@ class Planner:
         `name` minimizes time: `plan` returns the store-all plan at any budget it fits (NOTE:
         [Budget correction]), which a solver's own floor may not show (a small model whose
         parameter gradients dominate its peak)."""
-        if not getattr(solver_class(name), "optimizes", False):
+        if not solver_class(name).optimizes:
             return smallest
         store_all = self._lowered(autograd_order(self.problem.graph), name, Status.OPTIMAL, smallest)
         return min(smallest, store_all.header.peak_bytes)
@@ -244,7 +244,7 @@ class Planner:
         that an earlier refusal stored in the cache, or None.  A stored value below
         `peak_lower_bound` is no budget a solver found and is ignored."""
         cache = self.problem.cache
-        if cache is None or not getattr(cache, "enabled", False):
+        if cache is None or not cache.enabled:
             return None
         value = cache.get(SMALLEST_KIND, self._smallest_key(solver))
         if not isinstance(value, int) or isinstance(value, bool) or not self.peak_lower_bound[0] <= value < 1 << 62:
@@ -255,7 +255,7 @@ class Planner:
         """Store `solver`'s smallest feasible budget (bytes) in the cache; not under a time
         limit, where what a MILP finds depends on the machine's load."""
         cache = self.problem.cache
-        if cache is None or not getattr(cache, "enabled", False) or self.problem.time_limit is not None:
+        if cache is None or not cache.enabled or self.problem.time_limit is not None:
             return
         cache.put(SMALLEST_KIND, self._smallest_key(solver), int(smallest))
 
@@ -317,7 +317,7 @@ class Planner:
     def _fit(self, solver, budget: int, near: list[ir.Plan] | None = None) -> tuple[ir.Plan, SolverInfo]:
         """NOTE: [Budget correction] for one solver: its plan and how its solves went;
         the plans it made above the budget are appended to `near`.  Raises BudgetError."""
-        if getattr(solver, "optimizes", False):
+        if solver.optimizes:
             store_all = self._lowered(autograd_order(self.problem.graph), solver, Status.OPTIMAL, budget)
             if store_all.header.peak_bytes <= budget:  # no recompute: optimal, whatever the solver's MILPs said
                 return store_all, SolverInfo(Status.OPTIMAL, None, solver.info.seconds)
@@ -346,7 +346,7 @@ class Planner:
             tried[target] = plan.header.peak_bytes
             excess = plan.header.peak_bytes - budget
             if excess <= 0:
-                if getattr(solver, "cheap_targets", False):
+                if solver.cheap_targets:
                     return self._raised(solver, budget, target, plan, result, near)
                 return plan, self._solve_info(result, solver)
             near.append(plan)
@@ -401,8 +401,7 @@ class Planner:
     def _solve_info(result, solver) -> SolverInfo:
         """The status and gap of the solve that gave `result`, with the solver's seconds
         so far."""
-        info = getattr(result, "info", None)
-        return solver.info if info is None else replace(info, seconds=solver.info.seconds)
+        return replace(result.info, seconds=solver.info.seconds)
 
     def _floor_plans(self, solver, budget: int = 0) -> list[ir.Plan]:
         """The plans at the solver's floor targets (`api.floor_targets`), each simulated."""

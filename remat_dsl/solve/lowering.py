@@ -82,7 +82,7 @@ def add_transfers(graph: ir.Graph, forward, backward, order: list[str], transfer
     """
     if not transfers:
         return forward, backward
-    ops = {op.name: op for op in graph.ops}
+    ops = graph.op_by_name
     names = {t.name for t in graph.tensors}
     instructions = list(forward) + list(backward)
     runs = _run_index(instructions)
@@ -159,7 +159,7 @@ def lower(graph: ir.Graph, order: list[str]) -> tuple[tuple[ir.Instruction, ...]
     order: op names; forward ops before the first backward op form the forward section.
     Returns (forward instructions, backward instructions).
     """
-    ops = {op.name: op for op in graph.ops}
+    ops = graph.op_by_name
     tensor_names = {t.name for t in graph.tensors}
     pinned = pinned_tensors(graph)
     uses = [op_uses(ops[name], tensor_names) for name in order]
@@ -228,7 +228,7 @@ def constrain_order(graph: ir.Graph, order: list[str], constraints) -> list[str]
 def _recompute_before_backward(graph, order, tensors, producers) -> list[str]:
     if not tensors:
         return order
-    ops = {op.name: op for op in graph.ops}
+    ops = graph.op_by_name
     names = {t.name for t in graph.tensors}
     first_backward = next((i for i, n in enumerate(order) if ops[n].phase == ir.BACKWARD), len(order))
     inserts: dict[int, list[str]] = {}
@@ -256,7 +256,7 @@ def add_offloads(graph: ir.Graph, forward, backward, constraints):
     wanted = matching(graph, constraints, "offload")
     if not wanted:
         return forward, backward
-    ops = {op.name: op for op in graph.ops}
+    ops = graph.op_by_name
     names = {t.name for t in graph.tensors}
     header = ir.Header("", "cpu", 0, ir.BUDGET_COUNTS, "", "optimal", 0, "forward:1", 0, 0, 0, DEFAULT_BANDWIDTH)
     crossing = simulate(ir.Plan(header, graph, tuple(forward), tuple(backward))).crossing

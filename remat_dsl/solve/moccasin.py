@@ -133,7 +133,7 @@ from remat_dsl.plan.errors import RematError
 from remat_dsl.check.replay import rng_state_bytes
 from remat_dsl.plan.ir import op_predecessors, op_uses, pinned_tensors
 from remat_dsl.plan.units import format_bytes
-from remat_dsl.solve.api import BudgetError, Decision, Problem, SolverInfo, SolverResult, Status, refuse_above
+from remat_dsl.solve.api import BudgetError, Decision, Problem, Solver, SolverInfo, SolverResult, Status, refuse_above
 
 NUM_WORKERS = 1  # CP-SAT workers: one, so that a proven solve is deterministic
 RANDOM_SEED = 0
@@ -160,7 +160,7 @@ def _cp_model():
     return cp_model
 
 
-class Moccasin:
+class Moccasin(Solver):
     """`--solver moccasin`: the CP model of Moccasin (see the module docstring) over the
     whole FB-graph, solved by CP-SAT at the target (bytes), minimizing the predicted time
     (microseconds).  `intervals`: the least C, retention intervals per forward op (C - 1

@@ -274,7 +274,7 @@ class _Index:
 
     def __init__(self, graph: ir.Graph):
         self.graph = graph
-        self.ops = {op.name: op for op in graph.ops}
+        self.ops = graph.op_by_name
         names = {t.name for t in graph.tensors}
         self.uses = {op.name: op_uses(op, names) for op in graph.ops}
         self.nbytes = {t.name: t.nbytes for t in graph.tensors}

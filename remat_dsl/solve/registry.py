@@ -1,8 +1,9 @@
 """Every solver `remat plan --solver NAME` knows: one line each.
 
-Adding a solver: write a module with a class that follows remat_dsl.solve.api (`name`,
-`auto_rank`, `__init__(problem)`, `describe`, `solve`, `floor`, `info`; optionally
-`fallbacks`, `fits` and `optimizes`), and add one line here (docs/solvers.md, "Adding a
+Adding a solver: write a module with a subclass of remat_dsl.solve.api.Solver (`name`,
+`__init__(problem)`, `solve`, `floor`, `info`; the other members have defaults there:
+`auto_rank`, `describe`, `fits`, `fallbacks`, `floor_targets`, `optimizes`,
+`cheap_targets`), and add one line here (docs/solvers.md, "Adding a
 solver").  Entries are `module:Class` strings, imported when a solver is asked for, so
 listing the solvers imports none of them (no pulp, no numpy).
 """
@@ -26,6 +27,12 @@ NAMES = ("auto", *SOLVERS)  # `auto` picks one of the others (remat_dsl.solve.au
 
 
 def solver_class(name: str):
-    """The class registered as `name`.  Raises KeyError for an unknown name."""
+    """The class registered as `name`, a subclass of remat_dsl.solve.api.Solver.  Raises
+    KeyError for an unknown name, TypeError for a class that does not subclass Solver."""
+    from remat_dsl.solve.api import Solver
+
     module, _, attribute = SOLVERS[name].partition(":")
-    return getattr(importlib.import_module(module), attribute)
+    cls = getattr(importlib.import_module(module), attribute)
+    if not (isinstance(cls, type) and issubclass(cls, Solver)):
+        raise TypeError(f"solver '{name}' ({SOLVERS[name]}) does not subclass remat_dsl.solve.api.Solver")
+    return cls

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from remat_dsl.plan import ir
 from remat_dsl.plan.ir import op_predecessors, op_uses, pinned_tensors
 from remat_dsl.plan.units import format_bytes
-from remat_dsl.solve.api import BudgetError, Decision, Problem, SolverInfo, SolverResult, Status
+from remat_dsl.solve.api import BudgetError, Decision, Problem, Solver, SolverInfo, SolverResult, Status
 
 MAX_LENGTH_FACTOR = (
     16  # a schedule longer than this many times the graph's ops is not tried (Theorem 5's length grows as n^log(k+2))
@@ -246,7 +246,7 @@ class _Candidate:
     time_us: int  # the ops' time in the order
 
 
-class TWRemat:
+class TWRemat(Solver):
     """`--solver twremat`: TW-Remat(k) over the FB-graph's tree decomposition (see the
     module docstring); status `heuristic` (it does not minimize time: of its candidate
     orders it keeps the fastest that fits).  Raises BudgetError below its smallest peak."""

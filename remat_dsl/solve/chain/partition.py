@@ -53,7 +53,7 @@ def partition(graph: ir.Graph, max_blocks: int = MAX_BLOCKS, refine: int = 0, st
     only at separators no skip tensor crosses (for chain solvers, whose model does not
     see skip tensors); HiRemate's H-ILP sees them and refines at every separator.
     """
-    tensors = {t.name: t for t in graph.tensors}
+    tensors = graph.tensor_by_name
     forward = [op for op in graph.ops if op.phase == ir.FORWARD]
     backward = [op for op in graph.ops if op.phase == ir.BACKWARD]
     prelude = _prelude(graph, forward)
@@ -286,7 +286,7 @@ def _assign_backward(backward: list[ir.Op], fw_blocks: list[list[ir.Op]]) -> lis
 
 
 def _chain_costs(graph: ir.Graph, blocks: tuple[BlockOps, ...], tensors) -> Chain:
-    ops = {op.name: op for op in graph.ops}
+    ops = graph.op_by_name
     block_of_tensor = {t: k for k, b in enumerate(blocks) for name in b.forward for t in ops[name].outputs}
     used_later, used_backward = _uses(graph, blocks, block_of_tensor)
     kept = _kept(blocks, ops, ir.pinned_tensors(graph))
@@ -311,7 +311,7 @@ def _chain_costs(graph: ir.Graph, blocks: tuple[BlockOps, ...], tensors) -> Chai
 
 
 def _uses(graph, blocks, block_of_tensor):
-    ops = {op.name: op for op in graph.ops}
+    ops = graph.op_by_name
     used_later: dict[str, int] = {}
     used_backward: set[str] = set()
     for k, block in enumerate(blocks):

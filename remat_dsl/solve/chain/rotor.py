@@ -47,7 +47,7 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from remat_dsl.solve.api import BudgetError, Problem, SolverInfo, SolverResult, Status
+from remat_dsl.solve.api import BudgetError, Problem, Solver, SolverInfo, SolverResult, Status
 from remat_dsl.solve.chain.partition import chain_steps, partition
 
 from remat_dsl.solve.chain.model import (
@@ -340,7 +340,7 @@ def _opt_rec_p(choice: np.ndarray, sz: _Sizes, top: int, all_step=None) -> tuple
     return tuple(ops)
 
 
-class Rotor:
+class Rotor(Solver):
     """`--solver rotor`: Algorithms 3-4 over the chain of blocks cut at the graph's
     1-separators (remat_dsl.solve.chain.partition; Zhao et al., "Rockmate", ICML 2023,
     appendix A.4), with

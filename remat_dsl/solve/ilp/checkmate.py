@@ -12,7 +12,6 @@ available and not counted: the chain or the caller counts them.
 from __future__ import annotations
 
 import time
-import weakref
 
 from remat_dsl.plan import ir
 from remat_dsl.plan.ir import op_uses, pinned_tensors
@@ -27,7 +26,7 @@ def op_hgraph(graph: ir.Graph, forward: tuple[str, ...], backward: tuple[str, ..
     when a forward op made it, and kept to the end when a backward op made it; model
     outputs and parameter gradients are kept to the end.
     """
-    ops, tensors, readers = _lookups(graph)
+    ops, tensors, readers = graph.op_by_name, graph.tensor_by_name, graph.readers  # NOTE: [Graph index]
     names = list(forward) + list(backward)
     inside = set(names)
     index = {t: i for i, t in enumerate(t for n in names for t in ops[n].outputs)}
@@ -55,22 +54,6 @@ def op_hgraph(graph: ir.Graph, forward: tuple[str, ...], backward: tuple[str, ..
         option = Option(op.time_us, op.temp_bytes, 0, (name,))
         nodes.append(CNode(name, k >= len(forward), (option,), reads))
     return HGraph(tuple(nodes), tuple(values))
-
-
-_LOOKUPS: list = [lambda: None, None]  # a weak reference to the last graph `_lookups` was asked for, and its answer
-
-
-def _lookups(graph: ir.Graph) -> tuple[dict[str, ir.Op], dict[str, ir.TensorDecl], dict[str, set[str]]]:
-    """Ops and tensors by name, and the names of the ops that read each tensor, of `graph`:
-    made once per graph, since Rockmate and HiRemate build one HGraph per block (266 of
-    them for a stock RWKV of 20,000 ops)."""
-    if _LOOKUPS[0]() is not graph:
-        readers: dict[str, set[str]] = {}
-        for op in graph.ops:
-            for ref in ir.op_refs(op):
-                readers.setdefault(ref.name, set()).add(op.name)
-        _LOOKUPS[:] = [weakref.ref(graph), ({op.name: op for op in graph.ops}, {t.name: t for t in graph.tensors}, readers)]
-    return _LOOKUPS[1]
 
 
 class Checkmate(TargetSolver):

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import pulp
 
-from remat_dsl.solve.api import BudgetError, SolverInfo, SolverResult, Status
+from remat_dsl.solve.api import BudgetError, Solver, SolverInfo, SolverResult, Status
 from remat_dsl.solve.ilp import milp
 from remat_dsl.solve.lowering import autograd_order, simulated_peak
 
@@ -401,7 +401,7 @@ def ops_of(hg: HGraph, steps) -> tuple[str, ...]:
     return tuple(order)
 
 
-class TargetSolver:
+class TargetSolver(Solver):
     """A solver whose order comes from one H-ILP `model` solved at the target (bytes):
     `--solver checkmate` (one ILP over every op) and HiRemate's root.  Solves are
     remembered per target; `floor()` bisects the target between 0 and the exact peak of

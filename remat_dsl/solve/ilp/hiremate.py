@@ -42,7 +42,7 @@ import networkx as nx
 
 from remat_dsl.plan import ir
 from remat_dsl.plan.ir import op_uses, pinned_tensors
-from remat_dsl.solve.api import Problem, SolverInfo, SolverResult, fallbacks, floor_targets
+from remat_dsl.solve.api import Problem, Solver, SolverInfo, SolverResult, fallbacks, floor_targets
 from remat_dsl.solve.chain.partition import ChainPartition, is_small_chain, partition
 from remat_dsl.solve.ilp import milp
 from remat_dsl.solve.ilp.checkmate import op_hgraph
@@ -117,7 +117,7 @@ class Hierarchy:
 
 
 
-class Hiremate:
+class Hiremate(Solver):
     """`--solver hiremate`: HiRemate's hierarchy (NOTE: [Hierarchy]), the root solved at the
     target by H-ILP (`TargetSolver`).
 
@@ -193,10 +193,10 @@ def _depth(cluster: HCluster) -> int:
 def _group_blocks(graph: ir.Graph, part: ChainPartition) -> HCluster:
     """H-Partition (Algorithm 7) of the quotient DAG of blocks; leaves are block indices
     as strings.  NOTE: [Hierarchy]."""
-    ops = {op.name: op for op in graph.ops}
+    ops = graph.op_by_name
     block_of = {name: l for l, b in enumerate(part.blocks) for name in b.forward}
     made_in = {t: block_of[n] for n in block_of for t in ops[n].outputs}
-    tensors = {t.name: t for t in graph.tensors}
+    tensors = graph.tensor_by_name
     dag = nx.DiGraph()
     dag.add_nodes_from(str(l) for l in range(len(part.blocks)))
     out_bytes = {str(l): 0 for l in range(len(part.blocks))}
@@ -215,8 +215,8 @@ def _level_graph(graph: ir.Graph, singles: list[tuple[str, ...]], children: list
     """H-ILP graph of one level: single ops (the prelude, at the root) then the children's
     forward nodes, then their backward nodes in reverse order; aNodes are the tensors read
     outside the node that made them (NOTE: [Options of a cluster])."""
-    ops = {op.name: op for op in graph.ops}
-    tensors = {t.name: t for t in graph.tensors}
+    ops = graph.op_by_name
+    tensors = graph.tensor_by_name
     S, C = len(singles), len(children)
     groups = list(singles) + [c.forward for c in children] + [c.backward for c in reversed(children)]
     owner = {name: k for k, group in enumerate(groups) for name in group}

@@ -715,7 +715,7 @@ def forward_dag(graph: ir.Graph) -> tuple[nx.DiGraph, dict[str, int], dict[str, 
     its arguments with every value replaced by its dtype and shape, and the outputs' dtype
     and shape -- equal for the same code on same-shaped values.
     """
-    tensors = {t.name: t for t in graph.tensors}
+    tensors = graph.tensor_by_name
     decls: dict[str, tuple[tuple[int, ...], str]] = {t.name: (t.shape, t.dtype) for t in graph.tensors}
     for group in (graph.inputs, graph.parameters, graph.buffers, graph.tangents):
         for v in group:

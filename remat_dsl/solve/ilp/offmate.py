@@ -125,7 +125,7 @@ from remat_dsl.plan.constraints import matching
 from remat_dsl.plan.errors import PlanError
 from remat_dsl.plan.ir import op_uses, pinned_tensors
 from remat_dsl.plan.units import format_duration, human_bytes
-from remat_dsl.solve.api import FLOOR_SWEEP, BudgetError, Decision, Problem, SolverInfo, SolverResult, Status, Transfer
+from remat_dsl.solve.api import BudgetError, Decision, FLOOR_SWEEP, Problem, Solver, SolverInfo, SolverResult, Status, Transfer
 from remat_dsl.solve.chain.model import Chain
 from remat_dsl.solve.chain.partition import (
     TEXT_WIDTH,
@@ -240,7 +240,7 @@ def interface_tensors(
     whatever the options: a tensor only a recomputation reads again is deleted after F_{l+1}
     in some options, and moving it would save nothing there), not pinned, not `excluded`,
     not empty; sorted by size then name.  The last block's outputs are the model's: none."""
-    ops = {op.name: op for op in graph.ops}
+    ops = graph.op_by_name
     names = {t.name for t in graph.tensors}
     block_of = {name: l for l, b in enumerate(part.blocks, 1) for name in (*b.forward, *b.backward)}
     readers: dict[str, set] = defaultdict(set)
@@ -548,7 +548,7 @@ def shaved(
     if plan.header.peak_bytes <= target:
         return transfers, plan
     given = transfers, plan
-    ops = {op.name: op for op in graph.ops}
+    ops = graph.op_by_name
     names = {t.name for t in graph.tensors}
     producers = {t.name: t.producer for t in graph.tensors}
     nbytes = {t.name: t.nbytes for t in graph.tensors}
@@ -666,7 +666,7 @@ def _order_positions(instructions, order) -> list[int | None] | None:
 # ---------------------------------------------------------------------------
 
 
-class Offmate:
+class Offmate(Solver):
     """`--solver offmate`: the O-ILP of thesis chapter 4 for activations (NOTE: [O-ILP for
     activations]) over Rockmate's blocks, each with Rockmate's options and those of
     section 4.4; whole tensors chosen as in section 4.6 (NOTE: [Whole tensors]); never

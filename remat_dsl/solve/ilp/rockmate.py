@@ -40,7 +40,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 
 from remat_dsl.plan import ir
-from remat_dsl.solve.api import BudgetError, Problem, SolverInfo, SolverResult, Status
+from remat_dsl.solve.api import BudgetError, Problem, Solver, SolverInfo, SolverResult, Status
 from remat_dsl.solve.chain.model import Block, BlockOption, Chain, ChainSchedule, InvalidChainSequence, simulate_chain, uncounted
 from remat_dsl.solve.chain.partition import ChainPartition, affordable, block_name, chain_steps, is_small_chain, partition
 from remat_dsl.solve.chain.rk_rotor import min_feasible_budget as rk_min_feasible_budget
@@ -107,7 +107,7 @@ def block_signature(graph: ir.Graph, forward: tuple[str, ...], backward: tuple[s
     """Equal for identical blocks (Zhao et al., "Rockmate", ICML 2023, appendix A.5): op
     targets, arguments with references renamed to positions inside the block (outside
     values by shape and dtype), output shapes and dtypes, in order."""
-    ops = {op.name: op for op in graph.ops}
+    ops = graph.op_by_name
     decls = {d.name: (d.shape, d.dtype) for group in (graph.inputs, graph.parameters, graph.buffers, graph.tangents) for d in group}
     decls.update({t.name: (t.shape, t.dtype) for t in graph.tensors})
     local: dict[str, int] = {}
@@ -340,7 +340,7 @@ def _block_with_options(block: Block, delta_prev: int, hg: HGraph, schedules: li
     )
 
 
-class OverBlocks:
+class OverBlocks(Solver):
     """RK-Rotor over the blocks of `part`, each with its RK-Checkmate options (Algorithm 3).
 
     The block ILPs are solved here, once (identical blocks once, NOTE: [Option costs]);
