@@ -31,7 +31,9 @@ def remat(*args: str, cwd: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-@pytest.fixture(scope="module", params=sorted(MODELS))
+# the GPT-2 example (a Rockmate plan; 35 s) runs with `pytest -m slow`: the stock Llama's plan
+# recomputes and releases gradients early as well
+@pytest.fixture(scope="module", params=[pytest.param("gpt2", marks=pytest.mark.slow), "llama"])
 def planned(request, tmp_path_factory):
     """(model file, generated module) of a model of MODELS, planned at its budget."""
     path, budget = MODELS[request.param]

@@ -6,7 +6,7 @@ C libraries such as HiGHS print banners on file descriptor 1) or `remat plan` re
 with exit 2, a message and an empty g.plan.  Also: written files get the usual
 permissions, progress shows in a log, and stdout stays clean when the plan goes to -o.
 `auto` is left to the README's quickstart, which runs the same pipeline with it (GPT-2 is a
-chain: auto plans it with rockmate, whose case is here).
+chain: auto plans it with rockmate, so rockmate's run is that one).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = ROOT / ".venv" / "bin"
-SOLVERS = ["rockmate", "hiremate", "rotor", "checkpoint-sqrt", "checkmate", "autograd"]
+SOLVERS = ["hiremate", "rotor", "checkpoint-sqrt", "checkmate", "autograd"]
 REFUSED = {"checkmate": "it is meant for graphs of at most 160 ops", "autograd": "is infeasible for solver autograd"}
 TINY = ROOT / "tests" / "models" / "tiny_mlp.py"
 

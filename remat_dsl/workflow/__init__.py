@@ -108,7 +108,7 @@ def plan_model(
     model_file = model_of(model, inputs, loss_fn, autocast)
     device_model = load_device(device) if device is not None else None
     rules = read_constraints(str(constraints)) if constraints is not None else ()
-    captured = capture_graph(model_file, repeats, device_model=device_model)
+    captured = capture_graph(model_file, repeats, device_model=device_model, check_eager=True)  # as `remat plan`
     refuse_custom_operators(captured.graph)
     for warning in unmatched(captured.graph, rules):
         if report:
