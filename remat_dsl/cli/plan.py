@@ -208,12 +208,10 @@ def read_request(args) -> PlanRequest:
 
 def run(args) -> int:
     from remat_dsl.capture.model_file import load_model_file
-    from remat_dsl.check.verify import refuse_custom_operators
-    from remat_dsl.plan.constraints import unmatched
     from remat_dsl.plan.printer import print_plan
     from remat_dsl.plan.units import format_bytes, format_duration
-    from remat_dsl.solve.driver import Planner
     from remat_dsl.solve.ilp import workers
+    from remat_dsl.workflow import solve_captured
 
     request = read_request(args)
     autocast = autocast_dtype(args.autocast) if args.autocast is not None else None  # NOTE: [Fail fast]
@@ -224,30 +222,12 @@ def run(args) -> int:
     graph, device, costs, eager = _captured(model_file, args, request)
     if eager:  # NOTE: [Eager agreement] in remat_dsl/capture/agreement.py; also above the plan's header
         status(" ".join(eager).replace("  ", " "))
-    refuse_custom_operators(graph)  # NOTE: [Custom operators] in remat_dsl/check/verify.py
-    for warning in unmatched(graph, request.constraints):
-        if args.strict:
-            raise RematError(warning.replace("warning:", "error:", 1), hint="fix the pattern or remove the line (without --strict this is a warning)")
-        status(warning)
-    planner = Planner(
-        graph, model=model_file.spec, device=device, bandwidth=request.bandwidth,
-        constraints=request.constraints, time_limit=args.time_limit, report=status,
-        host_link=request.host_link, host_budget=request.host_budget, cache=_cache(args),
-        jobs=args.jobs or workers.usable_cores(),
+    plan = solve_captured(
+        graph, request.budget, args.solver, percent=request.budget_is_percent, model=model_file.spec, device=device,
+        costs=costs, eager=eager, constraints=request.constraints, strict=args.strict, report=status,
+        bandwidth=request.bandwidth, time_limit=args.time_limit, host_link=request.host_link,
+        host_budget=request.host_budget, cache=_cache(args), jobs=args.jobs or workers.usable_cores(),
     )  # fmt: skip
-    if request.budget is None or request.budget_is_percent:
-        peak = planner.autograd_peak
-        budget = peak if request.budget is None else math.floor(peak * request.budget / 100)
-    else:
-        budget = int(request.budget)
-    planner.refuse_below_bound(budget, args.solver)  # NOTE: [Budgets below the bound] in remat_dsl/solve/driver.py
-    limit = f", time limit {args.time_limit:g} s" if args.time_limit is not None else ""
-    status(f"solving with {args.solver} for a budget of {format_bytes(budget)}{limit}")
-    try:
-        plan = planner.plan(budget, args.solver)
-    finally:
-        workers.stop()  # NOTE: [Parallel grid]
-    plan = replace(plan, header=replace(plan.header, costs=costs, comments=plan.header.comments + eager))
     seconds = plan.header.solve_seconds
     if not args.record_solve_time:
         plan = replace(plan, header=replace(plan.header, solve_seconds=None))

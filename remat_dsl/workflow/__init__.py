@@ -97,58 +97,100 @@ def plan_model(
     """
     from remat_dsl.capture.cost import load_device
     from remat_dsl.capture.pipeline import capture_graph
-    from remat_dsl.check.verify import refuse_custom_operators
-    from remat_dsl.plan.constraints import read_constraints, unmatched
-    from remat_dsl.solve.driver import Planner
-    from remat_dsl.solve.ilp import workers
+    from remat_dsl.plan.constraints import read_constraints
     from remat_dsl.solve.registry import NAMES
 
-    if solver not in NAMES:
+    if solver not in NAMES:  # before the capture; the driver says the same of a name it does not know
         raise RematError(f"error: unknown solver '{solver}'", hint="pick one of " + ", ".join(NAMES))
+    amount, percent = _budget(budget)
     model_file = model_of(model, inputs, loss_fn, autocast)
     device_model = load_device(device) if device is not None else None
     rules = read_constraints(str(constraints)) if constraints is not None else ()
     captured = capture_graph(model_file, repeats, device_model=device_model, check_eager=True)  # as `remat plan`
-    refuse_custom_operators(captured.graph)
-    for warning in unmatched(captured.graph, rules):
+    options = {"bandwidth": int(device_model.host_to_device)} if device_model is not None else {}
+    plan = solve_captured(
+        captured.graph, amount, solver, percent=percent, model=model_file.spec, device=captured.device,
+        costs=captured.costs, eager=captured.eager, constraints=rules, report=report, time_limit=time_limit,
+        host_link=device_model is not None and device_model.kind == "cuda", **options,
+    )  # fmt: skip
+    return replace(plan, header=replace(plan.header, solve_seconds=None))
+
+
+def solve_captured(
+    graph: ir.Graph,
+    budget: float | None,
+    solver: str = "auto",
+    *,
+    percent: bool = False,
+    model: str = "",
+    device: str = "cpu",
+    costs: str | None = None,
+    eager: tuple[str, ...] = (),
+    constraints: tuple[ir.Constraint, ...] = (),
+    strict: bool = False,
+    report: Callable[[str], None] | None = None,
+    **planner_options: Any,
+) -> ir.Plan:
+    """The plan of a captured graph, as `remat plan` and `plan_model` make it: custom
+    operators refused, constraints that match nothing warned of (refused when `strict`),
+    a budget below the proven bound refused before any solve, then the solve.
+
+    budget: bytes, or with `percent` a percentage of the autograd peak; None: the autograd
+    peak.  model, device: the header's model and device kind.  costs, eager: the header's
+    costs line and the eager-agreement comments of the capture (capture.pipeline.Captured).
+    planner_options: the remaining keyword arguments of solve.driver.Planner (bandwidth,
+    time_limit, host_link, host_budget, cache, jobs).  The header keeps the solve's
+    seconds.  Raises RematError and BudgetError."""
+    from remat_dsl.check.verify import refuse_custom_operators
+    from remat_dsl.plan.constraints import unmatched
+    from remat_dsl.plan.units import format_bytes
+    from remat_dsl.solve.driver import Planner
+    from remat_dsl.solve.ilp import workers
+
+    refuse_custom_operators(graph)  # NOTE: [Custom operators] in remat_dsl/check/verify.py
+    for warning in unmatched(graph, constraints):
+        if strict:
+            raise RematError(warning.replace("warning:", "error:", 1), hint="fix the pattern or remove the line (without --strict this is a warning)")
         if report:
             report(warning)
-    host_link = device_model is not None and device_model.kind == "cuda"
-    options = {"bandwidth": int(device_model.host_to_device)} if device_model is not None else {}
-    planner = Planner(
-        captured.graph, model=model_file.spec, device=captured.device, constraints=rules, time_limit=time_limit,
-        report=report, host_link=host_link, **options,
-    )  # fmt: skip
-    budget_bytes = _budget(budget, planner.autograd_peak)
-    planner.refuse_below_bound(budget_bytes, solver)
+    planner = Planner(graph, model=model, device=device, constraints=constraints, report=report, **planner_options)
+    if budget is None or percent:
+        peak = planner.autograd_peak
+        budget = peak if budget is None else math.floor(peak * budget / 100)
+    budget = int(budget)
+    planner.refuse_below_bound(budget, solver)  # NOTE: [Budgets below the bound] in remat_dsl/solve/driver.py
+    if report:
+        limit = planner_options.get("time_limit")
+        report(f"solving with {solver} for a budget of {format_bytes(budget)}" + (f", time limit {limit:g} s" if limit is not None else ""))
     try:
-        plan = planner.plan(budget_bytes, solver)
+        plan = planner.plan(budget, solver)
     finally:
-        workers.stop()
-    header = replace(plan.header, costs=captured.costs, comments=plan.header.comments + captured.eager, solve_seconds=None)
-    return replace(plan, header=header)
+        workers.stop()  # NOTE: [Parallel grid]
+    return replace(plan, header=replace(plan.header, costs=costs, comments=plan.header.comments + tuple(eager)))
 
 
-def _budget(budget: int | str | None, autograd_peak: int) -> int:
-    """Bytes of `budget` (plan_model's argument).  Raises RematError."""
+def _budget(budget: int | str | None) -> tuple[float | None, bool]:
+    """(amount, is a percentage) of `budget` (plan_model's argument): bytes, or a
+    percentage of the autograd peak.  Raises RematError."""
     from remat_dsl.plan.units import UnitError, parse_percent, parse_size
 
     if budget is None:
-        return autograd_peak
+        return None, False
     if isinstance(budget, bool) or not isinstance(budget, (int, str)):
         raise RematError(f"error: the budget is a {type(budget).__name__}", hint='pass bytes (an int), "2GiB" or "50%"')
-    if isinstance(budget, str):
-        percent = parse_percent(budget)
-        if percent is not None:
-            budget = math.floor(autograd_peak * percent / 100)
-        else:
-            try:
-                budget = parse_size(budget, "budget", exact=False)
-            except UnitError as error:
-                raise RematError(f"error: {error.message}", hint=error.hint) from None
-    if budget <= 0:
-        raise RematError(f"error: the budget must be more than 0 bytes, got {budget}", hint='pass e.g. "50%" or "2GiB"')
-    return budget
+    percent = parse_percent(budget) if isinstance(budget, str) else None
+    if percent is not None:
+        amount = percent
+    elif isinstance(budget, str):
+        try:
+            amount = parse_size(budget, "budget", exact=False)
+        except UnitError as error:
+            raise RematError(f"error: {error.message}", hint=error.hint) from None
+    else:
+        amount = budget
+    if amount <= 0:
+        raise RematError(f"error: the budget must be more than 0, got {budget!r}", hint='pass e.g. "50%" or "2GiB"')
+    return amount, percent is not None
 
 
 def plan_text(plan: ir.Plan) -> str:
