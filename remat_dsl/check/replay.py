@@ -360,14 +360,6 @@ class _Simulator:
         self._given: list[tuple[str, int]] = []  # the input an in-place op took the storage of
         self._dying: frozenset[str] = frozenset()  # what the deletes right after this instruction free
         self.moved: set[str] = set()  # inputs whose storage an output took; their delete frees nothing
-        self._verbs = {
-            "compute": self._compute,
-            "recompute": self._recompute,
-            "delete": self._delete,
-            "offload": self._offload,
-            "prefetch": self._prefetch,
-            "wait": self._wait,
-        }
 
     def _last_random_recomputes(self, plan: ir.Plan) -> dict[str, tuple[str, int]]:
         """Random op -> (section, index) of its last recompute in the plan."""
@@ -401,7 +393,7 @@ class _Simulator:
             self._dying = after[index - 1]
             self._check_verb_and_stream(instr)
             before = self.current
-            peak, extra = self._verbs[instr.verb](instr)
+            peak, extra = HANDLERS[instr.verb](self, instr)
             removed = tuple(self._freed + self._given)
             into = self._given[0][0] if self._given else ""
             events = dict(at_peak=tuple(self._held), added=tuple(self._added), removed=removed, into=into)
@@ -523,17 +515,18 @@ class _Simulator:
         return tuple(sorted((item for item in live if item[1]), key=lambda item: (-item[1], item[0])))
 
     def _check_verb_and_stream(self, instr: ir.Instruction) -> None:
-        if instr.verb not in ir.VERB_STREAM:
+        if instr.verb not in ir.INSTRUCTIONS:
             self._fail(
                 f"unknown instruction '{instr.verb}'",
                 _did_you_mean(instr.verb, ir.VERBS) or f"use one of {', '.join(ir.VERBS)}",
                 instr.span,
             )
-        if instr.verb in ("compute", "recompute"):
+        verb = ir.INSTRUCTIONS[instr.verb]
+        if verb.operand == "op":
             self._check_op_name(instr)
         else:
             self._check_tensor_name(instr)
-        stream = ir.VERB_STREAM[instr.verb]
+        stream = verb.stream
         if instr.stream != stream:
             self._fail(
                 f"{instr.verb} runs on the {stream} stream, not '{instr.stream}'",
@@ -858,3 +851,16 @@ class _Simulator:
         if transfer.kind == "offload":
             self.host_ready.add(name)
         return 0, []
+
+
+# The replay of each verb of ir.INSTRUCTIONS, called with the simulator and the instruction;
+# it returns (device bytes at its peak, the (name, bytes) live at that peak beside the
+# resident tensors).  tests/test_instructions.py checks that it has every verb and no other.
+HANDLERS = {
+    "compute": _Simulator._compute,
+    "recompute": _Simulator._recompute,
+    "delete": _Simulator._delete,
+    "offload": _Simulator._offload,
+    "prefetch": _Simulator._prefetch,
+    "wait": _Simulator._wait,
+}

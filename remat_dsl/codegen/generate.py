@@ -415,31 +415,26 @@ class _Renderer:
         return f"{self.source}:{first}{'' if first == last else f'-{last}'} (gradients)"
 
     def _body(self, instructions, steps, after=None, before=None) -> list[str]:
-        """The statements of a section; `after` and `before`: more lines after or before the
-        instruction at a 1-based index (the gradient releases of the backward, the FSDP2
-        gathers and frees of both)."""
+        """The statements of a section, each instruction's from EMITTERS; `after` and
+        `before`: more lines after or before the instruction at a 1-based index (the
+        gradient releases of the backward, the FSDP2 gathers and frees of both)."""
         after, before = after or {}, before or {}
         lines: list[str] = []
-        deletes: list[tuple[str, str]] = []  # (variable, plan line) of consecutive deletes
+        self._pending_deletes: list[tuple[str, str]] = []
         for index, ins in enumerate(instructions, 1):
             step = next(steps)
             where = self._where(ins, step.section, index)
             if index in before:
-                lines += self._deletes(deletes) + before[index]
-                deletes = []
-            if ins.verb == "delete":
-                deletes.append((self.var[ins.target], where))
-                continue
-            lines += self._deletes(deletes)
-            deletes = []
-            mark = " (recompute)" if ins.verb == "recompute" else ""
-            lines += [f"{code}  # {where}{mark}" for code in getattr(self, "_" + ins.verb)(ins.target, step)]
-            lines += after.get(index, [])
-        return lines + self._deletes(deletes)
+                lines += self._deletes() + before[index]
+            code = EMITTERS[ins.verb](self, ins.target, step, where) + after.get(index, [])
+            if code:
+                lines += self._deletes() + code
+        return lines + self._deletes()
 
-    @staticmethod
-    def _deletes(deletes: list[tuple[str, str]]) -> list[str]:
-        """One `del` for consecutive deletes, with the range of plan lines (`g.plan:40-42`)."""
+    def _deletes(self) -> list[str]:
+        """One `del` for the consecutive deletes pending, with the range of plan lines
+        (`g.plan:40-42`); none pending after it."""
+        deletes, self._pending_deletes = self._pending_deletes, []
         if not deletes:
             return []
         first, last = deletes[0][1], deletes[-1][1]
@@ -447,24 +442,33 @@ class _Renderer:
         span = first if first == last else f"{first}-{last_line}" if where == last_where else f"{first}, {last}"
         return [f"del {', '.join(var for var, _ in deletes)}  # {span}"]
 
-    def _compute(self, name: str, step) -> list[str]:
+    # Each emitter takes (instruction target, its simulation Step, its plan line) and returns
+    # the statements, each with its plan line as a comment (EMITTERS).
+
+    def _compute(self, name: str, step, where: str) -> list[str]:
         op = self.ops[name]
         saves_rng = any(key == f"rng state of {name}" for key, _ in step.added)
         rng = self.names.rng(op)
         lines = [f"{rng} = _rng_state(_device)"] if saves_rng else []
         lines += [self._call(op, step, (lambda call, _: f"_first_draw({rng}, {call})") if saves_rng else None)]
         lines += [f"{self.var[self.updates[t]]}.copy_({self.var[t]})" for t in op.outputs if t in self.updates and op.phase == ir.FORWARD]
-        return lines
+        return [f"{code}  # {where}" for code in lines]
 
-    def _recompute(self, name: str, step) -> list[str]:
+    def _recompute(self, name: str, step, where: str) -> list[str]:
         op = self.ops[name]
         if not op.random:
-            return [self._call(op, step)]
+            return [f"{self._call(op, step)}  # {where} (recompute)"]
         rng = self.names.rng(op)
         lines = [self._call(op, step, lambda _, args: f"_replay({rng}, _device, {', '.join([callable_name(op.target), *args])})")]
         if any(key == f"rng state of {name}" for key, _ in step.removed):
             lines.append(f"del {rng}")
-        return lines
+        return [f"{code}  # {where} (recompute)" for code in lines]
+
+    def _delete(self, tensor: str, step, where: str) -> list[str]:
+        """Nothing yet: consecutive deletes become one `del` (`_deletes`), written before
+        the next statement."""
+        self._pending_deletes.append((self.var[tensor], where))
+        return []
 
     def _call(self, op: ir.Op, step, wrap=None) -> str:
         """`OUTPUTS = aten_X(ARGS)`, assigning the outputs the step makes resident; `wrap(call,
@@ -509,19 +513,19 @@ class _Renderer:
         """The overloads the in-place steps call (NOTE: [In-place outputs])."""
         return {INPLACE_OUT[self.ops[step.instruction.target].target][0] for step in self.sim.timeline if step.into}
 
-    def _offload(self, tensor: str, step) -> list[str]:
+    def _offload(self, tensor: str, step, where: str) -> list[str]:
         """`host_T, event_T = _offload(T, _pool, OFFSET)`: into T's slot of the host buffer."""
         host, event, offset = self.names.host(tensor), self.names.event(tensor), self.host_offsets[tensor]
-        return [f"{host}, {event} = _offload({self.var[tensor]}, _pool, {offset})"]
+        return [f"{host}, {event} = _offload({self.var[tensor]}, _pool, {offset})  # {where}"]
 
-    def _prefetch(self, tensor: str, step) -> list[str]:
+    def _prefetch(self, tensor: str, step, where: str) -> list[str]:
         """`T, event_T = _prefetch(host_T, event_T, _device)`: the copy waits for event_T, the
         offload's (or an earlier prefetch's) event, then event_T is the prefetch's."""
         event = self.names.event(tensor)
-        return [f"{self.var[tensor]}, {event} = _prefetch({self.names.host(tensor)}, {event}, _device)"]
+        return [f"{self.var[tensor]}, {event} = _prefetch({self.names.host(tensor)}, {event}, _device)  # {where}"]
 
-    def _wait(self, tensor: str, step) -> list[str]:
-        return [f"_wait({self.names.event(tensor)}, _device)"]
+    def _wait(self, tensor: str, step, where: str) -> list[str]:
+        return [f"_wait({self.names.event(tensor)}, _device)  # {where}"]
 
     # --- forward/backward boundary ---------------------------------------
 
@@ -546,7 +550,7 @@ class _Renderer:
         changes between forward and backward."""
         read: set[str] = set()
         for ins in self.plan.backward:
-            if ins.verb in ("compute", "recompute"):
+            if ins.runs_op:
                 read.update(ref.name for ref in ir.op_refs(self.ops[ins.target]))
         graph = self.plan.graph
         values = [v.name for v in (*graph.inputs, *graph.parameters, *graph.buffers) if v.name in read]
@@ -661,7 +665,7 @@ class _Renderer:
         offset = 0
         for section, instructions in enumerate((self.plan.forward, self.plan.backward)):
             for number, ins in enumerate(instructions, 1):
-                if ins.verb not in ("compute", "recompute"):
+                if not ins.runs_op:
                     continue
                 for ref in ir.op_refs(self.ops[ins.target]):
                     if ref.name in index:
@@ -717,6 +721,18 @@ class _Renderer:
             ]
             result.append((at, [k for k, _ in group], lines))
         return result
+
+
+# The statements of each verb of ir.INSTRUCTIONS (tests/test_instructions.py checks that it
+# has every verb and no other).
+EMITTERS = {
+    "compute": _Renderer._compute,
+    "recompute": _Renderer._recompute,
+    "delete": _Renderer._delete,
+    "offload": _Renderer._offload,
+    "prefetch": _Renderer._prefetch,
+    "wait": _Renderer._wait,
+}
 
 
 # NOTE: [Absent output gradients]: views that need their input's traced strides, and ops

@@ -65,15 +65,47 @@ D2H_STREAM = "d2h"
 H2D_STREAM = "h2d"
 STREAMS = (COMPUTE_STREAM, D2H_STREAM, H2D_STREAM)
 
-VERBS = ("compute", "recompute", "delete", "offload", "prefetch", "wait")
-VERB_STREAM = {
-    "compute": COMPUTE_STREAM,
-    "recompute": COMPUTE_STREAM,
-    "delete": COMPUTE_STREAM,
-    "wait": COMPUTE_STREAM,
-    "offload": D2H_STREAM,
-    "prefetch": H2D_STREAM,
+
+
+@dataclass(frozen=True)
+class Verb:
+    """One instruction verb, declared once (its meaning: NOTE: [Instruction semantics]).
+
+    Every stage that acts on instructions dispatches through its own table keyed by the
+    verb's name (the replay's `HANDLERS`, codegen's `EMITTERS`, `remat show`'s `RUG`), and
+    tests/test_instructions.py fails when one of them lacks a verb of INSTRUCTIONS or has
+    another; the other stages ask the fields below instead of listing verbs.
+
+    operand: "op" (the target is an operation's name) or "tensor" (a tensor's name).
+    stream: the stream the instruction is issued on, one of STREAMS (the printer omits it,
+    the parser infers it).  runs_op: it executes its op (and allocates the op's outputs).
+    transfer: it is part of a host transfer (an offload, a prefetch, or a wait for one).
+    aliases: other words for it that the parser names in its hint (`free` -> `delete`).
+    """
+
+    name: str
+    operand: str
+    stream: str
+    runs_op: bool = False
+    transfer: bool = False
+    aliases: tuple[str, ...] = ()
+
+
+INSTRUCTIONS: dict[str, Verb] = {
+    verb.name: verb
+    for verb in (
+        Verb("compute", "op", COMPUTE_STREAM, runs_op=True, aliases=("run", "exec", "execute")),
+        Verb("recompute", "op", COMPUTE_STREAM, runs_op=True, aliases=("remat", "rerun", "rematerialize")),
+        Verb("delete", "tensor", COMPUTE_STREAM, aliases=("free", "del", "drop", "release")),
+        Verb("offload", "tensor", D2H_STREAM, transfer=True, aliases=("evict", "spill", "store", "save")),
+        Verb("prefetch", "tensor", H2D_STREAM, transfer=True, aliases=("load", "fetch", "restore", "reload")),
+        Verb("wait", "tensor", COMPUTE_STREAM, transfer=True, aliases=("sync", "synchronize", "join")),
+    )
 }
+VERBS = tuple(INSTRUCTIONS)
+VERB_STREAM = {verb.name: verb.stream for verb in INSTRUCTIONS.values()}
+_RUNS_OP = frozenset(verb.name for verb in INSTRUCTIONS.values() if verb.runs_op)
+_TRANSFERS = frozenset(verb.name for verb in INSTRUCTIONS.values() if verb.transfer)
 
 FORWARD = "forward"
 BACKWARD = "backward"
@@ -354,7 +386,8 @@ class Graph:
 class Instruction:
     """One line of a forward or backward section: `VERB TARGET on STREAM`.
 
-    verb: one of VERBS.  target: an operation name (compute, recompute) or a tensor name.
+    verb: one of VERBS (INSTRUCTIONS).  target: an operation name (a verb whose operand is
+    "op": compute, recompute) or a tensor name.
     comments: full-line comments just above it; trailing: the comment after it, if any.
     """
 
@@ -364,6 +397,17 @@ class Instruction:
     comments: tuple[str, ...] = ()
     trailing: str | None = None
     span: Span | None = _span()
+
+    @property
+    def runs_op(self) -> bool:
+        """Whether it executes its op (Verb.runs_op: compute, recompute); False for a verb
+        that is not in INSTRUCTIONS (the replay refuses those)."""
+        return self.verb in _RUNS_OP
+
+    @property
+    def is_transfer(self) -> bool:
+        """Whether it is part of a host transfer (Verb.transfer: offload, prefetch, wait)."""
+        return self.verb in _TRANSFERS
 
 
 @dataclass(frozen=True)

@@ -122,14 +122,7 @@ HEADER_KEYS = (
     "peak", "time", "compute", "recompute", "bandwidth",
 )  # fmt: skip
 
-VERB_ALIASES = {
-    "free": "delete", "del": "delete", "drop": "delete", "release": "delete",
-    "evict": "offload", "spill": "offload", "store": "offload", "save": "offload",
-    "load": "prefetch", "fetch": "prefetch", "restore": "prefetch", "reload": "prefetch",
-    "sync": "wait", "synchronize": "wait", "join": "wait",
-    "run": "compute", "exec": "compute", "execute": "compute",
-    "remat": "recompute", "rerun": "recompute", "rematerialize": "recompute",
-}  # fmt: skip
+VERB_ALIASES = {alias: verb.name for verb in ir.INSTRUCTIONS.values() for alias in verb.aliases}  # ir.Verb.aliases
 
 
 @functools.cache

@@ -40,6 +40,16 @@ from remat_dsl.plan.errors import PlanError
 from remat_dsl.plan.files import read_text
 
 KEPT, RECOMPUTED, OFFLOADED = "kept", "recomputed", "offloaded"
+# The label a verb of ir.INSTRUCTIONS gives the tensors it acts on in `policies` (a verb of
+# an op: the op's outputs), None for none; tests/test_instructions.py checks the keys.
+POLICIES = {
+    "compute": None,
+    "recompute": RECOMPUTED,
+    "delete": None,
+    "offload": OFFLOADED,
+    "prefetch": None,
+    "wait": None,
+}
 MAX_LISTED = 50  # changes listed per kind in the summary; the line diff shows them all
 ABSENT = "(absent)"
 NO_GAP = "(none)"  # a plan whose solver reports no gap
@@ -134,14 +144,19 @@ def figures(plan: ir.Plan) -> Figures:
 
 def policies(plan: ir.Plan) -> dict[str, str]:
     """Tensor name -> `kept`, `recomputed`, `offloaded` or `offloaded, recomputed`, in table order."""
-    schedule = plan.forward + plan.backward
-    offloaded = {ins.target for ins in schedule if ins.verb == "offload"}
-    recomputed_ops = {ins.target for ins in schedule if ins.verb == "recompute"}
-    result = {}
-    for t in plan.graph.tensors:
-        labels = [OFFLOADED] * (t.name in offloaded) + [RECOMPUTED] * (t.producer in recomputed_ops)
-        result[t.name] = ", ".join(labels) or KEPT
-    return result
+    labels: dict[str, set[str]] = {}
+    for ins in plan.forward + plan.backward:
+        label = POLICIES.get(ins.verb)
+        if label is None:
+            continue
+        names: tuple[str, ...] = (ins.target,)
+        if ir.INSTRUCTIONS[ins.verb].operand == "op":
+            op = plan.graph.op_by_name.get(ins.target)
+            names = op.outputs if op is not None else ()
+        for name in names:
+            labels.setdefault(name, set()).add(label)
+    found = {name: [label for label in (OFFLOADED, RECOMPUTED) if label in given] for name, given in labels.items()}
+    return {t.name: ", ".join(found.get(t.name, [])) or KEPT for t in plan.graph.tensors}
 
 
 # ---------------------------------------------------------------------------

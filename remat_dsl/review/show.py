@@ -32,6 +32,16 @@ COLORS = {
     GRADIENTS: "#55A868",
     OP_TEMPS: "#DD8452",
 }
+# The PNG's rug below the timeline: a row of ticks, in this colour, at each instruction of
+# a verb of ir.INSTRUCTIONS (None: no row); tests/test_instructions.py checks the keys.
+RUG = {
+    "compute": None,
+    "recompute": "#DD8452",
+    "delete": None,
+    "offload": "#8172B3",
+    "prefetch": "#2E8B57",
+    "wait": None,
+}
 MIB = 1024 * 1024
 PNG_SOFTWARE = "remat-dsl (remat show --png)"  # its PNGs' Software (NOTE: [Safe outputs] in remat_dsl/cli/console.py)
 BLOCKS = " ▁▂▃▄▅▆▇█"
@@ -229,11 +239,11 @@ def draw_png(verified) -> bytes:
     ax.tick_params(labelbottom=False)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False, title="at each instruction's peak", title_fontsize=9)
 
-    rows = (("recompute", ("recompute",), "#DD8452"), ("offload", ("offload",), "#8172B3"), ("prefetch", ("prefetch",), "#2E8B57"))
-    for y, (label, verbs, color) in enumerate(reversed(rows)):
-        xs = [i + 1 for i, s in enumerate(steps) if s.instruction.verb in verbs]
+    rows = [(verb, color) for verb, color in RUG.items() if color is not None]
+    for y, (verb, color) in enumerate(reversed(rows)):
+        xs = [i + 1 for i, s in enumerate(steps) if s.instruction.verb == verb]
         rug.plot(xs, [y] * len(xs), linestyle="none", marker="|", markersize=11, markeredgewidth=1.5, color=color)
-    rug.set_yticks(range(len(rows)), [label for label, _, _ in reversed(rows)], fontsize=8)
+    rug.set_yticks(range(len(rows)), [verb for verb, _ in reversed(rows)], fontsize=8)
     rug.set_ylim(-0.7, len(rows) - 0.3)
     rug.set_xlabel(f"instruction ({n_forward} forward, then {n - n_forward} backward)")
     rug.tick_params(axis="y", length=0)
@@ -301,7 +311,7 @@ def terminal_view(verified, *, buckets: int = 60, height: int = 8) -> str:
     marks = []
     for lo, hi in bounds:
         verbs = {s.instruction.verb for s in steps[lo:hi]}
-        recompute, transfer = "recompute" in verbs, bool(verbs & {"offload", "prefetch"})
+        recompute, transfer = "recompute" in verbs, any(ir.INSTRUCTIONS[v].stream != ir.COMPUTE_STREAM for v in verbs)
         marks.append("*" if recompute and transfer else "r" if recompute else "t" if transfer else " ")
     lines.append(" " * label_width + " " + "".join(marks) + "  r recompute, t offload/prefetch")
     per = n / width

@@ -41,7 +41,7 @@ def _run_index(instructions) -> dict[tuple[str, int], int]:
     runs: dict[tuple[str, int], int] = {}
     seen: dict[str, int] = {}
     for index, ins in enumerate(instructions):
-        if ins.verb in ("compute", "recompute"):
+        if ins.runs_op:
             runs[ins.target, seen.get(ins.target, 0)] = index
             seen[ins.target] = seen.get(ins.target, 0) + 1
     return runs
@@ -114,7 +114,7 @@ def add_transfers(graph: ir.Graph, forward, backward, order: list[str], transfer
 
 
 def _reads(ins: ir.Instruction, tensor: str, ops, names) -> bool:
-    return ins.verb in ("compute", "recompute") and tensor in op_uses(ops[ins.target], names)
+    return ins.runs_op and tensor in op_uses(ops[ins.target], names)
 
 
 def _after_deletes(instructions, index: int) -> int:
@@ -271,7 +271,7 @@ def add_offloads(graph: ir.Graph, forward, backward, constraints):
 def _runs(instructions, tensor, ops, names, *, making: bool):
     """Indices of compute/recompute instructions that read `tensor` (or make it, if `making`)."""
     for i, ins in enumerate(instructions):
-        if ins.verb not in ("compute", "recompute"):
+        if not ins.runs_op:
             continue
         op = ops[ins.target]
         if tensor in op_uses(op, names) or (making and tensor in op.outputs):
@@ -290,7 +290,7 @@ def _offload_after_last_use(forward, tensor, ops, names):
 
 def _prefetch_before_first_use(backward, tensor, ops, names):
     first = next(_runs(backward, tensor, ops, names, making=False))
-    computes = [i for i, ins in enumerate(backward[:first]) if ins.verb in ("compute", "recompute")]
+    computes = [i for i, ins in enumerate(backward[:first]) if ins.runs_op]
     at = computes[-PREFETCH_LEAD] if len(computes) >= PREFETCH_LEAD else 0
     prefetch = ir.Instruction("prefetch", tensor, ir.H2D_STREAM)
     wait = ir.Instruction("wait", tensor, ir.COMPUTE_STREAM)

@@ -567,7 +567,7 @@ class Moccasin(Solver):
                 plan = self._planner().plan(budget, "rockmate")
             except RematError:
                 return
-            order = [i.target for i in plan.forward + plan.backward if i.verb in ("compute", "recompute")]
+            order = [i.target for i in plan.forward + plan.backward if i.runs_op]
             runs = self._schedule(order)
             peak = self._peak(runs)
             self._schedules.append((peak, self._time(runs), runs))

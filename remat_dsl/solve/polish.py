@@ -97,7 +97,6 @@ REPAIR_STEPS = 64  # recomputations `repair` adds at most
 REPAIR_WIDTH = 32  # tensors resident at the peak whose move it estimates, for each
 REPAIR_EXACT = 2  # of those, the moves it lowers and simulates exactly
 REPAIR_WORK = 2_000_000  # order entries lowered and simulated, at most, by one repair (a 2,000-run order: 1,000 tries)
-RUN_VERBS = ("compute", "recompute")
 REPAIR_NOTE = "repair: recomputed here for %s, which was resident at the peak above the budget"
 
 
@@ -110,7 +109,7 @@ def polish(plan: ir.Plan, budget: int) -> ir.Plan:
     lower, and whose header's solver ends `; polished -N recomputations, -T ms` (the time
     saved)."""
     instructions = plan.forward + plan.backward
-    if plan.header.peak_bytes > budget or any(ins.verb not in (*RUN_VERBS, "delete") for ins in instructions):
+    if plan.header.peak_bytes > budget or any(ins.is_transfer for ins in instructions):
         return plan
     order, decisions = _order_of(instructions)
     work = 2 * len(order)  # the simulation of `plan` and the first round
@@ -154,7 +153,7 @@ def repair(plan: ir.Plan, budget: int) -> ir.Plan | None:
     solver ends `; repaired +N recomputations`, each added run has a comment saying why,
     and its status is `feasible`."""
     instructions = plan.forward + plan.backward
-    if any(ins.verb not in (*RUN_VERBS, "delete") for ins in instructions):
+    if any(ins.is_transfer for ins in instructions):
         return None
     if plan.header.peak_bytes <= budget:
         return plan
@@ -206,7 +205,7 @@ def _repair_moves(index: _Index, order: list[str], sim, budget: int) -> list[tup
     steps = sim.timeline
     peaks = np.array([step.mem_peak for step in steps], dtype=np.int64)
     k = int(peaks.argmax())
-    run_at = [i for i, step in enumerate(steps) if step.instruction.verb in RUN_VERBS]
+    run_at = [i for i, step in enumerate(steps) if step.instruction.runs_op]
     at_peak = bisect.bisect_right(run_at, k) - 1
     busy = set(index.uses[order[at_peak]]) | set(index.ops[order[at_peak]].outputs) if at_peak >= 0 else set()
     intervals = _intervals(steps)
@@ -288,7 +287,7 @@ def move_up(plan: ir.Plan) -> ir.Plan:
     header's solver then ends `; N backward ops moved up`.  Plans with transfers, or of
     more than MAX_RUNS runs, are left as they are."""
     instructions = plan.forward + plan.backward
-    if any(ins.verb not in (*RUN_VERBS, "delete") for ins in instructions):
+    if any(ins.is_transfer for ins in instructions):
         return plan
     order, decisions = _order_of(instructions)
     if len(order) > MAX_RUNS:
@@ -353,7 +352,7 @@ def _order_of(instructions) -> tuple[list[str], list[Decision]]:
     """The op order of a plan's runs, and its comments as decisions at their positions."""
     order, decisions = [], []
     for ins in instructions:
-        if ins.verb in RUN_VERBS:
+        if ins.runs_op:
             decisions += [Decision(len(order), text) for text in ins.comments]
             order.append(ins.target)
     return order, decisions
@@ -377,7 +376,7 @@ def _drops(index: _Index, order: list[str], timeline, budget: int, wanted: set[s
     run_at, deletes = [], defaultdict(list)  # position -> instruction index; tensor -> delete indices
     for k, step in enumerate(timeline):
         ins = step.instruction
-        if ins.verb in RUN_VERBS:
+        if ins.runs_op:
             run_at.append(k)
         elif ins.verb == "delete":
             deletes[ins.target].append(k)

@@ -650,7 +650,7 @@ def _order_positions(instructions, order) -> list[int | None] | None:
     seen: dict[str, int] = defaultdict(int)
     result = []
     for ins in instructions:
-        if ins.verb in ("compute", "recompute"):
+        if ins.runs_op:
             at = position.get((ins.target, seen[ins.target]))
             if at is None:
                 return None
@@ -843,7 +843,7 @@ class Offmate(Solver):
             step = ("F", 1)
             for entry in simulate(self._simulated(order, ())).timeline:
                 ins = entry.instruction
-                if ins.verb in ("compute", "recompute"):
+                if ins.runs_op:
                     at = runs.get((ins.target, seen[ins.target]))
                     seen[ins.target] += 1
                     step = step_of[at] if at is not None else step
