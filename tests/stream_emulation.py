@@ -2,7 +2,7 @@
 on CPU tensors, with real concurrency, and reports every unordered access.
 
 `Emulation().running(module)` replaces the module's one seam (`_cuda`, `_streamed`: NOTE:
-[Streams] in templates/module.py.jinja), so the module's own `_offload`, `_prefetch`, `_wait`
+[Streams] in remat_dsl/codegen/runtime.py), so the module's own `_offload`, `_prefetch`, `_wait`
 and `_HostBuffer` run unchanged:
 
 - The compute stream is the calling thread: its ops run at once.  Its `wait_event` does not

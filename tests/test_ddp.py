@@ -50,7 +50,7 @@ def test_fsdp2_gradients_and_steps_equal_fsdp2_over_the_eager_model(model, budge
     """fully_shard on every block and on the model, then FastModel (or FastModel first):
     the gradients' shards and the parameters after SGD steps equal FSDP2 over the eager
     model on both ranks, the parameters stay sharded, and the plan gathers its blocks one
-    by one, never all at once (NOTE: [FSDP2] in templates/module.py.jinja)."""
+    by one, never all at once (NOTE: [FSDP2] in remat_dsl/codegen/runtime.py)."""
     run(f"{BIN}/remat plan {ROOT / model} --budget {budget} --no-cache > model.plan", tmp_path)
     run(f"{BIN}/remat codegen model.plan -o fast_model.py", tmp_path)
     run(f"{BIN}/torchrun --standalone --nproc-per-node 2 {ROOT}/tests/fsdp_worker.py {ROOT / model} fast_model.py result.json", tmp_path)

@@ -1,6 +1,6 @@
 """Models whose names and layouts differ from the examples train exactly through their
 generated module (issue 45, part 7; NOTE: [Generated names] in remat_dsl/codegen/generate.py
-and NOTE: [Output gradient layouts] in templates/module.py.jinja).
+and NOTE: [Output gradient layouts] in remat_dsl/codegen/runtime.py).
 
 - As their authors write them, through the commands a user types: a sequence-first model
   whose logits are a transposed view (its loss's gradient arrives laid out otherwise), a

@@ -122,7 +122,7 @@ def test_stock_hugging_face_models(name, budgets, tmp_path):
 @pytest.mark.parametrize("budget", ["100%", "min"])
 def test_outputs_that_alias_repeat_or_go_undifferentiated(budget, tmp_path):
     """NOTE: [Aliased outputs] and [Output order] in remat_dsl/capture/fx.py, [Absent output
-    gradients] in the template: views of other outputs and of the input come back as copies
+    gradients] in remat_dsl/codegen/runtime.py: views of other outputs and of the input come back as copies
     with eager's values and gradients, a tensor at two places as one tensor, and a parameter
     that only an undifferentiated output depends on keeps `.grad` None."""
     model = MODELS / "aliased_outputs.py"

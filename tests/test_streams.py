@@ -1,5 +1,5 @@
 """Issue 11, parts 3 and 4: the generated module's stream path (NOTE: [Streams] in
-templates/module.py.jinja), run on CPU tensors by the stream emulation
+remat_dsl/codegen/runtime.py), run on CPU tensors by the stream emulation
 (tests/stream_emulation.py: a thread per side stream, copies that complete late, an exact
 check that every access is ordered), the step's host buffer, and the CPU peak.
 

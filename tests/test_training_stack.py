@@ -162,7 +162,7 @@ def test_compiled_module_trains_like_compiled_eager(backend, tmp_path):
 def test_compiled_module_takes_one_tensor_given_as_two_arguments(tmp_path):
     """The stock Llama's inputs pass one tensor as `input_ids` and `labels`; dynamo refuses an
     autograd.Function that takes a tensor twice, so the module passes it once (NOTE:
-    [Repeated inputs] in templates/module.py.jinja) and traces whole."""
+    [Repeated inputs] in remat_dsl/codegen/runtime.py) and traces whole."""
     inputs = model_file_of("hf_llama_gqa").sample_inputs()
     assert inputs.kwargs["input_ids"] is inputs.kwargs["labels"]
     check_compiled("hf_llama_gqa", "aot_eager", tmp_path)

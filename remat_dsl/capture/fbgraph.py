@@ -70,7 +70,7 @@ def build_graph(captured: Captured, step: StepProfile, inputs: tuple, device_kin
 # caller gives none (a Hugging Face causal LM returns its logits beside the loss, and
 # `loss.backward()` differentiates the loss alone), the generated module makes the zeros
 # autograd would have used at each op that reads it, and frees them after that op (NOTE:
-# [Absent output gradients] in templates/module.py.jinja); a sum with the other operand in
+# [Absent output gradients] in remat_dsl/codegen/runtime.py); a sum with the other operand in
 # its layout makes none.  So where a step has two or more outputs to differentiate, every
 # op that reads a tangent counts the tangent's bytes among its temporaries
 # (`ir.with_gradient_zeros`), once per tangent, whatever the caller does, so the module

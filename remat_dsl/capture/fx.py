@@ -1165,7 +1165,7 @@ def _in_labels_branch(filename: str, lineno: int) -> bool:
 # that is neither a parameter, a buffer nor a model input").  The plan lists it among the
 # buffers, named by its attribute path (`videomae.embeddings.position_embeddings`), and the
 # generated module looks buffers up among `named_buffers()` and such attributes alike
-# (`_named_buffers` in the template).  `model.to(device)` leaves such a tensor where it
+# (`_named_buffers` in remat_dsl/codegen/runtime.py).  `model.to(device)` leaves such a tensor where it
 # was, so the generated module refuses one on another device than the parameters.
 
 

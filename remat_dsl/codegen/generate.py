@@ -5,13 +5,13 @@ bound once at the top).  Every instruction becomes one statement that names the 
 it comes from (`# g.plan:1094`, or `# forward:12` for a plan made in code): `compute` and
 `recompute` call the aten operator (views are inlined where they are used; recomputes
 say so), consecutive `delete`s are one `del`, `offload`/`prefetch`/`wait` call three
-small helpers (NOTE: [Streams] in the template); every offloaded tensor has a fixed offset
+small helpers (NOTE: [Streams] in runtime.py); every offloaded tensor has a fixed offset
 in the step's host buffer (`host_layout`).  Random operations that the plan
 recomputes save the RNG state at their first run and replay it.  An exception raised
 inside the module gets a note with the plan line it was running.  The module runs the
 plan's ops with autocast off (a plan captured under autocast holds its casts as ops) and
 refuses a call under another autocast state than the plan's; it uses nothing that
-torch.compile(fullgraph=True) cannot trace (NOTE: [Compiled] in the template).  The
+torch.compile(fullgraph=True) cannot trace (NOTE: [Compiled] in runtime.py).  The
 forward section is the function `_forward`, the backward section the generator
 `_backward`, run by the autograd nodes of NOTE: [Autograd nodes] in the template.
 
@@ -28,7 +28,7 @@ as Python literals (`literal`: repr of a str, int, float, bool or None), dtypes,
 and memory formats as `torch.NAME` only after checking that torch defines that constant,
 operators as `aten_NAME_OVERLOAD` only for the aten operators the verifier resolved, and
 the model's output classes as strings that the module resolves among the modules already
-imported, to data containers only (`_output_type` in the template).  The template writes
+imported, to data containers only (`_output_type` in runtime.py).  The template writes
 no plan text itself: every value it prints comes from `_Renderer.context`, rendered here,
 and the docstring carries only what this module formats (sizes, times) or checked against
 a closed set (`_checked_text`).  The plan file's name appears in comments reduced to
@@ -39,9 +39,11 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import keyword
 import math
 import re
+from pathlib import Path
 
 from remat_dsl.plan import ir
 from remat_dsl.plan.inplace import INPLACE_OUT, whole_tensor
@@ -52,6 +54,9 @@ from remat_dsl.plan.units import format_bytes, format_duration
 
 TEMPLATES = data_path("templates")
 TEMPLATE = "module.py.jinja"
+RUNTIME = Path(__file__).with_name("runtime.py")  # NOTE: [Runtime]
+RUNTIME_BEGIN = "# --- remat-dsl runtime: remat_dsl/codegen/runtime.py, inlined (edit it there) ---"
+RUNTIME_END = "# --- end of the remat-dsl runtime ---"
 LINE_LENGTH = 120
 HOST_ALIGN = 64  # bytes: every host copy starts at a multiple of this (a cache line; any dtype's size divides it)
 LABEL_CHARS = 80  # characters of the plan file's name kept in the module's comments
@@ -71,10 +76,46 @@ def generate(verified, source: str = "a plan") -> str:
     names = _Namespace(plan.graph)
     renderer = _Renderer(verified, names, source_label(source))
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), keep_trailing_newline=True, autoescape=False)
-    text = env.get_template(TEMPLATE).render(**renderer.context())
+    text = env.get_template(TEMPLATE).render(runtime=runtime_source(), **renderer.context())
     text = black.format_str(text, mode=black.Mode(line_length=LINE_LENGTH))
     check_namespace(text, names)
     return text
+
+
+# NOTE: [Runtime]
+# What the module runs that does not depend on the plan (the stream helpers, the RNG replay,
+# the checks of the model and its arguments, ...) is a Python module of its own,
+# remat_dsl/codegen/runtime.py, linted and unit-tested as such (tests/test_runtime.py).  It
+# imports torch and the standard library only, and takes the plan's values as arguments, so
+# its source is inlined as it is, between RUNTIME_BEGIN and RUNTIME_END, below the module's
+# docstring: the generated module imports nothing of remat-dsl.  Its global names are
+# reserved (RESERVED: NOTE: [Generated names]).
+
+
+@functools.cache
+def runtime_source() -> str:
+    """The runtime's source as the module holds it: without its docstring, between the
+    RUNTIME_BEGIN and RUNTIME_END markers (NOTE: [Runtime])."""
+    text = RUNTIME.read_text(encoding="utf-8")
+    first = ast.parse(text).body[0]
+    docstring = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
+    body = "\n".join(text.splitlines()[first.end_lineno if docstring else 0 :]).strip("\n")
+    return f"{RUNTIME_BEGIN}\n{body}\n\n\n{RUNTIME_END}"
+
+
+def runtime_globals() -> frozenset[str]:
+    """Every name the runtime binds at module level: its functions, classes, assignments and
+    imports (NOTE: [Runtime])."""
+    found: set[str] = set()
+    for node in ast.parse(RUNTIME.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            found |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            found |= {(a.asname or a.name).partition(".")[0] for a in node.names}
+    return frozenset(found)
 
 
 MAX_RELEASES = 16  # gradient releases per backward (NOTE: [Gradient release] in templates/module.py.jinja)
@@ -112,7 +153,8 @@ def _checked_text(text: str) -> str:
 # The module's own names and the plan's never meet.  A plan name becomes a Python name
 # (`transformer.h.0.ln_1` -> `transformer_h_0_ln_1`, `fc1:1` -> `fc1_1`) that is never a
 # keyword, never a builtin (`len`, `float`), never a name the template defines at module
-# level (`torch`, `operator`, `INPUTS`, `FastModel`, ...: RESERVED, read from its text) and
+# level (`torch`, `operator`, `INPUTS`, `FastModel`, ...: RESERVED, read from its text),
+# never a global of the runtime it inlines (`re`, `sys`, ...: NOTE: [Runtime]) and
 # never starts with `_` or with a prefix the generator gives names it derives
 # (DERIVED_PREFIXES: the aten bindings, host copies, transfer events, RNG states, absent
 # gradients); such a name gets `v_` in front, and two plan names that would read the same
@@ -131,7 +173,9 @@ def _template_globals() -> frozenset[str]:
     return frozenset(name for groups in names for name in groups if name)
 
 
-RESERVED = frozenset(keyword.kwlist) | frozenset(keyword.softkwlist) | frozenset(dir(builtins)) | _template_globals()
+RESERVED = (
+    frozenset(keyword.kwlist) | frozenset(keyword.softkwlist) | frozenset(dir(builtins)) | _template_globals() | runtime_globals()
+)
 
 
 class _Namespace:
@@ -566,7 +610,7 @@ class _Renderer:
         the shape and layout of autograd's zeros on the meta device (no memory: the ops that
         read it make the zeros) and whether it did (NOTE: [Absent output gradients]); where
         an op reads it through a view that needs the layout it was traced with, in that
-        layout (NOTE: [Output gradient layouts] in the template)."""
+        layout (NOTE: [Output gradient layouts] in runtime.py)."""
         lines = []
         for i, tangent in enumerate(self.plan.graph.tangents):
             var, absent, where = self.var[tangent.name], self.names.absent(tangent.name), self._section_where("tangents", i + 1)
@@ -653,7 +697,7 @@ class _Renderer:
         return "(" + "".join(f"{g}, " for g in params) + ")"
 
     def _parameter_uses(self) -> tuple[list[tuple], tuple[dict[int, list[str]], dict[int, list[str]]]]:
-        """NOTE: [FSDP2] in templates/module.py.jinja: for each parameter, the first and last
+        """NOTE: [FSDP2] in runtime.py: for each parameter, the first and last
         instruction of the forward and of the backward that read it (numbered through both
         sections: the backward's first is len(forward) + 1; None where none reads it), and
         per section the lines `_shards(sharded, N)` before instruction N (1-based in that

@@ -2,7 +2,7 @@
 remat_dsl/capture/fx.py): a view of another output, two views of one intermediate, a view
 of the input, and one tensor at two places (NOTE: [Output order]); the loss
 differentiates every one of them but `side`, so `side`'s parameters keep `.grad` None
-(NOTE: [Absent output gradients] in templates/module.py.jinja)."""
+(NOTE: [Absent output gradients] in remat_dsl/codegen/runtime.py)."""
 
 import torch
 from torch import nn
