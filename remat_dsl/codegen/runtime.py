@@ -91,7 +91,7 @@ def _streamed(device):
 
 _LOCK = threading.Lock()  # for the two caches below: backwards may run on other threads
 _STREAMS = {}  # (name, device) -> side stream; `device` has its index (tensor.device)
-_FREE_BUFFERS = {}  # (device, bytes) -> host buffers given back by finished steps
+_FREE_BUFFERS = {}  # device -> host buffers given back by finished steps (all of one size: POOL_BYTES)
 
 
 def _side_stream(name, device):
@@ -103,12 +103,13 @@ def _side_stream(name, device):
 
 class _HostBuffer:
     """The `nbytes` host bytes a step's offloads write (`.bytes`, uint8, pinned for CUDA):
-    a free one of that size, or a new one; given back by `release`."""
+    a free one, or a new one; given back by `release`.  A module asks for one size only
+    (POOL_BYTES), so every free buffer has it."""
 
     def __init__(self, device, nbytes):
         self.device = device
         with _LOCK:
-            free = _FREE_BUFFERS.setdefault((device, nbytes), [])
+            free = _FREE_BUFFERS.setdefault(device, [])
             self.bytes = free.pop() if free else None
         if self.bytes is None:
             self.bytes = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
@@ -123,7 +124,7 @@ class _HostBuffer:
             compute.wait_stream(_side_stream("d2h", self.device))
             compute.wait_stream(_side_stream("h2d", self.device))
         with _LOCK:
-            _FREE_BUFFERS.setdefault((self.device, self.bytes.numel()), []).append(self.bytes)
+            _FREE_BUFFERS.setdefault(self.device, []).append(self.bytes)
         self.bytes = None
 
     def __del__(self):
