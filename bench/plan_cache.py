@@ -70,7 +70,7 @@ def main() -> int:
                 return 1
             cached = "op times from the cache" in result.stderr
             noisy = "did not settle" in result.stderr
-            report.line(f"{label:>15}: {seconds:6.1f} s  op times from the cache: {cached}{'  refused (exit 2)' if refused else ''}{'  (some timings did not settle)' if noisy else ''}", flush=True)
+            report.line(f"{label:>15}: {seconds:6.1f} s  op times from the cache: {cached}{'  refused (exit 2)' if refused else ''}{'  (some timings did not settle)' if noisy else ''}")
         same = (Path(cwd) / "cold.plan").read_bytes() == (Path(cwd) / "warm.plan").read_bytes()
         report.line(f"warm 60% plan byte-identical to the cold one: {same}")
     report.write(args)
