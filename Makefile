@@ -10,7 +10,7 @@ LOCK   := requirements.lock
 TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test test-slow demo bench tables lock clean
+.PHONY: venv test test-slow demo bench measurements tables lock clean
 
 venv: $(STAMP)
 
@@ -40,6 +40,23 @@ demo: venv
 
 bench: venv
 	$(PY) bench/overhead.py
+
+# docs/measurements.md again: each bench script in turn writes its own section (bench/_common.py;
+# `--no-write` prints only).  Hours on 2 cores; timings need an idle machine.
+measurements: venv
+	$(PY) bench/bounds.py
+	$(PY) bench/predicted.py examples/gpt2.py --device cpu
+	$(PY) bench/polish.py
+	$(PY) bench/overhead.py
+	$(PY) bench/plan_cache.py
+	$(PY) bench/planning_time.py tests/models/hf_t5.py
+	$(PY) bench/twremat_scale.py
+	$(PY) bench/decoder.py bench/models/llama_d512_bytes.py:build_8_layers --budgets 40,50
+	$(PY) bench/cost_model.py --fit --leave-one-out
+	$(PY) bench/optimality.py examples/gpt2.py --fractions 0.5,0.3 --solvers auto --no-smallest
+	$(PY) bench/frontier.py
+	$(PY) bench/stock_sweep.py
+	$(PY) bench/test_suite.py
 
 # write grammar/*.tables.json again after a grammar edit (NOTE: [Parser tables] in remat_dsl/plan/parser.py)
 tables: venv

@@ -43,7 +43,11 @@ stalls two threads at every barrier, so check the machine is idle before timing.
 out: how well the roofline's form predicts ops it was not fitted on, in the same run, apart
 from how much this machine's speed changes from one run to the next (30-40% here).
 
-Usage: python bench/cost_model.py [--fit] [--leave-one-out] [--rounds 3] [--repeats 10] [--threads N]
+It measures the captured graphs' ops one by one (remat_dsl.capture.fx and .profile), which
+the API does not expose.  Writes its section of docs/measurements.md (bench/_common.py),
+unless `--no-write`.
+
+Usage: python bench/cost_model.py [--fit] [--leave-one-out] [--rounds 3] [--repeats 10] [--threads N] [--no-write]
 """
 
 from __future__ import annotations
@@ -62,16 +66,22 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import ROOT, Report, add_write_flag  # noqa: E402
 
 from remat_dsl.capture.cost import DeviceModel, Work, load_device, op_work, roofline_seconds  # noqa: E402
 from remat_dsl.capture.fx import Captured, capture  # noqa: E402
 from remat_dsl.capture.measure import step_seconds  # noqa: E402
-from remat_dsl.capture.model_file import load_model_file  # noqa: E402
+import remat_dsl  # noqa: E402
 from remat_dsl.capture.profile import is_call, profile_step  # noqa: E402
 
 EXAMPLES = ["examples/gpt2.py", "examples/transformer.py", "examples/resnet.py", "examples/unet.py"]
+ABOUT = """The CPU roofline model (remat_dsl/capture/devices/cpu.toml) against measured op times
+on the examples: per op, predicted over measured (median, 90th percentile, median error
+|predicted/measured - 1|, goal within 25%); per step, the predicted sum against an eager
+training step timed in the same rounds (goal within 15%).  The machine's own speed moves
+30-40% between runs: calibrate (`--fit`) on an idle machine."""
 FITTED = ("matmul_flops", "vector_flops", "conv_efficiency", "memory_bandwidth", "launch_latency")
 
 
@@ -105,7 +115,7 @@ class Example:
 
 def load_example(path: str) -> Example:
     """Capture one example and compute the work of every op that allocates (views aside)."""
-    model_file = load_model_file(str(ROOT / path))
+    model_file = remat_dsl.model_of(str(ROOT / path))
     model, inputs = model_file.build_model(), model_file.sample_inputs()
     captured = capture(model, inputs)
     step = profile_step(captured, captured.example_primals, repeats=1, measure_time=False)
@@ -352,7 +362,7 @@ def cpu_toml_lines(device: DeviceModel) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = add_write_flag(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     parser.add_argument("--fit", action="store_true", help="fit the cpu.toml figures and print them")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved measuring rounds (default 3)")
     parser.add_argument(
@@ -368,6 +378,14 @@ def main() -> int:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    report = Report("bench/cost_model.py", "The CPU cost model against measured op times", ABOUT)
+    with report.tee():
+        run(args)
+    report.write(args)
+    return 0
+
+
+def run(args: argparse.Namespace) -> None:
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores, "
         f"load average {os.getloadavg()[0]:.2f}"
@@ -392,7 +410,6 @@ def main() -> int:
             rest = [op for example in examples if example is not held for op in example.ops.values()]
             report(dataclasses.replace(fit(shipped, rest), name=f"cpu (fitted without {held.name})"), [held])
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
-    return 0
 
 
 if __name__ == "__main__":

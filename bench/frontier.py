@@ -49,7 +49,7 @@ min(50% budget, P) and timed in the same rounds as the peer; the block prints bo
 measured times and peaks and "faster at equal or lower memory: yes/no".
 
 Solve-time scaling: GPT-2 with 6, 12 and 24 layers (`build_model(n_layer=N)`), in this
-process: seconds for capture + profile (`remat_dsl.capture.pipeline.capture_graph`), for each
+process: seconds for capture + profile (`remat_dsl.workflow.capture_model`), for each
 solver's `make_plan` at 50%, the total, and the ratios total(24)/total(12) and
 total(12)/total(6).  Captures made for the frontier are reused.
 
@@ -59,7 +59,8 @@ first budget of a sweep pays for the later ones); for torch.compile, compilation
 first step.  The scaling section clears those caches before every solve.
 
 Output: a table per model on stdout; frontier.csv, frontier.md (all tables) and
-frontier_<model>.png (x: measured peak in MiB, y: time / eager time) in --out.
+frontier_<model>.png (x: measured peak in MiB, y: time / eager time) in --out; the tables
+also become its section of docs/measurements.md (bench/_common.py), unless --no-write.
 
 Usage:
   python bench/frontier.py                              # everything (meant to stay under ~25 min here)
@@ -89,19 +90,30 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from remat_dsl.solve import driver as solve  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import Report, add_write_flag, checkpointed  # noqa: E402
+
+import remat_dsl  # noqa: E402
+from remat_dsl.capture.measure import step_peak, training_step  # noqa: E402
+from remat_dsl.capture.model_file import ModelFile  # noqa: E402
+from remat_dsl.solve.api import BudgetError  # noqa: E402
+from remat_dsl.solve.registry import NAMES  # noqa: E402
+from remat_dsl.workflow import capture_model  # noqa: E402
+
+# NOTE: [Plans above their budget] make_plan, smallest_budget and verify(within_budget=False)
+# stay internal here: `autograd` and `checkpoint-sqrt` plan one schedule whatever the budget,
+# which the API's generate_module (it checks the budget) and solve_captured (it refuses a
+# budget below the proven bound before any solve, where this sweep asks the solver for its
+# smallest) would refuse.
 from remat_dsl.check.verify import verify  # noqa: E402
 from remat_dsl.codegen.generate import generate  # noqa: E402
-from remat_dsl.capture.measure import step_peak, training_step  # noqa: E402
-from remat_dsl.capture.model_file import ModelFile, load_model_file  # noqa: E402
-from remat_dsl.capture.pipeline import capture_graph  # noqa: E402
-from remat_dsl.solve.api import BudgetError  # noqa: E402
+from remat_dsl.solve import driver as solve  # noqa: E402
 from remat_dsl.solve.driver import autograd_peak, make_plan  # noqa: E402
-from remat_dsl.solve.registry import NAMES  # noqa: E402
-from remat_dsl.codegen.compare import load_generated  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import checkpointed  # noqa: E402
+ABOUT = """Our plans (rotor, rockmate, hiremate over a sweep of budgets; autograd and
+checkpoint-sqrt) against torch.utils.checkpoint and torch.compile's min-cut partitioner:
+measured peak and step time over eager's, timed in the same rounds on one thread.  The
+CSV and one PNG per model are in `bench/results/`."""
 
 MiB = 2**20
 
@@ -255,8 +267,8 @@ class Planner:
         key = tuple((i.verb, i.target) for i in plan.forward) + (("--", "--"),) + tuple((i.verb, i.target) for i in plan.backward)
         if key not in self.modules:
             path = self.workdir / f"fast_{len(self.modules)}.py"
-            path.write_text(generate(verify(plan, within_budget=False)))
-            self.modules[key] = load_generated(path).FastModel(self.model_file.build_model())
+            path.write_text(generate(verify(plan, within_budget=False)))  # NOTE: [Plans above their budget]
+            self.modules[key] = remat_dsl.load_module(path).FastModel(self.model_file.build_model())
             self.predicted[key] = plan.header.peak_bytes
         return key
 
@@ -332,13 +344,13 @@ class ModelResult:
 
 def bench_model(name: str, args, workdir: Path, captures: dict) -> ModelResult:
     spec = MODELS[name]
-    model_file = load_model_file(str(ROOT / spec.spec))
+    model_file = remat_dsl.model_of(str(ROOT / spec.spec))
     call = model_file.sample_inputs()
     assert not call.kwargs, "the benchmarks call the examples with positional arguments"
     inputs = call.args
     log(f"[{name}] capture + profile {spec.spec}")
     start = time.perf_counter()
-    captured = capture_graph(model_file)
+    captured = capture_model(model_file)
     capture_seconds = time.perf_counter() - start
     captures[name] = (captured, capture_seconds, model_file)
     planner = Planner(model_file, captured, workdir / name, args.time_limit)
@@ -502,7 +514,7 @@ def clear_solver_caches() -> int:
 
 
 def bench_scaling(layers_list, captures: dict, time_limit: float | None, solvers=SWEEP_SOLVERS) -> list[ScalingRow]:
-    gpt2 = load_model_file(str(ROOT / "examples/gpt2.py"))
+    gpt2 = remat_dsl.model_of(str(ROOT / "examples/gpt2.py"))
     rows = []
     for layers in layers_list:
         reused = next((captures[n] for n, L in GPT2_LAYERS.items() if L == layers and n in captures), None)
@@ -513,7 +525,7 @@ def bench_scaling(layers_list, captures: dict, time_limit: float | None, solvers
             model_file = replace(gpt2, spec=f"examples/gpt2.py:build_model(n_layer={layers})", build=lambda n=layers: gpt2.module.build_model(n_layer=n))
             log(f"[scaling] gpt2 {layers} layers: capture + profile")
             start = time.perf_counter()
-            captured = capture_graph(model_file)
+            captured = capture_model(model_file)
             capture_seconds = time.perf_counter() - start
         budget = autograd_peak(captured.graph, captured.device) * MATCHED_FRACTION // 100
         for solver in solvers:
@@ -637,7 +649,9 @@ def scaling_lines(rows: list[ScalingRow]) -> list[str]:
     return lines
 
 
-def write_outputs(out: Path, results: list[ModelResult], scaling: list[ScalingRow], header: str) -> None:
+def write_outputs(out: Path, results: list[ModelResult], scaling: list[ScalingRow], header: str) -> str:
+    """Write frontier.csv, scaling.csv, frontier.md and the PNGs into `out`; returns
+    frontier.md's tables (no title, no images) for docs/measurements.md."""
     out.mkdir(parents=True, exist_ok=True)
     if results:
         with open(out / "frontier.csv", "w", newline="") as f:
@@ -674,6 +688,7 @@ def write_outputs(out: Path, results: list[ModelResult], scaling: list[ScalingRo
     (out / "frontier.md").write_text("\n".join(md))
     for res in results:
         plot(res, out / f"frontier_{res.name}.png")
+    return "\n".join(line.replace("## ", "### ", 1) for line in md[1:] if not line.startswith("!["))
 
 
 def plot(result: ModelResult, path: Path) -> None:
@@ -718,7 +733,7 @@ def log(message: str) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = add_write_flag(argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter))
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS), metavar="NAME", help=f"subset of: {', '.join(MODELS)}")
     parser.add_argument("--rounds", type=int, default=None, help="timing rounds per phase (default 10, --quick 3)")
     parser.add_argument("--quick", action="store_true", help="budgets 100%%/50%%/min, torch.compile 1.0/0.5/0.1, 3 rounds, scaling 6/12 layers, --time-limit 5")
@@ -738,6 +753,7 @@ def main(argv=None) -> int:
     scaling_layers = args.scaling_layers or (QUICK_SCALING_LAYERS if args.quick else SCALING_LAYERS)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    report = Report("bench/frontier.py", "Rockmate and HiRemate against rotor and PyTorch's own tools", ABOUT)
     started = time.perf_counter()
     header = (
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU; solvers in remat_dsl.solve.registry.NAMES: {', '.join(NAMES)}; "
@@ -775,9 +791,10 @@ def main(argv=None) -> int:
     if args.scaling_only or not args.no_scaling:
         scaling = bench_scaling(scaling_layers, captures, args.time_limit, args.solvers)
         con.print("\n".join(scaling_lines(scaling)))
-    write_outputs(args.out, results, scaling, header)
+    tables = write_outputs(args.out, results, scaling, header)
     con.print(f"\nwrote {args.out}/frontier.csv, frontier.md{', scaling.csv' if scaling else ''}"
               f"{', ' + ', '.join(f'frontier_{r.name}.png' for r in results) if results else ''}; {time.perf_counter() - started:.0f} s in all")
+    report.write(args, markdown=f"{header}\n\n{tables}")
     return 0
 
 

@@ -27,6 +27,10 @@ Usage: python bench/optimality.py [MODEL ...] [--time-limit S] [--max-ops N]
        (default models: examples/transformer.py examples/gpt2.py, the latter 4 layers;
        --solvers: those compared with moccasin, `auto` included when named;
        --no-smallest: only the fractions, not each solver's smallest budget)
+
+Moccasin's optimum, its bounds and each solver's smallest budget are the driver's: this
+script uses the driver's Planner, the API for the capture.  Writes its section of
+docs/measurements.md (bench/_common.py), unless `--no-write`.
 """
 
 from __future__ import annotations
@@ -36,13 +40,20 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from remat_dsl.capture.model_file import load_model_file  # noqa: E402
-from remat_dsl.capture.pipeline import capture_graph  # noqa: E402
+from _common import ROOT, Report, add_write_flag, relative  # noqa: E402
+
+import remat_dsl  # noqa: E402
 from remat_dsl.plan.errors import RematError  # noqa: E402
 from remat_dsl.solve.driver import Planner  # noqa: E402
 from remat_dsl.solve.moccasin import Moccasin  # noqa: E402
+from remat_dsl.workflow import capture_model  # noqa: E402
+
+ABOUT = """Every solver's predicted time over Moccasin's proven optimum at the same budget
+(`x1.032`), or over the best proven bound when Moccasin's CP-SAT solve stopped at its time
+limit (`over bound`: the ratio over the optimum is at most that), from one capture per
+model.  With a time limit the figures depend on the machine's speed."""
 
 SOLVERS = ("rotor", "rockmate", "hiremate", "twremat", "checkmate", "moccasin")
 FRACTIONS = (1.0, 0.7, 0.5, 0.3)
@@ -71,54 +82,49 @@ def ratio(plan, reference, stage_bound: int | None = None) -> str:
     return f"x{plan.header.time_us / bound:.3f} over bound (x{r:.3f} over its plan)"
 
 
-def bench(model: str, time_limit: float, fractions=FRACTIONS, solvers=SOLVERS[:-1], smallest=True,
+def bench(report: Report, model: str, time_limit: float, fractions=FRACTIONS, solvers=SOLVERS[:-1], smallest=True,
           bound_time: float | None = None, moment_time: float | None = None) -> None:  # fmt: skip
-    model_file = load_model_file(model)
+    model_file = remat_dsl.model_of(model)
     start = time.perf_counter()
-    captured = capture_graph(model_file, repeats=3)
+    captured = capture_model(model_file, repeats=3)
     planner = Planner(captured.graph, model=model_file.spec, device=captured.device, time_limit=time_limit)
     peak = planner.autograd_peak
-    print(
-        f"\n== {model}: {len(captured.graph.ops)} ops, autograd peak {peak} B (capture {time.perf_counter() - start:.0f} s)",
-        flush=True,
-    )
+    report.line(f"\n== {relative(model)}: {len(captured.graph.ops)} ops, autograd peak {peak} B (capture {time.perf_counter() - start:.0f} s)")
     budgets = [(f"{f:.0%}", int(peak * f)) for f in fractions]
     for solver in [*solvers, "moccasin"] if smallest else ():
         try:
             budgets.append((f"min {solver}", planner.smallest_budget(solver)))
         except RematError as error:
-            print(f"  {solver}: no smallest budget ({str(error).splitlines()[0][:90]})", flush=True)
+            report.line(f"  {solver}: no smallest budget ({str(error).splitlines()[0][:90]})")
     for label, budget in budgets:
         reference, seconds = plan_or_none(planner, budget, "moccasin")
         if reference is None:
-            print(f"  {label:>14} {budget:>10} B  moccasin: {seconds}", flush=True)
+            report.line(f"  {label:>14} {budget:>10} B  moccasin: {seconds}")
         else:
             h = reference.header
             gap = f" gap {h.gap:.2%}" if h.gap else ""
-            print(
-                f"  {label:>14} {budget:>10} B  moccasin {h.time_us} us, {h.status}{gap}, {seconds:.0f} s", flush=True
-            )
+            report.line(f"  {label:>14} {budget:>10} B  moccasin {h.time_us} us, {h.status}{gap}, {seconds:.0f} s")
         stage_bound = None
         if bound_time and reference is not None and reference.header.status != "optimal":
             began = time.perf_counter()
             stage_bound = planner.solver("moccasin").stage_bound(budget, bound_time)
-            print(f"  {'':>14} stage bound {stage_bound} us ({time.perf_counter() - began:.0f} s)", flush=True)
+            report.line(f"  {'':>14} stage bound {stage_bound} us ({time.perf_counter() - began:.0f} s)")
         if moment_time and reference is not None and reference.header.status != "optimal":
             began = time.perf_counter()
             moment_bound = planner.solver("moccasin").moment_bound(budget, moment_time)
-            print(f"  {'':>14} moment bound {moment_bound} us ({time.perf_counter() - began:.0f} s)", flush=True)
+            report.line(f"  {'':>14} moment bound {moment_bound} us ({time.perf_counter() - began:.0f} s)")
             stage_bound = max((b for b in (stage_bound, moment_bound) if b is not None), default=None)
         for solver in solvers:
             plan, seconds = plan_or_none(planner, budget, solver)
             if plan is None:
-                print(f"  {'':>14} {solver:>10}: {seconds}", flush=True)
+                report.line(f"  {'':>14} {solver:>10}: {seconds}")
                 continue
             shown = ratio(plan, reference, stage_bound)
-            print(f"  {'':>14} {solver:>10}: {plan.header.time_us} us  {shown}  ({seconds:.0f} s)", flush=True)
+            report.line(f"  {'':>14} {solver:>10}: {plan.header.time_us} us  {shown}  ({seconds:.0f} s)")
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = add_write_flag(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     parser.add_argument(
         "models", nargs="*", default=[str(ROOT / "examples/transformer.py"), str(ROOT / "examples/gpt2.py")]
     )
@@ -134,8 +140,10 @@ def main() -> int:
         Moccasin.MAX_OPS = args.max_ops
     fractions = tuple(float(f) for f in args.fractions.split(","))
     solvers = tuple(s for s in args.solvers.split(",") if s and s != "moccasin")
+    report = Report("bench/optimality.py", "Moccasin against the default solver", ABOUT)
     for model in args.models:
-        bench(model, args.time_limit, fractions, solvers, not args.no_smallest, args.bound_time, args.moment_time)
+        bench(report, model, args.time_limit, fractions, solvers, not args.no_smallest, args.bound_time, args.moment_time)
+    report.write(args)
     return 0
 
 

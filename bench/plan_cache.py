@@ -11,11 +11,14 @@ NOTE: [Chain memo] keeps: the first refusal fills it, later ones reuse it), then
 60% --no-cache`; prints each wall time and whether the warm 60% plan is byte-identical to
 the cold one.
 
-Usage: python bench/plan_cache.py [MODEL.py]   (default bench/models/llama_d512.py)
+Writes its section of docs/measurements.md (bench/_common.py), unless `--no-write`.
+
+Usage: python bench/plan_cache.py [--no-write] [MODEL.py]   (default bench/models/llama_d512.py)
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -23,12 +26,23 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import ROOT, Report, add_write_flag  # noqa: E402
+
 BIN = ROOT / ".venv" / "bin"
+ABOUT = """`remat plan` as a user types it, with REMAT_CACHE_DIR a fresh directory: cold at 60%,
+then warm at 70% and 60%, warm at 30% and 40% (a budget below the solver's smallest is
+refused with exit status 2), then 60% with `--no-cache`; wall times, and whether the warm
+plan is byte-identical to the cold one.  Issue 13's goal: under 20 s cold, 5 s warm."""
 
 
 def main() -> int:
-    model = str(Path(sys.argv[1]).resolve()) if len(sys.argv) > 1 else str(ROOT / "bench" / "models" / "llama_d512.py")
+    parser = add_write_flag(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    parser.add_argument("model", nargs="?", default=str(ROOT / "bench" / "models" / "llama_d512.py"))
+    args = parser.parse_args()
+    model = str(Path(args.model).resolve()) if ":" not in args.model else args.model
+    report = Report("bench/plan_cache.py", "The plan cache", ABOUT)
     with tempfile.TemporaryDirectory() as cwd:
         env = {
             **os.environ,
@@ -56,9 +70,10 @@ def main() -> int:
                 return 1
             cached = "op times from the cache" in result.stderr
             noisy = "did not settle" in result.stderr
-            print(f"{label:>15}: {seconds:6.1f} s  op times from the cache: {cached}{'  refused (exit 2)' if refused else ''}{'  (some timings did not settle)' if noisy else ''}", flush=True)
+            report.line(f"{label:>15}: {seconds:6.1f} s  op times from the cache: {cached}{'  refused (exit 2)' if refused else ''}{'  (some timings did not settle)' if noisy else ''}")
         same = (Path(cwd) / "cold.plan").read_bytes() == (Path(cwd) / "warm.plan").read_bytes()
-        print(f"warm 60% plan byte-identical to the cold one: {same}")
+        report.line(f"warm 60% plan byte-identical to the cold one: {same}")
+    report.write(args)
     return 0
 
 

@@ -11,11 +11,14 @@ its measured op times and block solutions; the last column plans 110% again with
 `--no-cache`: that budget as a user's first plan.  Run it on an idle machine: on 2 cores
 another job slows every solve.
 
-Usage: python bench/planning_time.py [MODEL.py ...]   (default: tests/models/hf_*.py)
+Writes its section of docs/measurements.md (bench/_common.py), unless `--no-write`.
+
+Usage: python bench/planning_time.py [--no-write] [MODEL.py ...]   (default: tests/models/hf_*.py)
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
@@ -24,8 +27,15 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import ROOT, Report, add_write_flag  # noqa: E402
+
 BIN = ROOT / ".venv" / "bin"
+ABOUT = """`remat plan` of stock Hugging Face models as a user runs it, through the shell, each
+model with a fresh cache directory: the refusal of 1% (which finds the smallest feasible
+budget), then 100% and 110% of the smallest with the refusal's cache, then 110% again with
+`--no-cache` (a user's first plan).  Issue 10's goal: each under 2 minutes."""
 
 
 def run(command: str, cwd: str) -> tuple[float, subprocess.CompletedProcess]:
@@ -46,10 +56,14 @@ def header(plan: str, key: str) -> str:
 
 
 def main() -> int:
-    models = [str(Path(m).resolve()) for m in sys.argv[1:]] or sorted(
+    parser = add_write_flag(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    parser.add_argument("models", nargs="*")
+    args = parser.parse_args()
+    models = [str(Path(m).resolve()) for m in args.models] or sorted(
         str(p) for p in (ROOT / "tests" / "models").glob("hf_*.py")
     )
-    print(
+    report = Report("bench/planning_time.py", "Large blocks and planning time", ABOUT)
+    report.line(
         f"{'model':<28} {'smallest':>12} {'refusal':>8} {'100%':>8} {'110% min':>9} {'cold':>8}  solver at 110% of the smallest"
     )
     for model in models:
@@ -60,21 +74,21 @@ def main() -> int:
                 refusal_s, refused = run(f"remat plan {model} --budget {bound[1]}B > refused.plan", cwd)
             found = re.search(r"smallest feasible budget is [^(]*\((\d+) B\)", refused.stderr)
             if refused.returncode != 2 or not found:
-                print(f"{Path(model).stem:<28} refusal failed: {refused.stderr[-500:]}")
+                report.line(f"{Path(model).stem:<28} refusal failed: {refused.stderr[-500:]}")
                 continue
             smallest = int(found.group(1))
             full_s, full = run(f"remat plan {model} --budget 100% > full.plan", cwd)
             min_s, near = run(f"remat plan {model} --budget {smallest * 11 // 10}B > near.plan", cwd)
             cold_s, cold = run(f"remat plan {model} --budget {smallest * 11 // 10}B --no-cache > cold.plan", cwd)
             if full.returncode or near.returncode or cold.returncode:
-                print(f"{Path(model).stem:<28} plan failed: {(full.stderr + near.stderr + cold.stderr)[-500:]}")
+                report.line(f"{Path(model).stem:<28} plan failed: {(full.stderr + near.stderr + cold.stderr)[-500:]}")
                 continue
             plan = (Path(cwd) / "near.plan").read_text()
-            print(
+            report.line(
                 f"{Path(model).stem:<28} {smallest / 2**20:>8.2f} MiB {refusal_s:>7.1f}s {full_s:>7.1f}s {min_s:>8.1f}s {cold_s:>7.1f}s  "
-                f"{header(plan, 'solver')}",
-                flush=True,
+                f"{header(plan, 'solver')}"
             )
+    report.write(args)
     return 0
 
 

@@ -16,7 +16,9 @@ DeBERTa-v2 is planned with a `loss_fn` of the model file, without `labels=`: its
 branches on the labels' values and cannot be captured (NOTE: [Capture errors] in
 remat_dsl/capture/fx.py).
 
-Usage: python bench/stock_sweep.py [--budget 70%] [NAME ...]   (default: every model below)
+Writes its section of docs/measurements.md (bench/_common.py), unless `--no-write`.
+
+Usage: python bench/stock_sweep.py [--budget 70%] [--no-write] [NAME ...]   (default: every model below)
 """
 
 from __future__ import annotations
@@ -28,14 +30,21 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import ROOT, Report, add_write_flag  # noqa: E402
+
 sys.path.insert(0, str(ROOT / "tests"))
 
 from test_stock_models import shell  # noqa: E402  (the user's shell, as the stock-model tests run it)
 
-from remat_dsl.capture.model_file import load_model_file  # noqa: E402
-from remat_dsl.codegen.compare import compare_training, load_generated  # noqa: E402
+import remat_dsl  # noqa: E402
+from remat_dsl.codegen.compare import compare_training  # noqa: E402  (no API: the tests' bit-for-bit training)
+
+ABOUT = """Stock Hugging Face architectures built from configs of two layers, each through the
+user's pipeline in the shell (`remat plan`, `remat check`, `remat codegen`) and trained two
+SGD steps beside eager PyTorch (every loss, output and gradient bit for bit).  A budget the
+default solver refuses is planned at 110% of the smallest feasible one its refusal names."""
 
 LM = dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=4, vocab_size=512, max_position_embeddings=128)
 ENC = dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=4, intermediate_size=256, vocab_size=512)
@@ -132,26 +141,29 @@ def run(name: str, budget: str, where: Path) -> str:
     if result.returncode:
         return f"{name:12s} {budget:>10s}  FAILED (exit {result.returncode}): {result.stderr.strip()[-600:]}"
     solver = re.search(r'^  solver +"([^"]*)"', (work / "m.plan").read_text(), re.M)
-    comparison = compare_training(load_model_file(str(path)), load_generated(work / "fast.py"), steps=2)
+    comparison = compare_training(remat_dsl.model_of(str(path)), remat_dsl.load_module(work / "fast.py"), steps=2)
     verdict = "identical" if comparison.identical else f"DIFFERENT {comparison.mismatched[:3]}"
     chosen = solver.group(1).split()[1] if solver else "?"
     return f"{name:12s} {budget:>10s}  {chosen:10s} {verdict}  {time.perf_counter() - start:5.0f} s"
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = add_write_flag(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     parser.add_argument("names", nargs="*", help=f"of: {', '.join(MODELS)}")
     parser.add_argument("--budget", default="70%")
     args = parser.parse_args()
     unknown = [n for n in args.names if n not in MODELS]
     if unknown:
         parser.error(f"unknown model {', '.join(unknown)}; choose from {', '.join(MODELS)}")
-    failed = 0
+    report = Report("bench/stock_sweep.py", "Stock Hugging Face architectures", ABOUT)
+    failed, start = 0, time.perf_counter()
     with tempfile.TemporaryDirectory() as where:
         for name in args.names or list(MODELS):
             line = run(name, args.budget, Path(where))
             failed += "identical" not in line.split()
-            print(line, flush=True)
+            report.line(line)
+    report.line(f"{len(args.names or MODELS) - failed} of {len(args.names or MODELS)} identical, {time.perf_counter() - start:.0f} s in all")
+    report.write(args)
     return 1 if failed else 0
 
 

@@ -96,7 +96,6 @@ def plan_model(
     of `solver` fits `budget`: it names the smallest budget that does).
     """
     from remat_dsl.capture.cost import load_device
-    from remat_dsl.capture.pipeline import capture_graph
     from remat_dsl.plan.constraints import read_constraints
     from remat_dsl.solve.registry import NAMES
 
@@ -106,7 +105,7 @@ def plan_model(
     model_file = model_of(model, inputs, loss_fn, autocast)
     device_model = load_device(device) if device is not None else None
     rules = read_constraints(str(constraints)) if constraints is not None else ()
-    captured = capture_graph(model_file, repeats, device_model=device_model, check_eager=True)  # as `remat plan`
+    captured = capture_model(model_file, device=device, repeats=repeats)
     options = {"bandwidth": int(device_model.host_to_device)} if device_model is not None else {}
     plan = solve_captured(
         captured.graph, amount, solver, percent=percent, model=model_file.spec, device=captured.device,
@@ -114,6 +113,38 @@ def plan_model(
         host_link=device_model is not None and device_model.kind == "cuda", **options,
     )  # fmt: skip
     return replace(plan, header=replace(plan.header, solve_seconds=None))
+
+
+def capture_model(
+    model: Any,
+    inputs: Any = None,
+    loss_fn: Callable[[Any], Any] | None = None,
+    *,
+    autocast: Any = None,
+    device: str | None = None,
+    repeats: int = 5,
+    cache: bool = False,
+):
+    """Capture `model`'s training step and cost every op, as `plan_model` does before it
+    solves: a capture.pipeline.Captured (its `graph`, the ir.Graph that `solve_captured`
+    plans for any number of budgets; `device`, `costs`, `eager` for the plan's header).
+
+    model, inputs, loss_fn, autocast: as `model_of` takes them, or a ModelFile that
+    `model_of` returned.  device: None measures every op on this machine (`repeats` timing
+    runs each); a device name or description file predicts the costs (docs/devices.md).
+    cache: take the measured costs from remat's cache when this graph was profiled here
+    before, and store them otherwise, as `remat plan` does (docs/profiles.md).  The step is
+    also run eagerly once and compared with the traced one (NOTE: [Eager agreement] in
+    remat_dsl/capture/agreement.py).  Raises RematError."""
+    from remat_dsl.capture.cost import load_device
+    from remat_dsl.capture.model_file import ModelFile
+    from remat_dsl.capture.pipeline import capture_graph
+    from remat_dsl.plan.cache import default_cache
+
+    model_file = model if isinstance(model, ModelFile) else model_of(model, inputs, loss_fn, autocast)
+    device_model = load_device(device) if device is not None else None
+    store = default_cache() if cache else None
+    return capture_graph(model_file, repeats, device_model=device_model, cache=store, check_eager=True)  # as `remat plan`
 
 
 def solve_captured(

@@ -1,0 +1,87 @@
+"""docs/measurements.md is written by the bench scripts (bench/_common.py): replacing one
+script's section leaves every other byte as it was, a section without markers is added at
+the end, the write is atomic, and every script `make measurements` runs has its markers."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+from _common import markers, replace_section, write_section  # noqa: E402
+
+DOC = """# Measured figures
+
+Intro.
+
+## One
+
+<!-- begin bench/one.py -->
+old one
+<!-- end bench/one.py -->
+
+## Two
+
+<!-- begin bench/two.py -->
+old two
+```
+table
+```
+<!-- end bench/two.py -->
+
+Hand-written text after it.
+"""
+
+
+def test_replacing_one_section_leaves_the_rest_byte_identical():
+    new = replace_section(DOC, "bench/two.py", "Two", "`python bench/two.py` on a machine, today.\n\nnew two\n")
+    before, after = DOC.split("old two\n```\ntable\n```\n")
+    assert new == before + "`python bench/two.py` on a machine, today.\n\nnew two\n" + after
+    assert replace_section(new, "bench/one.py", "One", "old one") == new  # the same body: the same bytes
+    assert replace_section(replace_section(DOC, "bench/one.py", "One", "x\n"), "bench/one.py", "One", "old one\n") == DOC
+
+
+def test_a_missing_section_is_added_at_the_end_under_its_title():
+    new = replace_section(DOC, "bench/three.py", "Three", "three\n")
+    begin, end = markers("bench/three.py")
+    assert new == DOC + f"\n## Three\n\n{begin}\nthree\n{end}\n"
+    assert replace_section(new, "bench/three.py", "Three", "again") == DOC + f"\n## Three\n\n{begin}\nagain\n{end}\n"
+
+
+def test_a_lone_or_doubled_marker_is_refused():
+    begin, end = markers("bench/one.py")
+    with pytest.raises(ValueError, match="bench/one.py"):
+        replace_section(DOC.replace(end + "\n", ""), "bench/one.py", "One", "x")
+    with pytest.raises(ValueError, match="bench/one.py"):
+        replace_section(DOC + f"{begin}\n", "bench/one.py", "One", "x")
+
+
+def test_write_section_replaces_the_file_atomically(tmp_path):
+    doc = tmp_path / "measurements.md"
+    doc.write_text(DOC)
+    write_section("bench/one.py", "One", "new one\n", doc)
+    assert doc.read_text() == DOC.replace("old one\n", "new one\n")
+    assert [p.name for p in tmp_path.iterdir()] == ["measurements.md"]  # no temporary file left
+
+
+def test_every_script_make_measurements_runs_has_its_markers():
+    makefile = (ROOT / "Makefile").read_text()
+    target = re.search(r"^measurements:.*\n((?:\t.*\n)+)", makefile, re.M)
+    assert target, "the Makefile has no measurements target"
+    scripts = re.findall(r"\s(bench/\w+\.py)", target.group(1))
+    assert len(scripts) >= 10, scripts
+    doc = (ROOT / "docs" / "measurements.md").read_text()
+    for script in scripts:
+        assert (ROOT / script).exists(), script
+        begin, end = markers(script)
+        assert doc.count(begin + "\n") == 1 and doc.count(end + "\n") == 1, f"{script}: no markers in docs/measurements.md"
+        assert "--no-write" in (ROOT / script).read_text(), f"{script} has no --no-write"
+    assert "make measurements" in doc.split("\n## ")[0], "the doc's head does not say how it is regenerated"
+    assert sorted(set(scripts)) == sorted(
+        f"bench/{p.name}" for p in (ROOT / "bench").glob("*.py") if not p.name.startswith("_")
+    ), "every bench script is in make measurements"
