@@ -4,16 +4,18 @@ Capture a model's forward and backward graph, solve for a memory budget, print t
 text people can read, edit and review, check it, and generate a standalone module that
 runs it with the same gradients as eager PyTorch.
 
-The Python API (remat_dsl.workflow): `plan_model`, `plan_text`, `read_plan`, `check_plan`,
-`generate_module`, `load_module`, `model_of`; errors `RematError`, `PlanError`,
-`BudgetError`.  They are imported on first use, so that `import remat_dsl` (and the `remat`
-command's start) does not import torch.
+The Python API (remat_dsl.workflow): `plan_model`, `capture_model`, `solve_captured`,
+`plan_text`, `read_plan`, `check_plan`, `generate_module`, `load_module`, `model_of`;
+errors `RematError`, `PlanError`, `BudgetError`.  They are imported on first use, so that
+`import remat_dsl` (and the `remat` command's start) does not import torch.
 """
 
 __version__ = "0.1.0"
 
 _API = {
     "plan_model": "remat_dsl.workflow",
+    "capture_model": "remat_dsl.workflow",
+    "solve_captured": "remat_dsl.workflow",
     "plan_text": "remat_dsl.workflow",
     "read_plan": "remat_dsl.workflow",
     "check_plan": "remat_dsl.workflow",
