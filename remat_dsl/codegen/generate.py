@@ -48,7 +48,8 @@ from pathlib import Path
 from remat_dsl.plan import ir
 from remat_dsl.plan.inplace import INPLACE_OUT, whole_tensor
 from remat_dsl.plan.operators import torch_constants
-from remat_dsl.plan.ir import op_uses, refs_in
+from remat_dsl.plan.ir import refs_in
+from remat_dsl.plan.liveness import live_intervals, op_steps
 from remat_dsl.plan.resources import data_path
 from remat_dsl.plan.units import format_bytes, format_duration
 
@@ -734,11 +735,11 @@ class _Renderer:
         runs = [i for i, ins in enumerate(instructions, 1) if ins.verb in ("compute", "recompute")]
         if not runs:
             return []
-        last_use: dict[str, int] = {}
-        for i in runs:
-            op = self.ops[instructions[i - 1].target]
-            for t in [*op.outputs, *op_uses(op, set(self.tensors))]:
-                last_use[t] = i
+        steps = op_steps(self.plan.graph, (instructions[i - 1].target for i in runs))
+        last_use: dict[str, int] = {}  # tensor -> the last run that makes or reads it (NOTE: [Liveness])
+        for iv in live_intervals(steps, resident=self.tensors):
+            if iv.end >= 0:
+                last_use[iv.tensor] = max(last_use.get(iv.tensor, 0), runs[iv.end])
         index = {p.name: k for k, p in enumerate(self.plan.graph.parameters)}
         finished: dict[int, list[tuple[int, ir.Gradient]]] = {}
         for g in self.plan.graph.gradients:

@@ -45,7 +45,7 @@ import functools
 import math
 import re
 from dataclasses import dataclass, field, replace
-from typing import Iterator, Union
+from typing import Container, Iterator, Union
 
 from remat_dsl.plan.units import round_gap, round_seconds
 
@@ -368,6 +368,16 @@ class Graph:
         return {t.name: t for t in self.tensors}
 
     @functools.cached_property
+    def producer(self) -> dict[str, str]:
+        """{tensor name: the name of the op that makes it} (NOTE: [Graph index])."""
+        return {t.name: t.producer for t in self.tensors}
+
+    @functools.cached_property
+    def nbytes(self) -> dict[str, int]:
+        """{tensor name: its bytes} (NOTE: [Graph index]).  Read it, never change it."""
+        return {t.name: t.nbytes for t in self.tensors}
+
+    @functools.cached_property
     def readers(self) -> dict[str, frozenset[str]]:
         """{value name: the names of the ops whose arguments read it} (NOTE: [Graph index])."""
         found: dict[str, set[str]] = {}
@@ -541,7 +551,7 @@ def op_predecessors(graph: Graph) -> list[list[int]]:
     return [sorted({producer[t] for t in op_uses(op, names)}) for op in graph.ops]
 
 
-def op_uses(op: Op, tensors: set[str]) -> list[str]:
+def op_uses(op: Op, tensors: Container[str]) -> list[str]:
     """Tensor names (allocations, not parameters/inputs) that `op` reads, in order, unique."""
     return list(dict.fromkeys(ref.name for ref in op_refs(op) if ref.name in tensors))
 

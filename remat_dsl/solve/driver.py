@@ -449,7 +449,7 @@ def peak_lower_bound(graph: ir.Graph) -> tuple[int, str]:
     output stays.  At the end of the step all pinned tensors are resident.  The bound is
     the largest of these sums; an op that may write its output into an input (NOTE:
     [In-place outputs] in remat_dsl.plan.inplace) counts that output's bytes once."""
-    sizes = {t.name: t.nbytes for t in graph.tensors}
+    sizes = graph.nbytes
     inplace = inplace_candidates(graph)
     pinned = sorted(t for t in pinned_tensors(graph) if t in sizes)
     bit = {t: i for i, t in enumerate(pinned)}

@@ -5,8 +5,9 @@ the first run of a forward op is a `compute` and any later run a `recompute`, sp
 the forward section (everything before the first backward op) and the backward section.
 `lower` turns that order into instructions by liveness: each tensor is deleted right after
 its last use before it is next created (or the step ends), so memory is exactly what the
-order needs and nothing is freed that is still used.  Model outputs and parameter
-gradients are never deleted (the caller and autograd hold them).
+order needs and nothing is freed that is still used (NOTE: [Liveness] in
+remat_dsl.plan.liveness).  Model outputs and parameter gradients are never deleted (the
+caller and autograd hold them).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import replace
 from remat_dsl.plan import ir
 from remat_dsl.plan.constraints import matching
 from remat_dsl.plan.ir import op_uses, pinned_tensors
+from remat_dsl.plan.liveness import live_intervals, op_steps
 
 PREFETCH_LEAD = 3  # backward instructions between a prefetch and the use it serves
 
@@ -83,7 +85,7 @@ def add_transfers(graph: ir.Graph, forward, backward, order: list[str], transfer
     if not transfers:
         return forward, backward
     ops = graph.op_by_name
-    names = {t.name for t in graph.tensors}
+    names = graph.tensor_by_name
     instructions = list(forward) + list(backward)
     runs = _run_index(instructions)
     before: dict[tuple[int, str], list[ir.Instruction]] = defaultdict(list)  # (index, section) -> to insert before it
@@ -160,10 +162,7 @@ def lower(graph: ir.Graph, order: list[str]) -> tuple[tuple[ir.Instruction, ...]
     Returns (forward instructions, backward instructions).
     """
     ops = graph.op_by_name
-    tensor_names = {t.name for t in graph.tensors}
-    pinned = pinned_tensors(graph)
-    uses = [op_uses(ops[name], tensor_names) for name in order]
-    deletes_after = _deletes(order, ops, uses, pinned)
+    deletes_after = _deletes(graph, order)
     first_backward = next((i for i, n in enumerate(order) if ops[n].phase == ir.BACKWARD), len(order))
     sections: tuple[list, list] = ([], [])
     computed: set[str] = set()
@@ -177,27 +176,15 @@ def lower(graph: ir.Graph, order: list[str]) -> tuple[tuple[ir.Instruction, ...]
     return tuple(sections[0]), tuple(sections[1])
 
 
-def _deletes(order, ops, uses, pinned) -> dict[int, list[str]]:
-    """step -> tensors to delete right after it (last use before the next creation)."""
-    created_at: dict[str, int] = {}
-    last_use: dict[str, int] = {}
+def _deletes(graph: ir.Graph, order) -> dict[int, list[str]]:
+    """step -> tensors to delete right after it, in declaration order: each copy's end
+    (NOTE: [Liveness] in remat_dsl.plan.liveness); pinned tensors are never deleted."""
+    pinned = pinned_tensors(graph)
     result: dict[int, list[str]] = defaultdict(list)
-
-    def close(tensor: str) -> None:
-        if tensor in created_at and tensor not in pinned:
-            result[max(created_at[tensor], last_use.get(tensor, -1))].append(tensor)
-
-    for step, name in enumerate(order):
-        for tensor in uses[step]:
-            last_use[tensor] = step
-        for tensor in ops[name].outputs:
-            if tensor in created_at:
-                close(tensor)
-            created_at[tensor] = step
-            last_use.pop(tensor, None)
-    for tensor in created_at:
-        close(tensor)
-    key = _declaration_order(ops)
+    for iv in live_intervals(op_steps(graph, order), pinned=pinned):
+        if iv.tensor not in pinned:
+            result[iv.end].append(iv.tensor)
+    key = _declaration_order(graph.op_by_name)
     return {step: sorted(names, key=key) for step, names in result.items()}
 
 
@@ -213,7 +200,7 @@ def _declaration_order(ops):
 
 def constrain_order(graph: ir.Graph, order: list[str], constraints) -> list[str]:
     """The solver's op order edited for keep, offload and recompute (NOTE above)."""
-    producers = {t.name: t.producer for t in graph.tensors}
+    producers = graph.producer
     once = {producers[t] for kind in ("keep", "offload") for t in matching(graph, constraints, kind)}
     seen: set[str] = set()
     result = []
@@ -229,7 +216,7 @@ def _recompute_before_backward(graph, order, tensors, producers) -> list[str]:
     if not tensors:
         return order
     ops = graph.op_by_name
-    names = {t.name for t in graph.tensors}
+    names = graph.tensor_by_name
     first_backward = next((i for i, n in enumerate(order) if ops[n].phase == ir.BACKWARD), len(order))
     inserts: dict[int, list[str]] = {}
     for tensor in tensors:
@@ -257,7 +244,7 @@ def add_offloads(graph: ir.Graph, forward, backward, constraints):
     if not wanted:
         return forward, backward
     ops = graph.op_by_name
-    names = {t.name for t in graph.tensors}
+    names = graph.tensor_by_name
     header = ir.Header("", "cpu", 0, ir.BUDGET_COUNTS, "", "optimal", 0, "forward:1", 0, 0, 0, DEFAULT_BANDWIDTH)
     crossing = simulate(ir.Plan(header, graph, tuple(forward), tuple(backward))).crossing
     needed = set(crossing.needed) & set(crossing.resident) - pinned_tensors(graph)

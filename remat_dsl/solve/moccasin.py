@@ -132,6 +132,7 @@ from remat_dsl.plan.constraints import matching
 from remat_dsl.plan.errors import RematError
 from remat_dsl.check.replay import rng_state_bytes
 from remat_dsl.plan.ir import op_predecessors, op_uses, pinned_tensors
+from remat_dsl.plan.liveness import live_intervals
 from remat_dsl.plan.units import format_bytes
 from remat_dsl.solve.api import BudgetError, Decision, Problem, Solver, SolverInfo, SolverResult, Status, refuse_above
 
@@ -183,13 +184,13 @@ class Moccasin(Solver):
         self.ops = graph.ops
         self.index = {op.name: i for i, op in enumerate(self.ops)}
         self.preds = op_predecessors(graph)
-        sizes = {t.name: t.nbytes for t in graph.tensors}
+        sizes = graph.nbytes
         pinned = pinned_tensors(graph)
         self.free_bytes = [sum(sizes[t] for t in op.outputs if t not in pinned) for op in self.ops]
         self.pinned_bytes = [sum(sizes[t] for t in op.outputs if t in pinned) for op in self.ops]
         # NOTE: [Tensor ends] each output of an op has its own end
         self.outs = [[(t, sizes[t]) for t in op.outputs if t not in pinned and sizes[t]] for op in self.ops]
-        self.reads = [set(op_uses(op, set(sizes))) for op in self.ops]
+        self.reads = [set(op_uses(op, sizes)) for op in self.ops]
         self.rng_bytes = rng_state_bytes(problem.device)  # NOTE: [RNG states]
         self.forward = [i for i, op in enumerate(self.ops) if op.phase == ir.FORWARD]
         self.backward = [i for i, op in enumerate(self.ops) if op.phase == ir.BACKWARD]
@@ -354,11 +355,11 @@ class Moccasin(Solver):
         value; they leave out what else may be resident (inputs of recomputations), so
         they only relax.  Returns the Booleans by (name, u, i, output k, t_b)."""
         booleans = {}
-        stage = {v: b for b, v in enumerate(self.backward)}
-        last_reader: dict[str, int] = {}  # output -> the last backward stage that reads it
-        for v in self.backward:
-            for t in self.reads[v]:
-                last_reader[t] = max(last_reader.get(t, -1), stage[v])
+        steps = [(self.reads[v], self.ops[v].outputs) for v in self.backward]  # stage b: backward op b
+        made_forward = [t for v in self.forward for t in self.ops[v].outputs]
+        last_reader = {  # output -> the last backward stage that reads it (NOTE: [Liveness])
+            iv.tensor: iv.last_read for iv in live_intervals(steps, resident=made_forward) if iv.last_read is not None
+        }
         for b, w in enumerate(self.backward):
             t = self.first_start(w)
             fixed = sum(n for _, n in self.outs[w]) + self.ops[w].temp_bytes

@@ -85,6 +85,7 @@ from remat_dsl.plan.constraints import matching
 from remat_dsl.plan.errors import PlanError
 from remat_dsl.plan.inplace import inplace_candidates
 from remat_dsl.plan.ir import op_uses, pinned_tensors
+from remat_dsl.plan.liveness import live_intervals
 from remat_dsl.plan.units import format_duration
 from remat_dsl.solve.api import Decision
 from remat_dsl.solve.lowering import lower_order
@@ -269,16 +270,20 @@ def _intervals(steps) -> dict[str, list[tuple[int, int]]]:
 
 
 class _Index:
-    """The graph's ops and tensors by name, and what each op reads (tensor names)."""
+    """The graph's ops and tensors by name (NOTE: [Graph index] in remat_dsl.plan.ir), and
+    what each op reads (tensor names)."""
 
     def __init__(self, graph: ir.Graph):
         self.graph = graph
         self.ops = graph.op_by_name
-        names = {t.name for t in graph.tensors}
-        self.uses = {op.name: op_uses(op, names) for op in graph.ops}
-        self.nbytes = {t.name: t.nbytes for t in graph.tensors}
+        self.uses = {op.name: op_uses(op, graph.tensor_by_name) for op in graph.ops}
+        self.nbytes = graph.nbytes
         self.pinned = pinned_tensors(graph)
-        self.producer = {t.name: t.producer for t in graph.tensors}
+        self.producer = graph.producer
+
+    def steps(self, order: list[str]) -> list[tuple[list[str], tuple[str, ...]]]:
+        """`order`'s steps for `live_intervals`: what each op reads, its outputs."""
+        return [(self.uses[name], self.ops[name].outputs) for name in order]
 
 
 def move_up(plan: ir.Plan) -> ir.Plan:
@@ -335,16 +340,12 @@ def _moved_up(index: _Index, order: list[str], decisions: list[Decision]) -> tup
 
 def _last_reads(index: _Index, order: list[str]) -> list[set[str]]:
     """For each position of `order`, the tensors it reads last before they are made again
-    (or ever), that may be freed (not pinned): one pass from the end."""
-    read_later: set[str] = set()
+    (or ever), that may be freed (not pinned): the copies whose interval ends at a read
+    there (NOTE: [Liveness] in remat_dsl.plan.liveness)."""
     last: list[set[str]] = [set() for _ in order]
-    for i in range(len(order) - 1, -1, -1):
-        name = order[i]
-        for t in index.uses[name]:
-            if t not in read_later and t not in index.pinned:
-                last[i].add(t)
-            read_later.add(t)
-        read_later.difference_update(index.ops[name].outputs)  # reads before this run are of an earlier copy
+    for iv in live_intervals(index.steps(order), pinned=index.pinned):
+        if iv.last_read is not None and iv.end is not None:
+            last[iv.last_read].add(iv.tensor)
     return last
 
 
@@ -428,16 +429,10 @@ def _drops(index: _Index, order: list[str], timeline, budget: int, wanted: set[s
 
 def _read_before_remade(index: _Index, order: list[str]) -> list[dict[str, bool]]:
     """For each position i: output -> whether a later op reads the copy run i makes
-    (before that output is made again)."""
+    (before that output is made again; NOTE: [Liveness] in remat_dsl.plan.liveness)."""
     result: list[dict[str, bool]] = [{} for _ in order]
-    maker: dict[str, int] = {}  # tensor -> position of the run whose copy is current
-    for i, name in enumerate(order):
-        for t in index.uses[name]:
-            if t in maker:
-                result[maker[t]][t] = True
-        for t in index.ops[name].outputs:
-            maker[t] = i
-            result[i].setdefault(t, False)
+    for iv in live_intervals(index.steps(order)):
+        result[iv.made][iv.tensor] = iv.last_read is not None
     return result
 
 

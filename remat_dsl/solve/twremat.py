@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 from remat_dsl.plan import ir
 from remat_dsl.plan.ir import op_predecessors, op_uses, pinned_tensors
+from remat_dsl.plan.liveness import estimated_peak
 from remat_dsl.plan.units import format_bytes
 from remat_dsl.solve.api import BudgetError, Decision, Problem, Solver, SolverInfo, SolverResult, Status
 
@@ -268,9 +269,8 @@ class TWRemat(Solver):
         self.decomposition = tree_decomposition(adjacency)
         self.backward = [i for i, op in enumerate(self.ops) if op.phase == ir.BACKWARD]
         self.index = {op.name: i for i, op in enumerate(self.ops)}
-        self.sizes = {t.name: t.nbytes for t in graph.tensors}
-        self.reads = [op_uses(op, set(self.sizes)) for op in self.ops]
-        self.out_bytes = [sum(self.sizes[t] for t in op.outputs) for op in self.ops]
+        self.sizes = graph.nbytes
+        self.reads = [op_uses(op, self.sizes) for op in self.ops]
         self.pinned = pinned_tensors(graph)
 
     def describe(self) -> str:
@@ -304,31 +304,17 @@ class TWRemat(Solver):
         return result
 
     def _estimated_peak(self, steps: list[int]) -> int:
-        """The peak (bytes) of running op indices `steps` with each tensor freed after its
-        last read before it is made again (the one lowering's rule), outputs and
-        temporaries counted while an op runs; model outputs and gradients are never freed.
+        """The peak (bytes) of running op indices `steps` under the one lowering's rule
+        (`estimated_peak`, NOTE: [Liveness] in remat_dsl.plan.liveness): outputs and
+        temporaries counted while an op runs, model outputs and gradients never freed.
         Linear in the order's length, where the exact simulation (remat_dsl.check.replay)
         is too slow for the candidates of a 20,000-op graph; it leaves out what every
         candidate holds alike (inputs, RNG states), and the driver simulates the
         order it is given exactly (NOTE: [Budget correction] in remat_dsl.solve.driver)."""
-        last_read: dict[tuple[str, int], int] = {}  # (tensor, position of its making) -> last read
-        made_at: dict[str, int] = {}  # tensor -> position of its latest making
-        frees: dict[int, int] = {}  # position -> bytes freed right after it
-        for i, v in enumerate(steps):
-            for t in self.reads[v]:
-                last_read[t, made_at[t]] = i
-            for t in self.ops[v].outputs:
-                made_at[t] = i
-        for i, v in enumerate(steps):
-            for t in self.ops[v].outputs:
-                if t not in self.pinned:
-                    last = last_read.get((t, i), i)  # a tensor nobody reads is freed at once
-                    frees[last] = frees.get(last, 0) + self.sizes[t]
-        live = peak = 0
-        for i, v in enumerate(steps):
-            peak = max(peak, live + self.out_bytes[v] + self.ops[v].temp_bytes)
-            live += self.out_bytes[v] - frees.get(i, 0)
-        return peak
+        ops = self.ops
+        return estimated_peak(
+            [(self.reads[v], ops[v].outputs) for v in steps], self.sizes, [ops[v].temp_bytes for v in steps], pinned=self.pinned
+        )
 
     def order(self, leaf_bags: int) -> tuple[str, ...]:
         """The op order of TW-Remat(leaf_bags) (NOTE: [TW-Remat on an FB-graph]).  Raises

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from remat_dsl.plan import ir
 from remat_dsl.plan.ir import op_uses
+from remat_dsl.plan.liveness import estimated_peak, live_intervals
 from remat_dsl.plan.units import format_duration, human_bytes
 from remat_dsl.solve.api import Decision
 from remat_dsl.solve.chain.model import Block, Chain
@@ -186,17 +187,12 @@ def _split_large_blocks(ops: list[ir.Op], cuts: list[int], tensors) -> list[int]
     separators), so such a block is bisected recursively at a module boundary: the
     outermost module change (a layer before a sub-layer before an op), then the fewest
     bytes crossing, then the middle; both halves keep MIN_BLOCK_OPS ops or more."""
-    made_at = {t: i for i, op in enumerate(ops) for t in op.outputs}
     crossing = [0] * (len(ops) + 1)  # bytes alive across the cut after position i (difference array)
-    last_read: dict[str, int] = {}
-    made = set(made_at)
-    for j, op in enumerate(ops):
-        for t in op_uses(op, made):
-            last_read[t] = j
-    for t, last in last_read.items():
-        if last > made_at[t]:
-            crossing[made_at[t]] += tensors[t].nbytes
-            crossing[last] -= tensors[t].nbytes
+    made = {t for op in ops for t in op.outputs}
+    for iv in live_intervals([(op_uses(op, made), op.outputs) for op in ops]):  # NOTE: [Liveness]
+        if iv.last_read is not None:
+            crossing[iv.made] += tensors[iv.tensor].nbytes
+            crossing[iv.last_read] -= tensors[iv.tensor].nbytes
     for i in range(1, len(ops)):
         crossing[i] += crossing[i - 1]
 
@@ -335,24 +331,11 @@ def _kept(blocks: tuple[BlockOps, ...], ops: dict[str, ir.Op], pinned: set[str])
 
 
 def _transient(names: tuple[str, ...], ops, tensors) -> int:
-    """Peak bytes while running `names` in order with liveness, above nothing."""
+    """Peak bytes while running `names` in order with liveness (NOTE: [Liveness] in
+    remat_dsl.plan.liveness), above nothing."""
     made = {t for n in names for t in ops[n].outputs}
-    last = {}
-    for i, n in enumerate(names):
-        for t in op_uses(ops[n], made):
-            last[t] = i
-    live = peak = 0
-    for i, n in enumerate(names):
-        out = sum(tensors[t].nbytes for t in ops[n].outputs)
-        peak = max(peak, live + out + ops[n].temp_bytes)
-        live += out
-        for t in ops[n].outputs:
-            if last.get(t, i) <= i:
-                live -= tensors[t].nbytes
-        for t in op_uses(ops[n], made):
-            if last[t] == i:
-                live -= tensors[t].nbytes
-    return peak
+    steps = [(op_uses(ops[n], made), ops[n].outputs) for n in names]
+    return estimated_peak(steps, {t: tensors[t].nbytes for t in made}, [ops[n].temp_bytes for n in names])
 
 
 def chain_steps(part: ChainPartition, ops, options=None, chain=None) -> tuple[tuple[str, ...], tuple[Decision, ...]]:

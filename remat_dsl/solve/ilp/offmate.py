@@ -142,7 +142,7 @@ from remat_dsl.solve.chain.rotor import DEFAULT_SLOTS as ROTOR_SLOTS
 from remat_dsl.solve.ilp import milp
 from remat_dsl.solve.ilp.checkmate import op_hgraph
 from remat_dsl.solve.ilp.hilp import HGraph
-from remat_dsl.solve.ilp.rockmate import _block_with_options, per_ilp_limit, rockmate_chain
+from remat_dsl.solve.ilp.rockmate import _block_with_options, block_intervals, per_ilp_limit, rockmate_chain
 from remat_dsl.solve.lowering import lowered_plan
 
 MIB = 2**20  # bytes per ILP memory unit
@@ -173,20 +173,11 @@ class BlockPlan:
 def saved_values(hg: HGraph, backward: tuple[int, ...]) -> list[int]:
     """Values (indices into hg.values) made by the forward that are alive at the block's
     forward/backward boundary when B runs `backward` (node indices), under the one
-    lowering's liveness rule (`rockmate.replay`): kept for outside readers, or read by the
-    backward before being made again."""
+    lowering's liveness rule (`rockmate.block_intervals`): kept for outside readers, or
+    read by the backward before being made again."""
     tb = hg.boundary
-    made_by = defaultdict(list)
-    for d, value in enumerate(hg.values):
-        made_by[value.producer].append(d)
-    alive = {d for d, v in enumerate(hg.values) if v.producer < tb and (v.keep_at_boundary or v.keep_at_end)}
-    remade: set[int] = set()
-    for k in backward:
-        for d in hg.nodes[k].reads:
-            if d not in remade and hg.values[d].producer < tb:
-                alive.add(d)
-        remade.update(made_by[k])
-    return sorted(alive)
+    sequence = list(range(tb)) + list(backward)
+    return sorted(iv.tensor for iv in block_intervals(hg, sequence) if iv.made < tb and (iv.end is None or iv.end >= tb))
 
 
 def recompute_schedule(hg: HGraph, recomputable) -> tuple[int, ...]:
@@ -247,7 +238,7 @@ def interface_tensors(
     for op in graph.ops:
         for t in op_uses(op, names):
             readers[t].add((block_of.get(op.name), op.phase == ir.FORWARD))
-    size = {t.name: t.nbytes for t in graph.tensors}
+    size = graph.nbytes
     result = []
     for l, block in enumerate(part.blocks, 1):
         found = []
@@ -550,8 +541,8 @@ def shaved(
     given = transfers, plan
     ops = graph.op_by_name
     names = {t.name for t in graph.tensors}
-    producers = {t.name: t.producer for t in graph.tensors}
-    nbytes = {t.name: t.nbytes for t in graph.tensors}
+    producers = graph.producer
+    nbytes = graph.nbytes
     first_run = {name: i for i, name in reversed(list(enumerate(order)))}
     n_forward = next((i for i, name in enumerate(order) if ops[name].phase == ir.BACKWARD), len(order))
     reads = [set(op_uses(ops[name], names)) for name in order]
@@ -890,7 +881,7 @@ class Offmate(Solver):
         order, decisions = chain_steps(self.part, ops, options, self.chain)
         starts = _step_starts(self.part, ops, options)
         position = {name: i for i, name in reversed(list(enumerate(order)))}  # first run: the forward compute
-        producers = {t.name: t.producer for t in self.problem.graph.tensors}
+        producers = self.problem.graph.producer
         transfers, words = [], {}
         for l in range(1, L + 1):
             o = solution.options[l - 1]

@@ -40,6 +40,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 
 from remat_dsl.plan import ir
+from remat_dsl.plan.liveness import Interval, live_intervals, memory_profile
 from remat_dsl.solve.api import BudgetError, Problem, Solver, SolverInfo, SolverResult, Status
 from remat_dsl.solve.chain.model import Block, BlockOption, Chain, ChainSchedule, InvalidChainSequence, simulate_chain, uncounted
 from remat_dsl.solve.chain.partition import ChainPartition, affordable, block_name, chain_steps, is_small_chain, partition
@@ -66,41 +67,40 @@ class Replay:
 
 
 def replay(hg: HGraph, backward: tuple[int, ...]) -> Replay:
-    """Replay forward nodes 0..t_b-1 then `backward` (node indices) with liveness deletes."""
+    """Replay forward nodes 0..t_b-1 then `backward` (node indices) under the one
+    lowering's rule (NOTE: [Liveness] in remat_dsl.plan.liveness): a value kept at the
+    boundary is held through the first backward step, one kept at the end is pinned."""
     tb = hg.boundary
     sequence = list(range(tb)) + list(backward)
-    made_by = defaultdict(list)
+    during, after = _memory(hg, sequence)
+    xbar = after[tb - 1] if tb else 0
+    bwd_us = sum(hg.nodes[k].options[0].time_us for k in backward)
+    return Replay(xbar, max(during[:tb], default=0), max(during[tb:], default=0), bwd_us)
+
+
+def _block_steps(hg: HGraph, sequence: list[int]) -> list[tuple[tuple[int, ...], list[int]]]:
+    """The steps of running node indices `sequence` of `hg`, for `live_intervals`: per
+    node, the values it reads and the values it makes (value indices)."""
+    made_by: dict[int, list[int]] = defaultdict(list)
     for d, value in enumerate(hg.values):
         made_by[value.producer].append(d)
-    last_use: dict[tuple[int, int], int] = {}  # (value, creation position) -> last position
-    current: dict[int, int] = {}
-    for i, k in enumerate(sequence):
-        for d in hg.nodes[k].reads:
-            if d in current:  # a value kept to the boundary stays kept (max)
-                last_use[d, current[d]] = max(last_use[d, current[d]], i)
-        for d in made_by[k]:
-            current[d] = i
-            last_use[d, i] = max(i, tb) if hg.values[d].keep_at_boundary and i < tb else i
-    live = fwd_peak = bwd_peak = xbar = 0
-    frees: dict[int, list[int]] = defaultdict(list)
-    for (d, created), last in last_use.items():
-        if not hg.values[d].keep_at_end:
-            frees[last].append(d)
-    for i, k in enumerate(sequence):
-        option = hg.nodes[k].options[0]
-        made = sum(hg.values[d].size for d in made_by[k])
-        peak = live + made + option.overhead
-        if i < tb:
-            fwd_peak = max(fwd_peak, peak)
-        else:
-            bwd_peak = max(bwd_peak, peak)
-        live += made - sum(hg.values[d].size for d in frees[i])
-        if i == tb - 1:
-            xbar = live
-    if tb == 0:
-        xbar = 0
-    bwd_us = sum(hg.nodes[k].options[0].time_us for k in backward)
-    return Replay(xbar, fwd_peak, bwd_peak, bwd_us)
+    return [(hg.nodes[k].reads, made_by[k]) for k in sequence]
+
+
+def block_intervals(hg: HGraph, sequence: list[int]) -> list[Interval[int]]:
+    """The live intervals of `hg`'s values when node indices `sequence` run (forward
+    nodes 0..t_b-1 first): values kept at the boundary held through step t_b, values kept
+    at the end pinned (NOTE: [Liveness] in remat_dsl.plan.liveness)."""
+    tb = hg.boundary
+    pinned = {d for d, v in enumerate(hg.values) if v.keep_at_end}
+    held = {d: tb for d, v in enumerate(hg.values) if v.keep_at_boundary}
+    return live_intervals(_block_steps(hg, sequence), pinned=pinned, held=held)
+
+
+def _memory(hg: HGraph, sequence: list[int]) -> tuple[list[int], list[int]]:
+    sizes = {d: v.size for d, v in enumerate(hg.values)}
+    temp = [hg.nodes[k].options[0].overhead for k in sequence]
+    return memory_profile(block_intervals(hg, sequence), sizes, temp)
 
 
 def block_signature(graph: ir.Graph, forward: tuple[str, ...], backward: tuple[str, ...]) -> tuple:
