@@ -732,7 +732,7 @@ class _Renderer:
         tensors), at most MAX_RELEASES groups (neighbours merged, the later index kept);
         gradients finished by the last instruction leave with the return."""
         instructions = self.plan.backward
-        runs = [i for i, ins in enumerate(instructions, 1) if ins.verb in ("compute", "recompute")]
+        runs = [i for i, ins in enumerate(instructions, 1) if ins.runs_op]
         if not runs:
             return []
         steps = op_steps(self.plan.graph, (instructions[i - 1].target for i in runs))
