@@ -41,6 +41,7 @@ capture/pipeline.py).
 from __future__ import annotations
 
 import textwrap
+from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
@@ -100,11 +101,11 @@ def _eager_step(model, inputs: Inputs, captured: Captured, autocast, state) -> t
             with forward_autocast(call.leaves(), model, autocast):
                 out = call.call(model)
             leaves = [leaf for leaf in pytree.tree_leaves(out) if leaf is not None]
-            by_output = {}
+            by_output: dict[int, Any] = {}
             for leaf, k in zip(leaves, captured.leaves):
                 by_output.setdefault(k, leaf)
             outputs = [by_output.get(k) for k in range(captured.num_outputs)]
-            tangents = [outputs[k] for k in captured.tangent_of]
+            tangents = [by_output[k] for k in captured.tangent_of]
             torch.autograd.backward(tangents, [torch.ones_like(t) for t in tangents])
         gradients = [
             (p.grad if p.grad is None else p.grad.detach().clone()) if kind == "parameter" else None

@@ -51,7 +51,7 @@ import re
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.fx as fx
@@ -85,7 +85,7 @@ class Captured:
     tangent_of: list[int]
     out_spec: pytree.TreeSpec
     example_primals: list[torch.Tensor]
-    constants: list[tuple[str, object]] = field(default_factory=list)
+    constants: list[tuple[str, None | bool | int | float | str]] = field(default_factory=list)
     defaulted: tuple[str, ...] = ()  # constants capture filled in, that the inputs left out (`use_cache`)
     none_leaves: list[bool] = field(default_factory=list)  # per output leaf: is it None
     graph_key: tuple | None = None  # NOTE: [Capture key]: None when a shape is not static
@@ -129,7 +129,7 @@ def capture(
     inputs = training_defaults(model, inputs)
     defaulted = tuple(name for name in inputs.kwargs if name not in given.kwargs)
     named = _distinct_tensors(model, _named_arguments(model, inputs))
-    constants = [(name, value) for name, value in named if not isinstance(value, torch.Tensor)]
+    constants = [(name, value) for name, value in named if value is None or isinstance(value, (bool, int, float, str))]
     count = len(inputs.args)
     call = Inputs(tuple(value for _, value in named[:count]), dict(named[count:]))
     tensors = {id(value): name for name, value in named if isinstance(value, torch.Tensor)}
@@ -194,7 +194,7 @@ class Recalled:
     whether it is None, and which graph output each tensor leaf is: NOTE: [Output order]):
     the caller compares them with what it stored."""
 
-    value: object
+    value: Any  # the cache's JSON entry, as `recall` returned it
     out_spec: str
     none_leaves: list[bool]
     order: list[int]  # NOTE: [Output order]
@@ -283,7 +283,7 @@ def _constant_call(value) -> tuple | None:
     aten = torch.ops.aten
     flat = value.detach().cpu().reshape(-1)
     place = {"dtype": value.dtype, "device": value.device}
-    candidates = []
+    candidates: list[tuple[torch._ops.OpOverload, tuple, dict[str, object]]] = []
     if value.dim() == 0:
         candidates.append((aten.scalar_tensor.default, (flat[0].item(),), place))
     elif flat.numel():
@@ -416,12 +416,12 @@ def _eager_branches(model, named: list[tuple[str, object]]):
         takes_positions = False
     patch = original is not None and takes_positions and not any(name == "position_ids" for name, _ in named)
     if patch:
-        masking.find_packed_sequence_indices = lambda position_ids: None  # consecutive positions: no packing
+        setattr(masking, "find_packed_sequence_indices", lambda position_ids: None)  # consecutive positions: no packing
     try:
         yield
     finally:
         if patch:
-            masking.find_packed_sequence_indices = original
+            setattr(masking, "find_packed_sequence_indices", original)
         for encoder in encoders:
             encoder._requires_grad = True
         for mixer in scans:
@@ -547,8 +547,8 @@ NATIVE_KERNELS = ("upsample_bilinear2d", "upsample_bicubic2d", "upsample_linear1
 # (matmul, batch norm, ...) gave eager's bits in every model tested and are left alone.
 
 
-def _native_kernel_ops() -> list:
-    ops = []
+def _native_kernel_ops() -> list[torch._ops.OpOverload]:
+    ops: list[torch._ops.OpOverload] = []
     for name in NATIVE_KERNELS:
         packet = getattr(torch.ops.aten, name)
         ops.extend(getattr(packet, overload) for overload in packet.overloads())
@@ -691,7 +691,7 @@ def _memory_order(value: torch.Tensor) -> list[int] | None:
     if value.is_contiguous():
         return None
     # by stride, largest first; size-1 dims hold no order: last, where they change nothing
-    order = sorted(range(value.dim()), key=lambda d: (value.size(d) == 1, -value.stride(d), d))
+    order = sorted(range(value.dim()), key=lambda d: (value.size(d) == 1, -value.stride()[d], d))
     return order if value.permute(order).is_contiguous() else None
 
 
@@ -921,8 +921,8 @@ def _output_order(out, returned, model: torch.nn.Module | None = None) -> list[i
             )
         order.append(index[id(leaf)])
     if sorted(set(order)) != list(range(len(returned))):
-        leaves = set(order)
-        kept = {id(value) for k, value in enumerate(returned) if k not in leaves}
+        placed = set(order)
+        kept = {id(value) for k, value in enumerate(returned) if k not in placed}
         held, replaced = _held_tensors(model, kept) if model is not None else ([], [])
         names = held + [
             f"{name} (a buffer it replaces by a new {str(t.dtype).removeprefix('torch.')} tensor of shape {list(t.shape)})"
@@ -954,10 +954,12 @@ def _reorder_outputs(forward: fx.GraphModule, first: int, order: list[int]) -> N
     """NOTE: [Output order]: the forward graph's model outputs (after the `first` buffer
     updates) in the order `order` (a permutation of their indices), in place."""
     output = forward.graph.output_node()
-    values = list(output.args[0])
+    returned = output.args[0]
+    assert isinstance(returned, (tuple, list))  # fx: the output node's one argument holds the returned values
+    values = list(returned)
     outputs = values[first : first + len(order)]
     values[first : first + len(order)] = [outputs[k] for k in order]
-    output.args = (type(output.args[0])(values),)
+    output.args = (type(returned)(values),)
     forward.recompile()
 
 
@@ -992,7 +994,9 @@ def _copy_aliased_outputs(gm: fx.GraphModule) -> None:
     copies = {}
     for node in outputs:
         key, value = storage(node), getattr(node, "meta", {}).get("example_value")
-        if key is None or not value._is_view() or (counts[key] < 2 and key not in inputs):
+        if key is None or not isinstance(value, torch.Tensor) or not value._is_view():
+            continue
+        if counts[key] < 2 and key not in inputs:
             continue
         with gm.graph.inserting_after(node):
             copy_ = copies[node] = gm.graph.call_function(torch.clone, (node,))
@@ -1114,7 +1118,7 @@ def _capture_error(exc: Exception) -> RematError:
     got = re.search(r""": got (\w+)\((['"])(.*)\2\)$""", explanation or "")
     if got:
         first = f"an op fails on the sample inputs: {got[1]}: {got[3]}"
-        explanation = explanation[: got.start()]
+        explanation = (explanation or "")[: got.start()]
     torch_dir = str(Path(torch.__file__).resolve().parent)
     user = [f for f in getattr(exc, "real_stack", None) or () if not str(Path(f.filename).resolve()).startswith(torch_dir)]
     where = f"{user[-1].filename}:{user[-1].lineno}:{(getattr(user[-1], 'colno', None) or 0) + 1}: " if user else ""

@@ -56,7 +56,10 @@ def memory_profiler() -> Iterator[profile]:
 
 def memory_events(prof: profile) -> list[tuple[int, int]]:
     """(start_ns, bytes) of every allocation (+) and free (-), in time order."""
-    return sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    assert prof.profiler is not None and prof.profiler.kineto_results is not None  # set once the profile has run
+    events = prof.profiler.kineto_results.events()
+    # torch's stubs give _KinetoEvent no nbytes() (the C++ binding has it)
+    return sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")  # type: ignore[attr-defined]
 
 
 def _differentiable(outputs) -> list[torch.Tensor]:

@@ -82,9 +82,10 @@ class ModelFile:
 
     def loss_fn(self, output) -> Any:
         """A scalar loss from the model's output (the sum of its floating outputs by default)."""
-        if self.loss is None:
+        loss = self.loss
+        if loss is None:
             return default_loss(output)
-        return _call(self.path, "loss_fn(output)", lambda: self.loss(output))
+        return _call(self.path, "loss_fn(output)", lambda: loss(output))
 
 
 @dataclass(frozen=True)
@@ -187,8 +188,9 @@ def _import(path: Path):
     directory = str(path.resolve().parent)
     if directory not in sys.path:  # as `python model.py` does: the file may import its neighbours
         sys.path.insert(0, directory)
+    loader = spec.loader
     try:
-        _call(path, "importing the model file", lambda: spec.loader.exec_module(module))
+        _call(path, "importing the model file", lambda: loader.exec_module(module))
     except RematError:
         sys.modules.pop(name, None)
         raise

@@ -137,7 +137,7 @@ def _fake_state(model: torch.nn.Module, mode) -> None:
         for table in (module._parameters, module._buffers):
             for name, t in table.items():
                 if t is not None:
-                    table[name] = fake(t)
+                    table[name] = fake(t)  # type: ignore[assignment]  # fake() keeps a Parameter a Parameter
     for path, t in tensor_attributes(model):  # NOTE: [Tensor attributes]
         owner, _, name = path.rpartition(".")
         setattr(model.get_submodule(owner), name, fake(t))
@@ -216,6 +216,7 @@ def capture_graph(
             return Captured(graph, kind, None, noisy, cached=True, eager=eager)
         with _fake_warnings_silenced():  # the output's structure changed: capture it all, and store it anew
             captured = capture(model, inputs, kind != captured_on, autocast, copy_model=False, recall=lambda parts: None)
+    assert not isinstance(captured, Recalled)  # recall gave nothing: the capture traced the whole step
     calls = sum(1 for g in (captured.forward, captured.backward) for n in g.graph.nodes if is_call(n))
     key = _profile_key(captured, device_kinds, repeats) if use_cache else None  # NOTE: [Profile key]
     step = _step_of(cache.get("profiles", key), captured) if key is not None else None
@@ -231,6 +232,7 @@ def capture_graph(
             step = profile_step(
                 captured, captured.example_primals, repeats, progress.advance if progress else None, measure_time, device_model,
             )  # fmt: skip
+    assert step is not None  # from the cache when `cached`, else just profiled
     graph, noisy = build_graph(captured, step, inputs, device_kinds), step.noisy
     if not cached:
         if check_eager and not fake and kind == captured_on:  # NOTE: [Eager agreement]

@@ -41,6 +41,7 @@ import json
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from lark import Lark, Token, Transformer
 from lark.exceptions import UnexpectedInput, VisitError
@@ -148,11 +149,14 @@ def write_profile(graph: ir.Graph, *, model: str, device: str, torch_version: st
 class _Builder(Transformer):
     """Builds a ProfileFile from the parse tree of grammar/profile.lark."""
 
+    ops_span: ir.Span  # the `ops` line, set by read_profile before the transform
+
     def __init__(self, text: str, path: str | None):
         super().__init__()
         self.text, self.path = text, path
 
     def error(self, message: str, token: Token, length: int | None = None, hint: str | None = None) -> PlanError:
+        assert token.line is not None and token.column is not None  # the parser keeps every token's position
         return PlanError(message, span=ir.Span(token.line, token.column), hint=hint, path=self.path or UNKNOWN_PATH,
                          source=self.text, length=len(token.value) if length is None else length)  # fmt: skip
 
@@ -191,7 +195,7 @@ class _Builder(Transformer):
             raise self.error(f"unknown {what} unit `{unit}`", unit, hint=f"expected one of {options}")
         value = scaled(number.value, units[unit.value])
         if value is None:
-            smallest = min(units, key=units.get)
+            smallest = min(units, key=units.__getitem__)
             raise self.error(f"`{number} {unit}` is not a whole number of {smallest}", number, hint=f"{what}s are stored as integer {smallest}; round it")
         return value
 
@@ -248,7 +252,7 @@ def _syntax_error(error: UnexpectedInput, text: str, path: str | None) -> PlanEr
     number = min(max(1, error.line), len(lines))
     line = lines[number - 1]
     words = [(m.group(), m.start() + 1) for m in re.finditer(r"\S+", line.split("#")[0])]
-    where = dict(path=path or UNKNOWN_PATH, source=text)
+    where: dict[str, Any] = dict(path=path or UNKNOWN_PATH, source=text)
     ops_line = next((i for i, l in enumerate(lines, 1) if l.split("#")[0].strip() == "ops"), None)
     if not words:
         if ops_line is None:
