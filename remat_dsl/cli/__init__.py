@@ -104,6 +104,7 @@ def program() -> NoReturn:
     for number in TERMINATING:
         if signal.getsignal(number) is not signal.SIG_IGN:  # `nohup remat ...` keeps SIGHUP ignored
             signal.signal(number, _terminate)
+    code: str | int | None
     try:
         code = main()
     except SystemExit as exc:  # argparse: --help, a usage error

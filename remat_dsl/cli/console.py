@@ -46,9 +46,12 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from remat_dsl.plan.errors import RematError
+
+if TYPE_CHECKING:
+    from rich.progress import Progress as RichProgress
 
 PLAIN_PROGRESS_SECONDS = 10.0  # a plain progress line at most this often when stderr is not a terminal
 
@@ -283,7 +286,7 @@ class Progress:
         self.description, self.unit = description, unit
         self.total: int | None = None
         self.done = 0
-        self.bar = None
+        self.bar: RichProgress | None = None
         self.began = self.last = time.monotonic()
 
     def __enter__(self) -> Progress:

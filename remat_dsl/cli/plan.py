@@ -17,9 +17,15 @@ import math
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from remat_dsl.cli.console import Progress, check_writable, positive_int, report_noisy_timing, status, write_atomically
 from remat_dsl.plan.errors import RematError
+
+if TYPE_CHECKING:
+    from remat_dsl.capture.cost import DeviceModel
+    from remat_dsl.capture.profile_file import ProfileFile
+    from remat_dsl.plan import ir
 
 
 def seconds(text: str) -> float:
@@ -119,10 +125,10 @@ class PlanRequest:
     budget: int | float | None
     budget_is_percent: bool
     bandwidth: int
-    constraints: tuple
-    profile: object | None
+    constraints: tuple[ir.Constraint, ...]
+    profile: ProfileFile | None
     output: Path | None
-    device_model: object | None = None
+    device_model: DeviceModel | None = None
     host_link: bool = False
     host_budget: int | None = None
 
@@ -180,7 +186,8 @@ def read_request(args) -> PlanRequest:
         host_budget = _quantity(parse_size, args.host_budget, "host budget", exact=False)
         if host_budget < 0:
             raise RematError(f"error: the host budget must be 0 or more, got '{args.host_budget}'", hint="pass e.g. --host-budget 8GiB")
-    constraints, from_budget = (), None
+    constraints: tuple[ir.Constraint, ...] = ()
+    from_budget = None
     if args.from_plan:
         old = parse_file(args.from_plan)
         constraints, from_budget = located(old.constraints, args.from_plan), old.header.budget
