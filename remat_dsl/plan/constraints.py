@@ -29,6 +29,7 @@ import difflib
 import fnmatch
 import functools
 from dataclasses import replace
+from typing import Any
 
 from lark import Token
 
@@ -80,7 +81,7 @@ def _syntax_error(error, text: str, path: str) -> PlanError:
     words = line.split("#")[0].split()
     kind = words[0] if words else ""
     col = line.index(kind) + 1 if kind else error.column
-    where = dict(path=path, source=text)
+    where: dict[str, Any] = dict(path=path, source=text)
     if kind and kind not in ir.CONSTRAINT_KINDS:
         close = difflib.get_close_matches(kind, ir.CONSTRAINT_KINDS, n=1)
         guess = f"did you mean `{close[0]}`? " if close else ""

@@ -85,7 +85,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from lark import Lark, Token, Transformer
+from lark import Lark, Token, Transformer, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
 from lark.lexer import PatternStr
 
@@ -245,6 +245,7 @@ class _Kwarg:
 
 
 def _span(token: Token) -> ir.Span:
+    assert token.line is not None and token.column is not None  # the parser keeps every token's position
     return ir.Span(token.line, token.column)
 
 
@@ -263,6 +264,7 @@ def _comment_text(token: Token) -> str:
 
 
 def _comment_error(message: str, token: Token, hint: str) -> PlanError:
+    assert token.line is not None  # the parser keeps every token's position
     col = (token.end_column or 1) - len(_comment_line(token))
     span = ir.Span(token.end_line or token.line, col)
     return PlanError(message, span=span, hint=hint, length=len(_comment_line(token).rstrip()))
@@ -297,7 +299,7 @@ def _amount(number: Token, unit: Token, units: dict[str, int], what: str) -> int
     """An integer quantity written as NUMBER UNIT, e.g. `1.5 MiB` -> 1572864."""
     value = scaled(number.value, units[_choose(unit, list(units), f"{what} unit")])
     if value is None:
-        smallest = min(units, key=units.get)
+        smallest = min(units, key=units.__getitem__)
         raise _error(
             f"`{number} {unit}` is not a whole number of {smallest}",
             number,
@@ -474,7 +476,8 @@ class _Builder(Transformer):
 
     def budget(self, c: list) -> dict:
         if len(c) == 1:
-            return {"budget": _amount(*c[0], SIZE_UNITS, "size")}
+            number, unit = c[0]
+            return {"budget": _amount(number, unit, SIZE_UNITS, "size")}
         return {"budget": _agreeing(c[0], c[1], "budget")}
 
     def exact(self, c: list) -> tuple[Token, int]:
@@ -591,7 +594,7 @@ class _Builder(Transformer):
 
     def tensor_decl(self, c: list) -> ir.TensorDecl:
         comments, (name, shape, dtype, size, *producer) = _split_comments(c)
-        nbytes = _amount(*size, EXACT_SIZE_UNITS, "size")
+        nbytes = _amount(size[0], size[1], EXACT_SIZE_UNITS, "size")
         op, colon, index = (producer[0] if producer else name).value.rpartition(":")
         op, index = (op, int(index)) if colon else (index, 0)
         return ir.TensorDecl(name.value, shape, dtype.value, nbytes, op, index, comments, _span(name))
@@ -601,7 +604,7 @@ class _Builder(Transformer):
 
     def op(self, c: list) -> ir.Op:
         comments, (name, call, time_us, size, phase, *random) = _split_comments(c)
-        temp = _amount(*size, EXACT_SIZE_UNITS, "size")
+        temp = _amount(size[0], size[1], EXACT_SIZE_UNITS, "size")
         return ir.Op(
             name.value, _choose(phase, PHASES, "phase"), call.target, call.args, call.kwargs, (), time_us, temp,
             bool(random), comments, _span(name),
@@ -884,9 +887,9 @@ def _position_only(state: Any) -> Any:
     return getattr(state, "position", state)
 
 
-def _parse_example(text: str) -> None:
+def _parse_example(text: str) -> Tree:
     try:
-        _lark().parse(text)
+        return _lark().parse(text)
     except UnexpectedInput as error:
         error.state = _position_only(error.state)
         raise
@@ -997,7 +1000,9 @@ def _describe(error: UnexpectedInput, order: tuple[str, ...]) -> tuple[str, str 
         expected = set(error.expected)
         return _token_message(error.token, expected), _token_hint(error.token, expected, order)
     char = error.char if isinstance(error, UnexpectedCharacters) else "?"
-    return f"unexpected character `{char}`, expected {_expected_words(set(error.allowed or ()))}", None
+    # LALR raises UnexpectedToken or UnexpectedCharacters, which has `allowed`
+    allowed = error.allowed  # type: ignore[attr-defined]
+    return f"unexpected character `{char}`, expected {_expected_words(set(allowed or ()))}", None
 
 
 def _end_of_text(text: str) -> tuple[int, int]:
@@ -1056,6 +1061,7 @@ def _syntax_error(error: UnexpectedInput, text: str, path: str | None) -> PlanEr
     source_line = text.split("\n")[line - 1] if 0 < line <= text.count("\n") + 1 else ""
     order = _section_order(text)
     column_one = _column_one_word(error, source_line, col, order)
+    hint: str | None
     if column_one is not None and not label:
         message, hint, length = column_one
         return PlanError(message, span=ir.Span(line, 1), hint=hint, path=path, source=text, length=length)
@@ -1063,6 +1069,7 @@ def _syntax_error(error: UnexpectedInput, text: str, path: str | None) -> PlanEr
         length = 1  # point at where `on` belongs
     elif label and label.startswith(HEADER_VALUE_LABELS) and _header_value(source_line):
         value = re.match(r"\s*\S+\s+", source_line)  # underline the whole value
+        assert value is not None  # _header_value found a value after the key
         col, length = value.end() + 1, len(_header_value(source_line))
     elif label and label.endswith("-unit"):
         col, length = _number_before(source_line, col) or (col, length)  # the number lacking a unit
