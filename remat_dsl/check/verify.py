@@ -271,7 +271,7 @@ def _check_outputs(arg: ir.Arg, span: ir.Span | None) -> None:
     if isinstance(arg, (ir.ListArg, ir.TupleArg)):
         for item in arg.items:
             _check_outputs(item, span)
-    elif ir.is_structure(arg):
+    elif isinstance(arg, ir.Call) and ir.is_structure(arg):
         parts = arg.target.split(".")
         if arg.target != "dict" and (len(parts) < 2 or not all(part.isidentifier() for part in parts)):
             raise PlanError(f"the output class `{_shown(arg.target)}` is not a dotted path (module.Class)", span=span, hint=RERUN)
