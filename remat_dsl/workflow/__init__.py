@@ -107,7 +107,7 @@ def plan_model(
     device_model = load_device(device) if device is not None else None
     rules = read_constraints(str(constraints)) if constraints is not None else ()
     captured = capture_graph(model_file, repeats, device_model=device_model, check_eager=True)  # as `remat plan`
-    options = {"bandwidth": int(device_model.host_to_device)} if device_model is not None else {}
+    options: dict[str, Any] = {"bandwidth": int(device_model.host_to_device)} if device_model is not None else {}
     plan = solve_captured(
         captured.graph, amount, solver, percent=percent, model=model_file.spec, device=captured.device,
         costs=captured.costs, eager=captured.eager, constraints=rules, report=report, time_limit=time_limit,
