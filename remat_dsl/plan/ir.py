@@ -45,7 +45,7 @@ import functools
 import math
 import re
 from dataclasses import dataclass, field, replace
-from typing import Iterator, Union
+from typing import AbstractSet, Iterator, Union
 
 from remat_dsl.plan.units import round_gap, round_seconds
 
@@ -497,7 +497,7 @@ def op_predecessors(graph: Graph) -> list[list[int]]:
     return [sorted({producer[t] for t in op_uses(op, names)}) for op in graph.ops]
 
 
-def op_uses(op: Op, tensors: set[str]) -> list[str]:
+def op_uses(op: Op, tensors: AbstractSet[str]) -> list[str]:
     """Tensor names (allocations, not parameters/inputs) that `op` reads, in order, unique."""
     return list(dict.fromkeys(ref.name for ref in op_refs(op) if ref.name in tensors))
 

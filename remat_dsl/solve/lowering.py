@@ -104,7 +104,7 @@ def add_transfers(graph: ir.Graph, forward, backward, order: list[str], transfer
         ]
         before[back, ir.BACKWARD].append(ir.Instruction("prefetch", t, ir.H2D_STREAM))
         before[use, ir.BACKWARD].append(ir.Instruction("wait", t, ir.COMPUTE_STREAM))
-    result = {ir.FORWARD: [], ir.BACKWARD: []}
+    result: dict[str, list[ir.Instruction]] = {ir.FORWARD: [], ir.BACKWARD: []}
     for index, ins in enumerate(instructions + [None]):
         for section in (ir.FORWARD, ir.BACKWARD):  # at len(forward): the forward's end, then the backward's start
             result[section] += before.get((index, section), [])
