@@ -32,7 +32,9 @@ from remat_dsl.plan.operators import is_view
 from remat_dsl.capture.profile import NodeProfile, StepProfile, dtype_name, is_call
 
 
-def build_graph(captured: Captured, step: StepProfile, inputs: Inputs, device_kinds: dict[str, str] | None = None) -> ir.Graph:
+def build_graph(
+    captured: Captured, step: StepProfile, inputs: Inputs, device_kinds: dict[str, str] | None = None
+) -> ir.Graph:
     """The FB-graph of one training step, with the profile's times and exact sizes.
 
     device_kinds: device kinds to rename in `torch.device(...)` arguments: the kind the
@@ -63,7 +65,8 @@ def build_graph(captured: Captured, step: StepProfile, inputs: Inputs, device_ki
         gradients=_gradients(captured, bw_out, bw_env),
         updates=_updates(captured, fw_out[:first], fw_env),
         constants=tuple(
-            ir.ConstantInput(name, value, DEFAULTED if name in captured.defaulted else ()) for name, value in captured.constants
+            ir.ConstantInput(name, value, DEFAULTED if name in captured.defaulted else ())
+            for name, value in captured.constants
         ),
     )
     return ir.with_gradient_zeros(graph)  # NOTE: [Gradient zeros]
@@ -202,7 +205,10 @@ class _Builder:
                 return call
             return [ir.Call("operator.getitem", (call, i)) for i in range(len(info.outputs))]
         if any(o is not None and o.alias for o in info.outputs):
-            raise RematError(f"error: operation {target} returns both new tensors and views of its inputs, which remat-dsl cannot schedule")
+            raise RematError(
+                f"error: operation {target} returns both new tensors and views of its inputs, which remat-dsl cannot"
+                " schedule"
+            )
         name = self.names[node]
         outputs: list[ir.Ref | None] = []
         for index, out in enumerate(info.outputs):
@@ -319,13 +325,21 @@ def output_structure(spec: pytree.TreeSpec, leaves) -> ir.Arg:
         target = "dict"
     elif isinstance(spec.context, type) and hasattr(spec.context, "_fields"):  # namedtuple
         keys, target = list(spec.context._fields), _class_path(spec.context)
-    elif isinstance(spec.context, (list, tuple)) and all(isinstance(k, str) for k in spec.context):  # ModelOutput, dataclasses
+    elif isinstance(spec.context, (list, tuple)) and all(
+        isinstance(k, str) for k in spec.context
+    ):  # ModelOutput, dataclasses
         keys, target = list(spec.context), _class_path(kind)
     else:
-        raise RematError(f"error: the model's forward returns a {kind.__name__}, which remat-dsl cannot rebuild", hint="return a tuple, list, dict or dataclass of tensors")
+        raise RematError(
+            f"error: the model's forward returns a {kind.__name__}, which remat-dsl cannot rebuild",
+            hint="return a tuple, list, dict or dataclass of tensors",
+        )
     bad = next((k for k in keys if not (isinstance(k, str) and k.isidentifier())), None)
     if bad is not None:
-        raise RematError(f"error: the model's output has the key {bad!r}; output keys must be identifiers", hint="return a dict with identifier keys, or a tuple")
+        raise RematError(
+            f"error: the model's output has the key {bad!r}; output keys must be identifiers",
+            hint="return a dict with identifier keys, or a tuple",
+        )
     return ir.Call(target, (), tuple(zip(keys, children, strict=True)))
 
 
@@ -333,7 +347,8 @@ def _class_path(kind: type) -> str:
     path = f"{kind.__module__}.{kind.__qualname__}"
     if "<" in path or kind.__module__ == "__main__":
         raise RematError(
-            f"error: the model's output type {kind.__qualname__} is defined where the generated module cannot import it ({kind.__module__})",
+            f"error: the model's output type {kind.__qualname__} is defined where the generated module cannot import it"
+            f" ({kind.__module__})",
             hint="define the output class at the top level of an importable module, or return a tuple or dict",
         )
     return path

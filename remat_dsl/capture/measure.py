@@ -73,7 +73,9 @@ def unit_output_gradients(module: torch.nn.Module, inputs: Inputs | tuple) -> li
     return [torch.ones_like(t) for t in _differentiable(call_with(module, inputs))]
 
 
-def training_step(module: torch.nn.Module, inputs: Inputs | tuple, grads: list[torch.Tensor] | None = None) -> Callable[[], None]:
+def training_step(
+    module: torch.nn.Module, inputs: Inputs | tuple, grads: list[torch.Tensor] | None = None
+) -> Callable[[], None]:
     """One forward and backward of `module` with unit gradients for every output that needs
     one: `grads` (`unit_output_gradients`), else made at the first call and kept for the
     later ones (the caller's memory, made before the step like the inputs)."""

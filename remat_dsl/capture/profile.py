@@ -295,16 +295,23 @@ def _first_run(node: fx.Node, args, kwargs):
                 continue
             if value.stride() != traced.stride():
                 raise RematError(
-                    f"{model_line(node)}error: operation {node.target} fails: {lines[0].rstrip('.') if lines else type(exc).__name__}; "
-                    f"its input {arg.target} ({model_line(arg).rstrip(': ') or 'the graph'}) has strides {tuple(value.stride())}, "
-                    f"where torch.compile's trace expected {tuple(traced.stride())}",
-                    hint="torch.compile's trace of this model disagrees with what the operators compute (a PyTorch bug: "
-                    "torch.compile(model, backend='aot_eager', fullgraph=True) fails on it too); remat-dsl plans the traced "
-                    "graph, so it cannot plan this model with this version of torch",
+                    f"{model_line(node)}error: operation {node.target} fails:"
+                    f" {lines[0].rstrip('.') if lines else type(exc).__name__}; its input {arg.target}"
+                    f" ({model_line(arg).rstrip(': ') or 'the graph'}) has strides {tuple(value.stride())}, where"
+                    f" torch.compile's trace expected {tuple(traced.stride())}",
+                    hint=(
+                        "torch.compile's trace of this model disagrees with what the operators compute (a PyTorch bug:"
+                        " torch.compile(model, backend='aot_eager', fullgraph=True) fails on it too); remat-dsl plans"
+                        " the traced graph, so it cannot plan this model with this version of torch"
+                    ),
                 ) from None
         raise RematError(
-            f"{model_line(node)}error: operation {node.target} fails on the sample inputs: {lines[0] if lines else type(exc).__name__}",
-            hint="the model's forward and backward must run in eager PyTorch on sample_inputs() (token ids within the vocabulary, matching shapes)",
+            f"{model_line(node)}error: operation {node.target} fails on the sample inputs:"
+            f" {lines[0] if lines else type(exc).__name__}",
+            hint=(
+                "the model's forward and backward must run in eager PyTorch on sample_inputs() (token ids within the"
+                " vocabulary, matching shapes)"
+            ),
         ) from None
 
 
@@ -337,7 +344,8 @@ def _describe(node: fx.Node, value, args, kwargs) -> NodeProfile:
             continue
         if not isinstance(item, torch.Tensor):
             raise RematError(
-                f"{model_line(node)}error: operation {node.target} returns a {type(item).__name__}, which remat-dsl cannot schedule",
+                f"{model_line(node)}error: operation {node.target} returns a {type(item).__name__}, which remat-dsl"
+                " cannot schedule",
                 hint=DATA_READ_HINT,
             )
         storage = item.untyped_storage()
@@ -382,10 +390,14 @@ def _timing_key(node: fx.Node, args, kwargs) -> tuple | None:
     parts: list[tuple] = []
     for index, leaf in enumerate(leaves):
         if isinstance(leaf, torch.Tensor):
-            if leaf.layout != torch.strided or not (leaf.is_floating_point() or leaf.is_complex() or leaf.dtype == torch.bool):
+            if leaf.layout != torch.strided or not (
+                leaf.is_floating_point() or leaf.is_complex() or leaf.dtype == torch.bool
+            ):
                 return None
             storage = first_of.setdefault(_storage_id(leaf), index)
-            parts.append((tuple(leaf.shape), leaf.stride(), leaf.storage_offset(), leaf.dtype, str(leaf.device), storage))
+            parts.append(
+                (tuple(leaf.shape), leaf.stride(), leaf.storage_offset(), leaf.dtype, str(leaf.device), storage)
+            )
         elif isinstance(leaf, _PLAIN):
             parts.append((type(leaf).__name__, repr(leaf)))
         else:
