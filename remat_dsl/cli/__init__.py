@@ -133,7 +133,9 @@ def program() -> NoReturn:
 
 def parser() -> argparse.ArgumentParser:
     """The `remat` argument parser with every command's subparser."""
-    top = argparse.ArgumentParser(prog="remat", description="Plan, check and compile rematerialization plans for PyTorch training.")
+    top = argparse.ArgumentParser(
+        prog="remat", description="Plan, check and compile rematerialization plans for PyTorch training."
+    )
     sub = top.add_subparsers(required=True, metavar="COMMAND")
     for command in COMMANDS:
         command.register(sub)
