@@ -131,13 +131,17 @@ def check_digest(plan: ir.Plan) -> None:
             if item.section == "header" and not item.text.startswith("autocast "):
                 what = f"the header's `{item.text.split()[0]}` line was edited (the digest seals what the plan is for)"
             elif item.section != "header":
-                what = f"this line of the `{item.section}` section was edited (or one just above it was added or removed)"
+                what = (
+                    f"this line of the `{item.section}` section was edited (or one just above it was added or removed)"
+                )
             raise PlanError(f"{what}: the graph sections no longer match the plan's digest", span=where, hint=RERUN)
     last = plan.section_span("forward")
     if len(hashes) > len(items):
         raise PlanError(
-            f"{len(hashes) - len(items)} line(s) of the graph sections were removed: they no longer match the plan's digest",
-            span=last, hint=RERUN,
+            f"{len(hashes) - len(items)} line(s) of the graph sections were removed: they no longer match the plan's"
+            " digest",
+            span=last,
+            hint=RERUN,
         )
     raise PlanError("the graph sections no longer match the plan's digest", span=stored.span, hint=RERUN)
 
@@ -219,7 +223,11 @@ def check_operators(graph: ir.Graph, outputs_span: ir.Span | None = None) -> Non
             returns = len(overload._schema.returns)
             extra = [t for t in op.outputs if int(t.rpartition(":")[2] if ":" in t else 0) >= returns]
             if extra:
-                raise PlanError(f"'{op.name}' declares output '{extra[0]}', but {op.target} returns {returns} value(s)", span=op.span, hint=RERUN)
+                raise PlanError(
+                    f"'{op.name}' declares output '{extra[0]}', but {op.target} returns {returns} value(s)",
+                    span=op.span,
+                    hint=RERUN,
+                )
         for arg in (*op.args, *(v for _, v in op.kwargs)):
             _check_inline(arg, op.span)
     _check_outputs(graph.outputs, outputs_span)
@@ -274,11 +282,15 @@ def _check_outputs(arg: ir.Arg, span: ir.Span | None) -> None:
     elif isinstance(arg, ir.Call) and ir.is_structure(arg):
         parts = arg.target.split(".")
         if arg.target != "dict" and (len(parts) < 2 or not all(part.isidentifier() for part in parts)):
-            raise PlanError(f"the output class `{_shown(arg.target)}` is not a dotted path (module.Class)", span=span, hint=RERUN)
+            raise PlanError(
+                f"the output class `{_shown(arg.target)}` is not a dotted path (module.Class)", span=span, hint=RERUN
+            )
         for _, item in arg.kwargs:
             _check_outputs(item, span)
     elif arg is not None and not isinstance(arg, (ir.Ref, ir.Call)):
-        raise PlanError(f"the model's output holds the constant {_shown(arg)}; outputs are tensors", span=span, hint=RERUN)
+        raise PlanError(
+            f"the model's output holds the constant {_shown(arg)}; outputs are tensors", span=span, hint=RERUN
+        )
     else:
         _check_inline(arg, span)
 
@@ -305,13 +317,23 @@ def _check_inline(arg: ir.Arg, span: ir.Span | None) -> None:
         )  # fmt: skip
     if isinstance(arg, ir.Call):
         if arg.target == "operator.getitem" and not (
-            len(arg.args) == 2 and not arg.kwargs and isinstance(arg.args[0], (ir.Call, ir.Ref)) and type(arg.args[1]) is int
+            len(arg.args) == 2
+            and not arg.kwargs
+            and isinstance(arg.args[0], (ir.Call, ir.Ref))
+            and type(arg.args[1]) is int
         ):
-            raise PlanError("`operator.getitem` takes a value and an integer index", span=span, word=arg.target, hint=RERUN)
+            raise PlanError(
+                "`operator.getitem` takes a value and an integer index", span=span, word=arg.target, hint=RERUN
+            )
         if arg.target == "torch.device" and not (
-            len(arg.args) == 1 and not arg.kwargs and isinstance(arg.args[0], str) and re.fullmatch(r"[a-z]+", arg.args[0])
+            len(arg.args) == 1
+            and not arg.kwargs
+            and isinstance(arg.args[0], str)
+            and re.fullmatch(r"[a-z]+", arg.args[0])
         ):
-            raise PlanError("`torch.device` takes one device kind, such as \"cpu\"", span=span, word=arg.target, hint=RERUN)
+            raise PlanError(
+                '`torch.device` takes one device kind, such as "cpu"', span=span, word=arg.target, hint=RERUN
+            )
         if arg.target not in INLINE_TARGETS:
             overload = _overload(arg.target, span, arg.target)
             if not is_view(overload):
@@ -358,7 +380,12 @@ def _check_binding(overload, target: str, args: tuple, kwargs: tuple, span: ir.S
     names = [a.name for a in schema.arguments]
     positional = [a for a in schema.arguments if not a.kwarg_only]
     if len(args) > len(positional):
-        raise PlanError(f"`{target}` takes at most {len(positional)} positional arguments, the plan gives {len(args)}", span=span, word=target, hint=RERUN)
+        raise PlanError(
+            f"`{target}` takes at most {len(positional)} positional arguments, the plan gives {len(args)}",
+            span=span,
+            word=target,
+            hint=RERUN,
+        )
     for key, _ in kwargs:
         if key not in names:
             raise PlanError(f"`{target}` has no argument `{key}`", span=span, word=target, hint=RERUN)
