@@ -92,7 +92,17 @@ from lark.lexer import PatternStr
 from remat_dsl.plan import ir, tables
 from remat_dsl.plan.errors import PlanError
 from remat_dsl.plan.resources import data_path
-from remat_dsl.plan.printer import FORMAT_VERSION, OP_HEADING, PEAK_AT_RE, PHASES, SOLVE_TIME_UNIT, STATUSES, SYM_PREFIX, TENSOR_HEADING, TENSOR_HEADING_V1
+from remat_dsl.plan.printer import (
+    FORMAT_VERSION,
+    OP_HEADING,
+    PEAK_AT_RE,
+    PHASES,
+    SOLVE_TIME_UNIT,
+    STATUSES,
+    SYM_PREFIX,
+    TENSOR_HEADING,
+    TENSOR_HEADING_V1,
+)
 from remat_dsl.plan.units import (
     BANDWIDTH_UNITS,
     DURATION_UNITS,
@@ -186,7 +196,9 @@ def parse_file(path: str | Path) -> ir.Plan:
 def _section_spans(text: str) -> tuple[tuple[str, ir.Span], ...]:
     """(name, span) of every section name line (section names stand alone at column 1)."""
     names = set(SECTIONS)
-    return tuple((line, ir.Span(number, 1)) for number, line in enumerate(text.split("\n"), 1) if line.rstrip("\r") in names)
+    return tuple(
+        (line, ir.Span(number, 1)) for number, line in enumerate(text.split("\n"), 1) if line.rstrip("\r") in names
+    )
 
 
 def _check_nesting(text: str, path: str | None) -> None:
@@ -396,11 +408,15 @@ def constraint_of(kind: Token, value, comments: tuple[str, ...] = ()) -> ir.Cons
     if word == "budget" and is_pattern:
         raise _error("`budget` takes a size", value, "write for example `budget 2 GiB`")
     if word != "budget" and not is_pattern:
-        raise _error(f"`{word}` takes a quoted glob pattern", kind, f'write for example `{word} "transformer.h.*.attn.*"`')
+        raise _error(
+            f"`{word}` takes a quoted glob pattern", kind, f'write for example `{word} "transformer.h.*.attn.*"`'
+        )
     if is_pattern:
         return ir.Constraint(word, json.loads(value.value), None, comments, _span(kind))
     number, unit = value  # a size: NUMBER and its UNIT (bytes when a constraints file gives none)
-    return ir.Constraint(word, None, _amount(number, unit or Token("UNIT", "B"), SIZE_UNITS, "size"), comments, _span(kind))
+    return ir.Constraint(
+        word, None, _amount(number, unit or Token("UNIT", "B"), SIZE_UNITS, "size"), comments, _span(kind)
+    )
 
 
 @dataclass(frozen=True)
@@ -498,7 +514,8 @@ class _Builder(Transformer):
             raise _error(
                 f"gap `{number}%` has more than {GAP_PERCENT_DECIMALS} decimals",
                 number,
-                f"gaps are stored to {GAP_STEP} (see ir.Header); write e.g. `{_rounded(number.value, GAP_PERCENT_DECIMALS)}%`",
+                f"gaps are stored to {GAP_STEP} (see ir.Header); write e.g."
+                f" `{_rounded(number.value, GAP_PERCENT_DECIMALS)}%`",
             )
         return {"gap": float(Decimal(number.value).scaleb(-2))}
 
@@ -514,7 +531,8 @@ class _Builder(Transformer):
             raise _error(
                 f"solve time `{number} {unit}` has more than {SECONDS_DECIMALS} decimal",
                 number,
-                f"solve times are stored to 0.1 s (see ir.Header); write e.g. `{_rounded(number.value, SECONDS_DECIMALS)} s`",
+                "solve times are stored to 0.1 s (see ir.Header); write e.g."
+                f" `{_rounded(number.value, SECONDS_DECIMALS)} s`",
             )
         return {"solve_seconds": float(number.value)}
 
@@ -524,7 +542,9 @@ class _Builder(Transformer):
             raise _error(
                 f"bad peak position `{where}`", where, "write `forward:K` or `backward:K` (K: instruction number)"
             )
-        nbytes = _agreeing((number, unit), exact[0], "peak") if exact else _amount(number, unit, EXACT_SIZE_UNITS, "size")
+        nbytes = (
+            _agreeing((number, unit), exact[0], "peak") if exact else _amount(number, unit, EXACT_SIZE_UNITS, "size")
+        )
         return {"peak_bytes": nbytes, "peak_at": where.value}
 
     def time(self, c: list) -> dict:
@@ -722,7 +742,9 @@ class _Builder(Transformer):
                 f"`{verb_text}` runs on `{right}`: write `{verb_text} {target}` (the streams are {_one_of(ir.STREAMS)})",
             )  # fmt: skip
         if stream is not None and stream.value != right:
-            raise _error(f"`{verb_text}` runs on stream `{right}`, not `{stream}`", stream, f"write `{verb_text} {target}`")
+            raise _error(
+                f"`{verb_text}` runs on stream `{right}`, not `{stream}`", stream, f"write `{verb_text} {target}`"
+            )
         text = _comment_text(rest[0]) if rest else None
         return ir.Instruction(verb_text, target.value, right, comments, text, _span(verb))
 
@@ -767,33 +789,40 @@ EXAMPLES = {
         _EXAMPLE_HEAD.replace("optimal\n", f"optimal\n{gap}  solve-time 1\n") for gap in ("", "  gap 1%\n")
     ],
     "one-tuple": [_EXAMPLE_HEAD + "outputs\n  (%a)\n"],
-    "negative": [
-        _EXAMPLE_HEAD + f"{comment}  o = f({args})  {time}  {temp}  forward\n"
-        for comment in ("", "  # c\n")
-        for args in ("", "%a", "%a, 1")
-        for time, temp in (("-0.010 ms", "0 B"), ("0.010 ms", "-4 B"))
-    ] + [
-        _EXAMPLE_HEAD.replace("tensors\n", f"tensors\n{comment}  t  [1]  float32  -4 B  t\n") for comment in ("", "  # c\n")
-    ] + [
-        _EXAMPLE_HEAD.replace("time 0.000 ms", "time -0.001 ms"),
-        _EXAMPLE_HEAD.replace("budget 1 KiB", "budget -1 KiB"),
-    ],
-    "after-size": [
-        _EXAMPLE_HEAD.replace("tensors\n", "tensors\n" + lines)
-        for lines in (
-            "  t  [1]  float32  4 B\n",
-            "  t  [1]  float32  4 B\n  u  [1]  float32  4 B  u\n",
-            "  # c\n  t  [1]  float32  4 B\n  u  [1]  float32  4 B  u\n",
-        )
-    ]
-    + [
-        _EXAMPLE_HEAD + lines
-        for lines in (
-            "  o = f()  0.010 ms  0 B\n",
-            "  o = f()  0.010 ms  0 B\n  p = f()  0.010 ms  0 B  forward\n",
-            "  # c\n  o = f()  0.010 ms  0 B\n  p = f()  0.010 ms  0 B  forward\n",
-        )
-    ],
+    "negative": (
+        [
+            _EXAMPLE_HEAD + f"{comment}  o = f({args})  {time}  {temp}  forward\n"
+            for comment in ("", "  # c\n")
+            for args in ("", "%a", "%a, 1")
+            for time, temp in (("-0.010 ms", "0 B"), ("0.010 ms", "-4 B"))
+        ]
+        + [
+            _EXAMPLE_HEAD.replace("tensors\n", f"tensors\n{comment}  t  [1]  float32  -4 B  t\n")
+            for comment in ("", "  # c\n")
+        ]
+        + [
+            _EXAMPLE_HEAD.replace("time 0.000 ms", "time -0.001 ms"),
+            _EXAMPLE_HEAD.replace("budget 1 KiB", "budget -1 KiB"),
+        ]
+    ),
+    "after-size": (
+        [
+            _EXAMPLE_HEAD.replace("tensors\n", "tensors\n" + lines)
+            for lines in (
+                "  t  [1]  float32  4 B\n",
+                "  t  [1]  float32  4 B\n  u  [1]  float32  4 B  u\n",
+                "  # c\n  t  [1]  float32  4 B\n  u  [1]  float32  4 B  u\n",
+            )
+        ]
+        + [
+            _EXAMPLE_HEAD + lines
+            for lines in (
+                "  o = f()  0.010 ms  0 B\n",
+                "  o = f()  0.010 ms  0 B\n  p = f()  0.010 ms  0 B  forward\n",
+                "  # c\n  o = f()  0.010 ms  0 B\n  p = f()  0.010 ms  0 B  forward\n",
+            )
+        ]
+    ),
 }
 
 
@@ -801,7 +830,10 @@ def _missing_on(line: str) -> tuple[str, str]:
     words = line.split("#")[0].split()
     stream = ir.VERB_STREAM.get(words[0]) if words else None
     if stream and len(words) >= 2:
-        return "expected the end of the instruction or `on STREAM`", f"write `{words[0]} {words[1]}` (its stream, `{stream}`, is implied)"
+        return (
+            "expected the end of the instruction or `on STREAM`",
+            f"write `{words[0]} {words[1]}` (its stream, `{stream}`, is implied)",
+        )
     return "expected the end of the instruction or `on STREAM`", "write `VERB TARGET`, e.g. `compute fc1`"
 
 
@@ -854,7 +886,10 @@ EXAMPLE_MESSAGES: dict[str, Callable[[str], tuple[str, str] | None]] = {
     "duration-unit": lambda line: ("a duration needs a unit", "write milliseconds, e.g. `0.120 ms` (or us, s)"),
     "bandwidth-unit": lambda line: ("a bandwidth needs a unit", "write e.g. `12 GB/s` or `12000000000 B/s`"),
     "one-tuple": lambda line: ("a one-element tuple needs a trailing comma", "write `(x,)`"),
-    "negative": lambda line: ("durations and sizes cannot be negative", "times and sizes are measured, >= 0: re-run `remat plan` (or `remat profile`)"),
+    "negative": lambda line: (
+        "durations and sizes cannot be negative",
+        "times and sizes are measured, >= 0: re-run `remat plan` (or `remat profile`)",
+    ),
     "gap-value": _gap_value,
     "gap-unit": _gap_value,
     "solve-time-value": _solve_time_value,
@@ -975,7 +1010,11 @@ def _token_hint(token: Token, expected: set[str], order: tuple[str, ...] = SECTI
         return "the file ends early; a plan has the sections " + ", ".join(s for s in order if s != "constraints")
     is_section = set(keywords) & set(SECTIONS)
     if token.value in HEADER_KEYS and keywords and set(keywords) <= set(HEADER_KEYS):
-        return "the header's lines come once each, in this order: " + ", ".join(HEADER_KEYS) + " (autocast, costs, gap and solve-time may be left out)"
+        return (
+            "the header's lines come once each, in this order: "
+            + ", ".join(HEADER_KEYS)
+            + " (autocast, costs, gap and solve-time may be left out)"
+        )
     if token.value in SECTIONS and is_section:
         return "sections come in this order: " + ", ".join(order)
     guess = _suggest(token.value, keywords) if token.value[:1].isalpha() else None
