@@ -93,7 +93,8 @@ class Captured:
 
     @property
     def leaves(self) -> list[int]:
-        """NOTE: [Output order]: per tensor leaf, the model output it is (outputs in the order leaves first show them)."""
+        """NOTE: [Output order]: per tensor leaf, the model output it is (outputs in the
+        order leaves first show them)."""
         unique = list(dict.fromkeys(self.order))
         return [unique.index(k) for k in self.order]
 

@@ -52,10 +52,10 @@ def device_of(inputs, model: torch.nn.Module) -> str:
 # real capture also holds its gradients and activations) is captured without data: the
 # model is built on the meta device (libraries skip weight initialisation there), its
 # parameters and buffers then become fake cpu tensors of a FakeTensorMode, the sample
-# inputs are converted to fake tensors, and torch.compile/AOTAutograd trace it as usual.  Fake tensors keep the device they
-# would have (cpu), their shapes, dtypes, strides and storages, but hold no bytes; unlike
-# the meta device they dispatch as the real device does (on meta, nll_loss has no autograd
-# kernel and the loss's backward is lost).  Sizes and aliasing come from their storages,
+# inputs are converted to fake tensors, and torch.compile/AOTAutograd trace it as usual.
+# Fake tensors keep the device they would have (cpu), their shapes, dtypes, strides and
+# storages, but hold no bytes; unlike the meta device they dispatch as the real device
+# does (on meta, nll_loss has no autograd kernel and the loss's backward is lost).  Sizes and aliasing come from their storages,
 # so the graph and its tensor table are the ones a real capture gives
 # (tests/test_fake_capture.py); the costs come from a device model (capture/cost.py),
 # since nothing can be timed.  `remat plan --fake` asks for it; without it the model is
@@ -121,9 +121,9 @@ def _fake_warnings_silenced():
 
 
 def _fake_state(model: torch.nn.Module, mode) -> None:
-    """Replace every parameter, buffer and tensor attribute (NOTE: [Tensor attributes]) of `model` by an empty fake tensor of `mode` on
-    the cpu (same shape, strides, dtype, requires_grad); a tensor shared by several
-    modules (tied weights) stays shared."""
+    """Replace every parameter, buffer and tensor attribute (NOTE: [Tensor attributes]) of
+    `model` by an empty fake tensor of `mode` on the cpu (same shape, strides, dtype,
+    requires_grad); a tensor shared by several modules (tied weights) stays shared."""
     made: dict[int, torch.Tensor] = {}
 
     def fake(t: torch.Tensor) -> torch.Tensor:
@@ -234,7 +234,8 @@ def capture_graph(
             progress.start(calls * timing_passes(measure_time, device_model))
         with mode, _fake_warnings_silenced():
             step = profile_step(
-                captured, captured.example_primals, repeats, progress.advance if progress else None, measure_time, device_model,
+                captured, captured.example_primals, repeats, progress.advance if progress else None,
+                measure_time, device_model,
             )  # fmt: skip
     assert step is not None  # from the cache when `cached`, else just profiled
     graph, noisy = build_graph(captured, step, inputs, device_kinds), step.noisy

@@ -237,7 +237,8 @@ class _Builder(Transformer):
         for op in ops:
             if op.name in seen:
                 raise PlanError(
-                    f"op `{op.name}` is listed twice", span=op.span, path=self.path or UNKNOWN_PATH, source=self.text, length=len(op.name),
+                    f"op `{op.name}` is listed twice", span=op.span, path=self.path or UNKNOWN_PATH, source=self.text,
+                    length=len(op.name),
                     hint=f"keep one line for it (the first is line {seen[op.name].span.line})",
                 )  # fmt: skip
             seen[op.name] = op
