@@ -437,7 +437,8 @@ def _cache(args):
 
 
 def solver_status(header) -> str:
-    """`status optimal`, or with what the header records of the solve: `status feasible, gap 1.23%, solve time 2.4 s`."""
+    """`status optimal`, or with what the header records of the solve:
+    `status feasible, gap 1.23%, solve time 2.4 s`."""
     from remat_dsl.plan.units import format_gap, format_seconds
 
     parts = [f"status {header.status}"]
