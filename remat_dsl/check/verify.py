@@ -7,7 +7,8 @@ offending line, carets and a hint):
    with (NOTE: [Graph digest] in remat_dsl.plan.digest), so only the schedule, the header's
    budget and status and comments were edited by hand;
 2. the declarations: the device is one the generated module can run on, the autocast
-   dtype (if any) is one torch.autocast runs in, every dtype is known, no tensor, value or budget is larger than any device holds (MAX_BYTES);
+   dtype (if any) is one torch.autocast runs in, every dtype is known, no tensor, value or
+   budget is larger than any device holds (MAX_BYTES);
 3. the operators and values: every `aten.NAME.OVERLOAD` exists in this torch, inline calls
    are views (or `operator.getitem` with an integer, `torch.device("kind")`), the arguments
    fit the operator's schema, symbols are torch's dtypes, layouts and memory formats, and
@@ -188,7 +189,8 @@ def _check_size(decl, dtype: str, shape: tuple[int, ...], nbytes: int | None) ->
         close = difflib.get_close_matches(dtype, list(DTYPE_ITEMSIZE), n=1)
         raise PlanError(
             f"unknown dtype `{dtype}` of '{decl.name}'", span=decl.span, word=dtype,
-            hint=(f"did you mean `{close[0]}`? " if close else "") + "dtypes are torch's names: float32, bfloat16, int64, bool ...",
+            hint=(f"did you mean `{close[0]}`? " if close else "")
+            + "dtypes are torch's names: float32, bfloat16, int64, bool ...",
         )  # fmt: skip
     numel = 1
     for dim in shape:
@@ -212,8 +214,8 @@ def check_operators(graph: ir.Graph, outputs_span: ir.Span | None = None) -> Non
     for constant in graph.constants:
         if not _is_plain(constant.value):
             raise PlanError(
-                f"the argument `{constant.name}` is given as {_shown(constant.value)}; a forward argument that is not a "
-                "tensor is a constant: None, True, False, a number or a string",
+                f"the argument `{constant.name}` is given as {_shown(constant.value)}; "
+                "a forward argument that is not a tensor is a constant: None, True, False, a number or a string",
                 span=constant.span, hint=RERUN,
             )  # fmt: skip
     for op in graph.ops:
@@ -312,8 +314,8 @@ def _check_inline(arg: ir.Arg, span: ir.Span | None) -> None:
     if isinstance(arg, ir.Sym) and arg.name not in torch_constants():
         raise PlanError(
             f"`{_shown(arg.name)[:80]}` is not a torch dtype, layout or memory format", span=span,
-            hint="constants in arguments are torch's dtypes (torch.float32), layouts (torch.strided) and memory formats "
-            "(torch.contiguous_format); " + RERUN,
+            hint="constants in arguments are torch's dtypes (torch.float32), layouts (torch.strided) "
+            "and memory formats (torch.contiguous_format); " + RERUN,
         )  # fmt: skip
     if isinstance(arg, ir.Call):
         if arg.target == "operator.getitem" and not (
@@ -370,7 +372,8 @@ def _overload(target: str, span: ir.Span | None, word: str):
         raise PlanError(
             f"unknown operator `{target}`",
             span=span, word=word,
-            hint="operators are torch's `aten.NAME.OVERLOAD` (e.g. aten.mm.default) as `remat plan` wrote them; " + RERUN,
+            hint="operators are torch's `aten.NAME.OVERLOAD` (e.g. aten.mm.default) "
+            "as `remat plan` wrote them; " + RERUN,
         )  # fmt: skip
     return overload
 
