@@ -54,7 +54,8 @@ The grammar is grammar/plan.lark (LALR(1), contextual lexer).  A plan looks like
 (The `# ...` annotations after header values, tensor rows and section names above are
 for this docstring only: the format keeps trailing comments on instructions alone.)
 Section names start at column 1 and items are indented.  buffers, tangents and updates
-may be left out, and so may the header's `gap` and `solve-time` lines (ir.Header).  Arguments: `%name` references, `torch.NAME` constants, ints, floats
+may be left out, and so may the header's `gap` and `solve-time` lines (ir.Header).
+Arguments: `%name` references, `torch.NAME` constants, ints, floats
 (`inf`, `-inf`, `nan`), "strings", None/True/False, `[lists]`, `(tuples,)` and calls
 `target(args, key=value)`.  Units: see remat_dsl.plan.printer (NOTE: [Units]); the canonical
 layout is the printer's.
@@ -739,7 +740,8 @@ class _Builder(Transformer):
         if stream is not None and stream.value not in ir.STREAMS:
             raise _error(
                 f"unknown stream `{stream}`", stream,
-                f"`{verb_text}` runs on `{right}`: write `{verb_text} {target}` (the streams are {_one_of(ir.STREAMS)})",
+                f"`{verb_text}` runs on `{right}`: write `{verb_text} {target}` "
+                f"(the streams are {_one_of(ir.STREAMS)})",
             )  # fmt: skip
         if stream is not None and stream.value != right:
             raise _error(
