@@ -55,8 +55,8 @@ def device_of(inputs, model: torch.nn.Module) -> str:
 # inputs are converted to fake tensors, and torch.compile/AOTAutograd trace it as usual.
 # Fake tensors keep the device they would have (cpu), their shapes, dtypes, strides and
 # storages, but hold no bytes; unlike the meta device they dispatch as the real device
-# does (on meta, nll_loss has no autograd kernel and the loss's backward is lost).  Sizes and aliasing come from their storages,
-# so the graph and its tensor table are the ones a real capture gives
+# does (on meta, nll_loss has no autograd kernel and the loss's backward is lost).
+# Sizes and aliasing come from their storages, so the graph and its tensor table are the ones a real capture gives
 # (tests/test_fake_capture.py); the costs come from a device model (capture/cost.py),
 # since nothing can be timed.  `remat plan --fake` asks for it; without it the model is
 # first built on the meta device, which costs no memory, and a model whose parameters and
