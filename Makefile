@@ -29,6 +29,7 @@ $(STAMP): pyproject.toml $(LOCK) | $(PY)
 # cores (2026-11-27, same commit: 25:08 against 26:04, summed durations 2,928 s against 3,065 s)
 test: venv
 	$(VENV)/bin/ruff check remat_dsl tests bench examples
+	$(VENV)/bin/mypy
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 # the long sweeps (3000 fuzzed plans, ...): not part of `make test`

@@ -1,4 +1,5 @@
-"""One rank of tests/test_ddp.py's FSDP2 test: `torchrun --nproc-per-node 2 tests/fsdp_worker.py MODEL.py FAST.py OUT.json`.
+"""One rank of tests/test_ddp.py's FSDP2 test:
+`torchrun --nproc-per-node 2 tests/fsdp_worker.py MODEL.py FAST.py OUT.json`.
 
 Trains FSDP2 over the eager model and FSDP2 over the generated module's FastModel, over gloo,
 as a user sets FSDP2 up: `fully_shard` on every block (each module of the model's

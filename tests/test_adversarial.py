@@ -128,7 +128,11 @@ def test_adversarial_plan(case, results):
     source = (where / "fast.py").read_text()
     plan_strings = _plan_strings(where / "case.plan")
     # every string of the plan that could be code sits in the module as a string constant, whole
-    constants = {node.value for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    constants = {
+        node.value
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    }
     for text in plan_strings:
         if any(mark in text for mark in ('"', "'", "\n", "{", "(")):
             assert text in constants, text

@@ -36,7 +36,11 @@ def imports(path: Path) -> set[str]:
             found |= {a.name for a in node.names if a.name.startswith("remat_dsl")}
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("remat_dsl"):
             found.add(node.module)
-            found |= {f"{node.module}.{a.name}" for a in node.names if (PACKAGE / Path(*node.module.split(".")[1:]) / f"{a.name}.py").exists()}
+            found |= {
+                f"{node.module}.{a.name}"
+                for a in node.names
+                if (PACKAGE / Path(*node.module.split(".")[1:]) / f"{a.name}.py").exists()
+            }
     return found
 
 
@@ -77,7 +81,10 @@ def test_no_import_circle():
 
 
 def test_code_generation_loads_no_solver_no_milp_and_no_torch():
-    probe = "import sys, remat_dsl.codegen.generate; print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'pulp', 'highspy', 'networkx', 'numpy') or m.startswith('remat_dsl.solve')))"
+    probe = (
+        "import sys, remat_dsl.codegen.generate; print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch',"
+        " 'pulp', 'highspy', 'networkx', 'numpy') or m.startswith('remat_dsl.solve')))"
+    )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
@@ -85,7 +92,10 @@ def test_code_generation_loads_no_solver_no_milp_and_no_torch():
 
 @pytest.mark.parametrize("module", ["remat_dsl.cli", "remat_dsl.plan.parser", "remat_dsl.check.verify"])
 def test_the_command_line_and_the_plan_language_load_no_solver(module):
-    probe = f"import sys, {module}; print(sorted(m for m in sys.modules if m.split('.')[0] in ('pulp', 'highspy') or m.startswith('remat_dsl.solve')))"
+    probe = (
+        f"import sys, {module}; print(sorted(m for m in sys.modules if m.split('.')[0] in ('pulp', 'highspy') or"
+        " m.startswith('remat_dsl.solve')))"
+    )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"

@@ -95,9 +95,11 @@ def test_backward_with_inputs_accumulates_only_those(planned, which):
     at the end), and several at once."""
 
     def pick(params):
-        return {"first": params[:1], "middle": params[len(params) // 2 : len(params) // 2 + 1], "last": params[-1:]}.get(
-            which, params[::5][:3]
-        )
+        return {
+            "first": params[:1],
+            "middle": params[len(params) // 2 : len(params) // 2 + 1],
+            "last": params[-1:],
+        }.get(which, params[::5][:3])
 
     grads = assert_exact(planned, lambda loss, params: loss.backward(inputs=pick(params)))
     assert 1 <= sum(g is not None for g in grads.values()) <= 3
@@ -158,5 +160,9 @@ def test_create_graph_and_double_backward_are_refused(planned):
 
     for call in (create_graph, double):  # eager PyTorch runs them (GPT-2) or not (the Llama's CPU attention)
         (_, _), (ours, our_grads) = run(planned, call)
-        assert isinstance(ours, RuntimeError) and "not differentiable" in str(ours) and "call the model itself" in str(ours)
+        assert (
+            isinstance(ours, RuntimeError)
+            and "not differentiable" in str(ours)
+            and "call the model itself" in str(ours)
+        )
         assert all(g is None for g in our_grads.values())  # refused before any gradient was written

@@ -69,7 +69,10 @@ FILES = {
     "typo.constraints": lambda: 'keep "fc9*"\n',
     "keep_all.constraints": lambda: 'keep "*"\n',
     "syntax.plan": lambda: _text_edit("  compute  fc2\n", "  compute  fc2  compute\n"),
-    "other.profile": lambda: 'remat-profile 1\nmodel   "examples/resnet.py"\ndevice  cpu\ntorch   "2.13.0+cpu"\ninput   x  float32[8, 3, 32, 32]\n\nops\n  conv  0.100 ms  0 B\n',
+    "other.profile": lambda: (
+        'remat-profile 1\nmodel   "examples/resnet.py"\ndevice  cpu\ntorch   "2.13.0+cpu"\ninput   x  float32[8, 3, 32,'
+        " 32]\n\nops\n  conv  0.100 ms  0 B\n"
+    ),
     "syntax.toml": lambda: 'kind = "cuda"\nmemory = \n',
     "missing_key.toml": lambda: 'kind = "cuda"\nmemory = 80e9\n',
     "valid.plan": lambda: VALID.read_text(),
@@ -77,7 +80,9 @@ FILES = {
     "nested.plan": _nested,
     "negative_time.plan": lambda: _text_edit("0.004 ms     0 B    forward", "-0.004 ms     0 B    forward"),
     "unknown_operator.plan": lambda: _sealed(lambda p: _op(p, "fc1", target="aten.addmmm.default")),
-    "inline_allocation.plan": lambda: _sealed(lambda p: _op(p, "relu_1", args=(ir.Call("aten.relu.default", (ir.Ref("fc2"),)),))),
+    "inline_allocation.plan": lambda: _sealed(
+        lambda p: _op(p, "relu_1", args=(ir.Call("aten.relu.default", (ir.Ref("fc2"),)),))
+    ),
     "unknown_dtype.plan": lambda: _sealed(lambda p: _tensor(p, "fc1", dtype="float33")),
     "huge.plan": lambda: _sealed(lambda p: _tensor(p, "fc1", shape=(10**9, 10**9))),
     "tpu.plan": lambda: _sealed(lambda p: replace(p, header=replace(p.header, device="tpu"))),
@@ -126,7 +131,9 @@ def _run(case: dict, base: Path, files: Path) -> tuple[dict, Path, list[str], su
     before = sorted(os.listdir(tmp))
     args = [_expand(a, tmp, files) for a in case["args"]]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "REMAT_CACHE_DIR": str(cache), **case.get("env", {})}
-    result = subprocess.run([sys.executable, "-m", "remat_dsl", *args], cwd=tmp, capture_output=True, text=True, env=env, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "remat_dsl", *args], cwd=tmp, capture_output=True, text=True, env=env, timeout=300
+    )
     return case, tmp, before, result
 
 

@@ -62,7 +62,8 @@ def remat(*args: str, cwd: Path, env: dict | None = None, timeout: float = 30) -
     start = time.monotonic()
     process = subprocess.Popen(
         [sys.executable, "-c", MEASURE, str(rss), *args],
-        cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **(env or {})}, start_new_session=True,
+        cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **(env or {})},
+        start_new_session=True,
     )  # fmt: skip
     try:
         stdout, stderr = process.communicate(timeout=timeout)

@@ -111,14 +111,30 @@ def test_the_smallest_budget_a_refusal_names_gets_a_plan(tmp_path):
     [Budget correction]), so the refusal names its peak, not the floor: that budget plans,
     one byte less does not."""
     (tmp_path / "wide.py").write_text(
-        (ROOT / "tests" / "models" / "template_names.py").read_text().replace("torch.randn(256, 8,", "torch.randn(6, 8,")
+        (ROOT / "tests" / "models" / "template_names.py")
+        .read_text()
+        .replace("torch.randn(256, 8,", "torch.randn(6, 8,")
     )
     result, _ = remat("plan", "wide.py", "--budget", "4500B", "--solver", "rockmate", "--repeats", "1", cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     found = re.search(r"the smallest feasible budget is [^(]*\((\d+) B\)", result.stderr)
     assert found, result.stderr
-    result, _ = remat("plan", "wide.py", "--budget", f"{found[1]}B", "--solver", "rockmate", "--repeats", "1", "-o", "w.plan", cwd=tmp_path)
+    result, _ = remat(
+        "plan",
+        "wide.py",
+        "--budget",
+        f"{found[1]}B",
+        "--solver",
+        "rockmate",
+        "--repeats",
+        "1",
+        "-o",
+        "w.plan",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     below = int(found[1]) - 1  # and none below it has one
-    result, _ = remat("plan", "wide.py", "--budget", f"{below}B", "--solver", "rockmate", "--repeats", "1", cwd=tmp_path)
+    result, _ = remat(
+        "plan", "wide.py", "--budget", f"{below}B", "--solver", "rockmate", "--repeats", "1", cwd=tmp_path
+    )
     assert result.returncode == 2, result.stderr

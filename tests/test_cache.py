@@ -302,8 +302,10 @@ def test_ir_values_round_trip_through_json(tmp_path):
     from remat_dsl.plan.cache import decode_ir, encode_ir
 
     op = ir.Op(
-        "fwd.masked_fill", "forward", "aten.masked_fill.Scalar", (ir.Ref("x", span=ir.Span(3, 4)), ir.Ref("mask"), float("-inf")),
-        (("value", ir.ListArg((1, 2.5, None, True, "s", ir.Sym("torch.float32")))),), ("t",), 12, 4, False, ("a comment",),
+        "fwd.masked_fill", "forward", "aten.masked_fill.Scalar",
+        (ir.Ref("x", span=ir.Span(3, 4)), ir.Ref("mask"), float("-inf")),
+        (("value", ir.ListArg((1, 2.5, None, True, "s", ir.Sym("torch.float32")))),),
+        ("t",), 12, 4, False, ("a comment",),
     )  # fmt: skip
     back = decode_ir(json.loads(json.dumps(encode_ir(op))))
     assert back == op and back.args[0].span is None and isinstance(back.kwargs[0][1].items, tuple)

@@ -54,7 +54,11 @@ def test_checkpoint_then_recompute():
 
 def test_kept_gradients_stay_from_their_backward_step_on():
     """NOTE: [Kept gradients]: B^2's 7 bytes of parameter gradients are live while B^1 runs."""
-    chain = Chain((block(fwd=1, bwd=10, x=4, xbar=6, grad=4), replace(block(fwd=2, bwd=20, x=8, xbar=9, grad=8), kept_bytes=7)), 2, 2)
+    chain = Chain(
+        (block(fwd=1, bwd=10, x=4, xbar=6, grad=4), replace(block(fwd=2, bwd=20, x=8, xbar=9, grad=8), kept_bytes=7)),
+        2,
+        2,
+    )
     ops = [("F_ck", 1), ("F_all", 2), ("B", 2), ("F_all", 1), ("B", 1)]
     # as test_checkpoint_then_recompute, with 7 more from B 2 on: F_all 1: 6 + 7 + 6 = 19; B 1: 19 + 2 = 21
     assert simulate_chain(chain, ops) == (27, 34)
@@ -182,7 +186,15 @@ def chains(draw, max_blocks=6, max_size=12):
     blocks = []
     for _ in range(n):
         x = draw(size)
-        fields = (draw(st.integers(0, 20)), draw(st.integers(0, 20)), x, x + draw(size), draw(size), draw(st.integers(0, 6)), draw(st.integers(0, 6)))
+        fields = (
+            draw(st.integers(0, 20)),
+            draw(st.integers(0, 20)),
+            x,
+            x + draw(size),
+            draw(size),
+            draw(st.integers(0, 6)),
+            draw(st.integers(0, 6)),
+        )
         blocks.append(Block(*fields, kept_bytes=draw(size) if draw(st.booleans()) else 0))  # NOTE: [Kept gradients]
     return Chain(tuple(blocks), draw(size), draw(size))
 
@@ -296,7 +308,17 @@ def random_chain(length: int, seed: int) -> Chain:
     blocks = []
     for _ in range(length):
         x = rng.randint(1, 10**8)
-        blocks.append(Block(rng.randint(1, 1000), rng.randint(1, 2000), x, x + rng.randint(0, 3 * 10**8), x, rng.randint(0, 10**8), rng.randint(0, 2 * 10**8)))
+        blocks.append(
+            Block(
+                rng.randint(1, 1000),
+                rng.randint(1, 2000),
+                x,
+                x + rng.randint(0, 3 * 10**8),
+                x,
+                rng.randint(0, 10**8),
+                rng.randint(0, 2 * 10**8),
+            )
+        )
     return Chain(tuple(blocks), rng.randint(1, 10**8), 0)
 
 

@@ -71,7 +71,10 @@ def broken_plans(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     # delete relu right after computing drop: the ReLU backward still needs it
     at = lines.index("  compute  drop")
     use_after_delete.insert(at + 1, "  delete   relu")
-    syntax = [line.replace("  compute  fc2", "  compute  fc2  compute") if line == "  compute  fc2" else line for line in lines]
+    syntax = [
+        line.replace("  compute  fc2", "  compute  fc2  compute") if line == "  compute  fc2" else line
+        for line in lines
+    ]
     cases = {
         "use_after_delete": ("\n".join(use_after_delete), "deleted"),
         "syntax": ("\n".join(syntax), "error"),
@@ -133,7 +136,11 @@ def test_infeasible_budget_states_the_smallest(tmp_path):
     assert "Traceback" not in result.stderr
     assert "smallest feasible budget is" in result.stderr
     assert result.stdout == ""
-    found = re.search(r"is (\S+ \S+) \((\d+) B\) for this solver; proven bound: no plan that keeps its tensors on the device peaks below \S+ \S+ \((\d+) B\) \(", result.stderr)
+    found = re.search(
+        r"is (\S+ \S+) \((\d+) B\) for this solver; proven bound: no plan that keeps its tensors on the device peaks"
+        r" below \S+ \S+ \((\d+) B\) \(",
+        result.stderr,
+    )
     assert found and 0 < int(found[3]) <= int(found[2]), result.stderr
 
 
@@ -163,7 +170,8 @@ def test_the_program_ends_as_python_would_for_what_outlives_the_command(tmp_path
         + "\n\nimport atexit, threading, time\n"
         + f"atexit.register(lambda: open({str(tmp_path / 'atexit.done')!r}, 'w').close())\n"
         + "def after_main():  # a thread that outlives the command: it works once the main thread has ended\n"
-        + f"    threading.main_thread().join()\n    time.sleep(0.5)\n    open({str(tmp_path / 'thread.done')!r}, 'w').close()\n"
+        + f"    threading.main_thread().join()\n    time.sleep(0.5)\n    open({str(tmp_path / 'thread.done')!r},"
+        " 'w').close()\n"
         + "threading.Thread(target=after_main).start()\n"
     )
     result = subprocess.run(
@@ -216,7 +224,9 @@ def test_check_shows_status_gap_and_solve_time(tmp_path):
 
     plan = parse_file(PLANS / "tiny_mlp_offload.plan")
     path = tmp_path / "milp.plan"
-    path.write_text(print_plan(replace(plan, header=replace(plan.header, status="feasible", gap=0.0123, solve_seconds=2.4))))
+    path.write_text(
+        print_plan(replace(plan, header=replace(plan.header, status="feasible", gap=0.0123, solve_seconds=2.4)))
+    )
     result = remat("check", str(path))
     assert result.returncode == 0, result.stderr
     assert result.stdout.endswith("\nstatus feasible, gap 1.23%, solve time 2.4 s\n")

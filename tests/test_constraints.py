@@ -56,7 +56,15 @@ def write(tmp_path: Path, text: str) -> str:
     return str(path)
 
 
-BUDGET_PERCENT = {"autograd": 100, "checkpoint-sqrt": 100, "rotor": 70, "rockmate": 70, "hiremate": 70, "auto": 70, "twremat": 70}
+BUDGET_PERCENT = {
+    "autograd": 100,
+    "checkpoint-sqrt": 100,
+    "rotor": 70,
+    "rockmate": 70,
+    "hiremate": 70,
+    "auto": 70,
+    "twremat": 70,
+}
 
 
 # checkmate and moccasin: small graphs only; offmate offloads rather than recomputes them (tests/test_offmate.py)
@@ -69,7 +77,9 @@ def test_keep_is_honoured_by_every_solver(gpt2, solver, tmp_path):
     # the solver's own plan, before polish may keep them (NOTE: [Polish and repair] in solve/driver.py)
     planner = Planner(captured.graph, model=model_file.spec, device="cpu")
     unconstrained = first_fitting_unimproved(planner, budget, planner.chosen(solver))
-    plan = make_plan(captured.graph, model=model_file.spec, device="cpu", budget=budget, solver=solver, constraints=constraints)
+    plan = make_plan(
+        captured.graph, model=model_file.spec, device="cpu", budget=budget, solver=solver, constraints=constraints
+    )
     assert not [t for t in recomputed_tensors(plan) if fnmatch.fnmatchcase(t, pattern)]
     if solver != "autograd":  # without the constraint these solvers do recompute them
         assert [t for t in recomputed_tensors(unconstrained) if fnmatch.fnmatchcase(t, pattern)]
@@ -80,7 +90,14 @@ def test_keep_is_honoured_by_every_solver(gpt2, solver, tmp_path):
 def test_keep_with_rotor_under_a_tight_budget_still_fits_and_trains(gpt2, tmp_path):
     model_file, captured, autograd = gpt2
     constraints = read_constraints(write(tmp_path, 'keep "transformer.h.3.*"\n'))
-    plan = make_plan(captured.graph, model=model_file.spec, device="cpu", budget=autograd * 6 // 10, solver="rotor", constraints=constraints)
+    plan = make_plan(
+        captured.graph,
+        model=model_file.spec,
+        device="cpu",
+        budget=autograd * 6 // 10,
+        solver="rotor",
+        constraints=constraints,
+    )
     assert plan.header.peak_bytes <= autograd * 6 // 10
     assert not [t for t in recomputed_tensors(plan) if t.startswith("transformer.h.3.")]
     module = tmp_path / "fast.py"
@@ -91,7 +108,9 @@ def test_keep_with_rotor_under_a_tight_budget_still_fits_and_trains(gpt2, tmp_pa
 def test_recompute_and_offload_constraints(tiny, tmp_path):
     model_file, captured = tiny
     constraints = read_constraints(write(tmp_path, 'recompute "relu_1"\noffload "relu"\n'))
-    plan = make_plan(captured.graph, model=model_file.spec, device="cpu", budget=10**6, solver="autograd", constraints=constraints)
+    plan = make_plan(
+        captured.graph, model=model_file.spec, device="cpu", budget=10**6, solver="autograd", constraints=constraints
+    )
     verbs = {(i.verb, i.target) for i in (*plan.forward, *plan.backward)}
     assert ("recompute", "relu_1") in verbs
     assert {("offload", "relu"), ("prefetch", "relu")} <= verbs
@@ -105,7 +124,9 @@ def test_conflicting_patterns_name_both_lines(tiny, tmp_path):
     model_file, captured = tiny
     path = write(tmp_path, '# comment\nkeep "relu*"\nrecompute "relu"\n')
     with pytest.raises(RematError) as error:
-        make_plan(captured.graph, model="m", device="cpu", budget=10**6, solver="rotor", constraints=read_constraints(path))
+        make_plan(
+            captured.graph, model="m", device="cpu", budget=10**6, solver="rotor", constraints=read_constraints(path)
+        )
     message = error.value.format()
     assert f"{path}:2" in message and f"{path}:3" in message and "'relu'" in message
 
@@ -157,7 +178,9 @@ def test_removing_any_wait_is_rejected(gpt2, tmp_path):
     transfer is in flight, or the step ending with it in flight)."""
     model_file, captured, autograd = gpt2
     constraints = read_constraints(write(tmp_path, 'offload "transformer.h.*.mlp.act*"\n'))
-    plan = make_plan(captured.graph, model=model_file.spec, device="cpu", budget=autograd, solver="autograd", constraints=constraints)
+    plan = make_plan(
+        captured.graph, model=model_file.spec, device="cpu", budget=autograd, solver="autograd", constraints=constraints
+    )
     lines = print_plan(plan).splitlines(keepends=True)
     waits = [k for k, line in enumerate(lines) if line.split()[:1] == ["wait"]]
     assert len(waits) >= 8  # an offload and a prefetch for each of the 6 layers' activations, waited for

@@ -33,7 +33,10 @@ def fast_gpt2(tmp_path_factory) -> Path:
 
 
 def test_ddp_gradients_equal_and_all_reduce_overlaps_the_backward(fast_gpt2, tmp_path):
-    run(f"{BIN}/torchrun --standalone --nproc-per-node 2 {ROOT}/tests/ddp_worker.py {MODEL} {fast_gpt2} result.json", tmp_path)
+    run(
+        f"{BIN}/torchrun --standalone --nproc-per-node 2 {ROOT}/tests/ddp_worker.py {MODEL} {fast_gpt2} result.json",
+        tmp_path,
+    )
     for name in ("result.json", "result.json.rank1"):
         outcome = json.loads((tmp_path / name).read_text())
         assert outcome["equal"], name
@@ -53,7 +56,11 @@ def test_fsdp2_gradients_and_steps_equal_fsdp2_over_the_eager_model(model, budge
     by one, never all at once (NOTE: [FSDP2] in remat_dsl/codegen/runtime.py)."""
     run(f"{BIN}/remat plan {ROOT / model} --budget {budget} --no-cache > model.plan", tmp_path)
     run(f"{BIN}/remat codegen model.plan -o fast_model.py", tmp_path)
-    run(f"{BIN}/torchrun --standalone --nproc-per-node 2 {ROOT}/tests/fsdp_worker.py {ROOT / model} fast_model.py result.json", tmp_path)
+    run(
+        f"{BIN}/torchrun --standalone --nproc-per-node 2 {ROOT}/tests/fsdp_worker.py {ROOT / model} fast_model.py"
+        " result.json",
+        tmp_path,
+    )
     for name in ("result.json", "result.json.rank1"):
         outcome = json.loads((tmp_path / name).read_text())
         assert outcome["equal"] and outcome["sharded"] and outcome["built_before"], (name, outcome)

@@ -83,7 +83,13 @@ def test_rotor_plan_trains_identically_within_budget(example, label, tmp_path):
 def test_lower_budgets_recompute_more(example):
     model_file, captured, autograd = example
     plans = [
-        make_plan(captured.graph, model=model_file.spec, device=captured.device, budget=budget_of(label, captured, autograd), solver="rotor")
+        make_plan(
+            captured.graph,
+            model=model_file.spec,
+            device=captured.device,
+            budget=budget_of(label, captured, autograd),
+            solver="rotor",
+        )
         for label in BUDGETS
     ]
     peaks = [p.header.peak_bytes for p in plans]
@@ -97,7 +103,17 @@ def test_same_profile_gives_byte_identical_plan(example):
     model_file, captured, autograd = example
     for solver in ("rotor", "auto"):
         texts = {
-            without_solve_time(print_plan(make_plan(captured.graph, model=model_file.spec, device=captured.device, budget=autograd // 2, solver=solver)))
+            without_solve_time(
+                print_plan(
+                    make_plan(
+                        captured.graph,
+                        model=model_file.spec,
+                        device=captured.device,
+                        budget=autograd // 2,
+                        solver=solver,
+                    )
+                )
+            )
             for _ in range(2)
         }
         assert len(texts) == 1, solver  # the solver's wall time is the one line that may differ
@@ -132,7 +148,9 @@ def test_generated_module_rejects_wrong_input_shapes(example, tmp_path):
 
 def test_checkpoint_sqrt_trains_identically(example, tmp_path):
     model_file, captured, autograd = example
-    plan = make_plan(captured.graph, model=model_file.spec, device=captured.device, budget=autograd, solver="checkpoint-sqrt")
+    plan = make_plan(
+        captured.graph, model=model_file.spec, device=captured.device, budget=autograd, solver="checkpoint-sqrt"
+    )
     generated = load_generated(codegen_in_fresh_process(print_plan(plan), tmp_path))
     assert compare_training(model_file, generated, steps=2).identical
 
@@ -172,9 +190,11 @@ def test_names_do_not_shift_when_the_model_grows():
 # Statements of _forward/_backward that move values in and out rather than run an
 # instruction: they name no plan line.
 PLUMBING = re.compile(
-    r"^\s*(.*= \(_tensors\[_k\] for _k in _where\)|_device = _tensors\[len\(INPUTS\)\]\.device|.*= _s\.saved|_[pb] = _Tensors"
+    r"^\s*(.*= \(_tensors\[_k\] for _k in _where\)|_device = _tensors\[len\(INPUTS\)\]\.device|.*= _s\.saved|_[pb] ="
+    r" _Tensors"
     r"|_tensors, _where, _p, _b = _s\.values|_sharded = _s\.sharded|_s\.(keep|saved|values|sharded|versions|layouts) = "
-    r"|if not _s\.keep:|_check_versions\(|return _outputs|_pool = _HostBuffer|_pool\.release|.*# NOTE: \[Gradient release\] \d+$"
+    r"|if not _s\.keep:|_check_versions\(|return _outputs|_pool = _HostBuffer|_pool\.release|.*# NOTE: \[Gradient"
+    r" release\] \d+$"
     r"|_shards\(_sharded, \d+\))"
 )
 
@@ -188,7 +208,9 @@ def test_plans_and_modules_are_reviewable(example, tmp_path):
     from remat_dsl.plan.ir import VERBS
 
     model_file, captured, autograd = example
-    plan = make_plan(captured.graph, model=model_file.spec, device=captured.device, budget=autograd // 2, solver="rotor")
+    plan = make_plan(
+        captured.graph, model=model_file.spec, device=captured.device, budget=autograd // 2, solver="rotor"
+    )
     text = print_plan(plan)
     plan_lines = text.split("\n")
     assert max(len(line) for line in plan_lines) <= 120, [line for line in plan_lines if len(line) > 120][:3]
@@ -201,7 +223,9 @@ def test_plans_and_modules_are_reviewable(example, tmp_path):
     schedule = range(plan_lines.index("forward") + 1, plan_lines.index("inputs") + 1)  # 1-based line numbers
     instructions = {n for n in schedule if plan_lines[n - 1].split()[:1] and plan_lines[n - 1].split()[0] in VERBS}
     named: set[int] = set()
-    functions = [n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name in ("_forward", "_backward")]
+    functions = [
+        n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name in ("_forward", "_backward")
+    ]
     assert len(functions) == 2
     for function in functions:
         for statement in function.body[1:]:  # after the docstring
@@ -214,7 +238,11 @@ def test_plans_and_modules_are_reviewable(example, tmp_path):
             if found[3].strip() in ("(outputs)", "(gradients)", "(tangents)"):
                 continue
             covered = {n for n in range(first, last + 1) if n in instructions}
-            assert covered and covered == {n for n in range(first, last + 1) if plan_lines[n - 1].strip() and not plan_lines[n - 1].lstrip().startswith("#")}, code
+            assert covered and covered == {
+                n
+                for n in range(first, last + 1)
+                if plan_lines[n - 1].strip() and not plan_lines[n - 1].lstrip().startswith("#")
+            }, code
             verbs = {plan_lines[n - 1].split()[0] for n in covered}
             assert ("recompute" in verbs) == ("(recompute)" in found[3]), code
             named |= covered

@@ -139,7 +139,11 @@ def test_fmt_check_on_a_plan_with_gap_and_solve_time(tmp_path, capsys):
     assert "\n  status      feasible\n  gap         1.23%\n  solve-time  2.4 s\n  peak  " in canonical
     assert run("fmt", "--check", str(path)) == 0
     assert capsys.readouterr().out == ""
-    path.write_text(messy(canonical).replace("  gap         1.23%\n", "  gap 1.2300 %\n").replace("  solve-time  2.4 s\n", "  solve-time 2.4s\n"))
+    path.write_text(
+        messy(canonical)
+        .replace("  gap         1.23%\n", "  gap 1.2300 %\n")
+        .replace("  solve-time  2.4 s\n", "  solve-time 2.4s\n")
+    )
     assert run("fmt", "--check", str(path)) == cli_fmt.EXIT_WOULD_CHANGE
     assert capsys.readouterr().out.splitlines() == [str(path)]
     assert run("fmt", str(path)) == 0
@@ -161,11 +165,22 @@ def test_diff_of_the_sample_pair_reports_relu_offloaded_and_the_peak_change(caps
     out = capsys.readouterr().out
     summary, _, line_diff = out.partition("\n--- ")
     assert re.search(r"^  budget\s+36.29 KiB \(37164 B\)\s+36.29 KiB \(37164 B\)\s+\(unchanged\)$", summary, re.M)
-    assert re.search(r"^  predicted peak\s+35.79 KiB \(36652 B\) at backward:12\s+31.79 KiB \(32556 B\) at backward:12\s+\(-4096 B, -11.2%\)$", summary, re.M)
+    assert re.search(
+        r"^  predicted peak\s+35.79 KiB \(36652 B\) at backward:12\s+31.79 KiB \(32556 B\) at backward:12\s+\(-4096 B,"
+        r" -11.2%\)$",
+        summary,
+        re.M,
+    )
     assert re.search(r"^  predicted time\s+0.139 ms\s+0.140 ms\s+\(\+0.001 ms", summary, re.M)
     assert "tensors with a new policy: 1\n    relu  kept -> offloaded\n" in summary
     assert "operations: 5 added, 0 removed, 0 moved" in summary
-    for where, verb in (("forward:5", "offload"), ("forward:10", "wait"), ("forward:11", "delete"), ("backward:15", "prefetch"), ("backward:16", "wait")):
+    for where, verb in (
+        ("forward:5", "offload"),
+        ("forward:10", "wait"),
+        ("forward:11", "delete"),
+        ("backward:15", "prefetch"),
+        ("backward:16", "wait"),
+    ):
         assert re.search(rf"^    \+  {where}\s+{verb}\s+relu$", summary, re.M), (where, verb)
     assert line_diff.startswith(f"{AUTOGRAD}\n+++ {OFFLOAD}\n@@ ")
     assert "\n+  offload  relu\n" in line_diff
@@ -192,7 +207,9 @@ def test_diff_summary_shows_status_and_gap_changes(tmp_path, capsys):
         "  note: solve time 12.5 s -> 60.0 s (how long the solver ran, not a change of the plan; not in the line diff)"
     ]
     assert "operations: 0 added, 0 removed, 0 moved" in summary
-    assert "\n-  status      optimal\n-  gap         0.00%\n+  status      feasible\n+  gap         1.23%\n" in line_diff
+    assert (
+        "\n-  status      optimal\n-  gap         0.00%\n+  status      feasible\n+  gap         1.23%\n" in line_diff
+    )
     assert "solve-time" not in line_diff
 
     hand = with_solver_status(OFFLOAD, tmp_path / "hand.plan")  # no gap, no solve time
@@ -239,7 +256,9 @@ def test_moved_and_removed_operations():
     del fwd[-1]
     changes = diff.operation_changes(plan, dataclasses.replace(plan, forward=tuple(fwd)))
     last = plan.forward[-1]
-    assert [(c.verb, c.target, c.old_pos) for c in changes if c.kind == "-"] == [(last.verb, last.target, len(plan.forward))]
+    assert [(c.verb, c.target, c.old_pos) for c in changes if c.kind == "-"] == [
+        (last.verb, last.target, len(plan.forward))
+    ]
     moved = [c for c in changes if c.kind == "~"]
     assert len(moved) == 1 and moved[0].section == ir.FORWARD
     assert {moved[0].old_pos, moved[0].new_pos} == {3, 4}
@@ -277,7 +296,9 @@ def test_diff_of_an_invalid_plan_is_exit_2_without_traceback(tmp_path):
 def test_git_diff_driver_arguments_and_added_file(capsys):
     assert run("git-diff", "m.plan", str(AUTOGRAD), "9e14db0aa", "100644", str(OFFLOAD), "4c2ec39bb", "100644") == 0
     out = capsys.readouterr().out
-    assert out.startswith("diff --remat a/m.plan b/m.plan\nindex 9e14db0..4c2ec39\nplan summary: a/m.plan -> b/m.plan\n")
+    assert out.startswith(
+        "diff --remat a/m.plan b/m.plan\nindex 9e14db0..4c2ec39\nplan summary: a/m.plan -> b/m.plan\n"
+    )
     assert "relu  kept -> offloaded" in out and "\n--- a/m.plan\n+++ b/m.plan\n" in out
 
     assert run("git-diff", "new.plan", os.devnull, "0" * 40, ".", str(OFFLOAD), "4c2ec39bb", "100644") == 0
@@ -333,7 +354,13 @@ def test_git_diff_and_log_show_the_summary_with_the_readme_setup(tmp_path):
     assert attributes == "*.plan diff=remat"
     assert {key for key, _ in configs} == {"diff.remat.command", "diff.remat.textconv"}
     remat_command = f"{shlex.quote(sys.executable)} -m remat_dsl"
-    env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1", "GIT_PAGER": "cat", "PAGER": "cat"}
+    env = {
+        **os.environ,
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_PAGER": "cat",
+        "PAGER": "cat",
+    }
     env.pop("GIT_EXTERNAL_DIFF", None)
 
     def git(*args: str) -> str:
@@ -357,7 +384,9 @@ def test_git_diff_and_log_show_the_summary_with_the_readme_setup(tmp_path):
     shown = git("diff", "HEAD~1", "HEAD")
     assert "plan summary: a/model.plan -> b/model.plan" in shown
     assert "relu  kept -> offloaded" in shown
-    assert re.search(r"predicted peak\s+35.79 KiB \(36652 B\) at backward:12\s+31.79 KiB \(32556 B\) at backward:12", shown)
+    assert re.search(
+        r"predicted peak\s+35.79 KiB \(36652 B\) at backward:12\s+31.79 KiB \(32556 B\) at backward:12", shown
+    )
     assert shown.index("plan summary") < shown.index("--- a/model.plan")
 
     log = git("log", "-p")

@@ -43,7 +43,26 @@ PLANS = {
 }
 MUTANTS = 70  # per plan in `make test`: 350 in all
 SLOW_MUTANTS = 3000  # in all, behind `-m slow`
-JUNK = ["", "x", "-1", "0", "%", "[", "(", "#", "on", "delete", "compute", "1e400", "nan", "é", "\t", "99999999999999999999", "%fc1", "float33"]
+JUNK = [
+    "",
+    "x",
+    "-1",
+    "0",
+    "%",
+    "[",
+    "(",
+    "#",
+    "on",
+    "delete",
+    "compute",
+    "1e400",
+    "nan",
+    "é",
+    "\t",
+    "99999999999999999999",
+    "%fc1",
+    "float33",
+]
 
 
 # ---------------------------------------------------------------------------
@@ -140,8 +159,13 @@ def run_mutants(plan_name: str, reference: Reference, count: int, seed: int) -> 
             source = generate(verified, source="mutant.plan")
             wrong = reference.same_as_eager(source)
         except Exception as error:  # noqa: BLE001
-            pytest.fail(f"{where}: an accepted plan failed in codegen or training: {type(error).__name__}: {error}\n{_diff(text, mutant)}")
-        assert not wrong, f"{where}: an accepted plan trains differently from eager ({', '.join(wrong)})\n{_diff(text, mutant)}"
+            pytest.fail(
+                f"{where}: an accepted plan failed in codegen or training: {type(error).__name__}:"
+                f" {error}\n{_diff(text, mutant)}"
+            )
+        assert (
+            not wrong
+        ), f"{where}: an accepted plan trains differently from eager ({', '.join(wrong)})\n{_diff(text, mutant)}"
         outcomes["accepted, trains like eager"] += 1
     return outcomes
 

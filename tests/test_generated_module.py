@@ -28,19 +28,25 @@ PLANS = ROOT / "tests" / "plans"
 
 def generated(plan_path: Path, tmp_path: Path):
     out = tmp_path / f"fast_{plan_path.stem}.py"
-    result = subprocess.run([sys.executable, "-m", "remat_dsl", "codegen", str(plan_path), "-o", str(out)], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "remat_dsl", "codegen", str(plan_path), "-o", str(out)], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
     return load_generated(out)
 
 
 @pytest.fixture(scope="module")
 def mlp(tmp_path_factory):
-    return load_model_file(str(ROOT / "tests/models/tiny_mlp.py")), generated(PLANS / "tiny_mlp_recompute.plan", tmp_path_factory.mktemp("mlp"))
+    return load_model_file(str(ROOT / "tests/models/tiny_mlp.py")), generated(
+        PLANS / "tiny_mlp_recompute.plan", tmp_path_factory.mktemp("mlp")
+    )
 
 
 @pytest.fixture(scope="module")
 def cnn(tmp_path_factory):
-    return load_model_file(str(ROOT / "tests/models/tiny_cnn.py")), generated(PLANS / "tiny_cnn_checkmate.plan", tmp_path_factory.mktemp("cnn"))
+    return load_model_file(str(ROOT / "tests/models/tiny_cnn.py")), generated(
+        PLANS / "tiny_cnn_checkmate.plan", tmp_path_factory.mktemp("cnn")
+    )
 
 
 def test_eval_mode_and_no_grad_run_the_models_own_forward(cnn):
@@ -92,7 +98,9 @@ def test_the_model_must_be_the_plans(mlp, cnn):
         module.FastModel(cnn_file.build_model())
     wider = torch.nn.Module()
     wider.fc1, wider.fc2, wider.head = torch.nn.Linear(32, 65), torch.nn.Linear(64, 64), torch.nn.Linear(64, 8)
-    with pytest.raises(ValueError, match=r"parameter 'fc1.weight' is float32\[65, 32\], the plan's is float32\[64, 32\]"):
+    with pytest.raises(
+        ValueError, match=r"parameter 'fc1.weight' is float32\[65, 32\], the plan's is float32\[64, 32\]"
+    ):
         module.FastModel(wider)
 
 
@@ -101,7 +109,9 @@ def plan_module(model_file, tmp_path: Path, percent: int = 100, solver: str = "r
     captured = capture_graph(model_file, repeats=1)
     budget = autograd_peak(captured.graph, "cpu") * percent // 100
     path = tmp_path / "t.plan"
-    path.write_text(print_plan(make_plan(captured.graph, model=model_file.spec, device="cpu", budget=budget, solver=solver)))
+    path.write_text(
+        print_plan(make_plan(captured.graph, model=model_file.spec, device="cpu", budget=budget, solver=solver))
+    )
     return generated(path, tmp_path)
 
 
@@ -133,7 +143,10 @@ def test_an_unused_parameter_keeps_no_gradient_and_a_frozen_one_no_line(tmp_path
     model_file = load_model_file(str(ROOT / "tests/models/discarded_branch.py"))
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
     module = plan_module(model_file, tmp_path / "a")
-    assert [g.value for g in module_plan(tmp_path / "a").graph.gradients if g.parameter.startswith("branch")] == [None, None]
+    assert [g.value for g in module_plan(tmp_path / "a").graph.gradients if g.parameter.startswith("branch")] == [
+        None,
+        None,
+    ]
     fast = module.FastModel(model_file.build_model())
     model_file.loss_fn(fast(*model_file.sample_inputs().args)).backward()
     assert fast.model.branch.weight.grad is None and fast.model.head.weight.grad is not None
@@ -147,7 +160,9 @@ def test_an_unused_parameter_keeps_no_gradient_and_a_frozen_one_no_line(tmp_path
     module = plan_module(replace(model_file, build=frozen_branch), tmp_path / "b")
     assert not [g for g in module_plan(tmp_path / "b").graph.gradients if g.parameter.startswith("branch")]
     module.FastModel(frozen_branch())(*model_file.sample_inputs().args)
-    with pytest.raises(ValueError, match="parameter 'branch.weight' requires grad, but the plan was made with it frozen"):
+    with pytest.raises(
+        ValueError, match="parameter 'branch.weight' requires grad, but the plan was made with it frozen"
+    ):
         module.FastModel(model_file.build_model())(*model_file.sample_inputs().args)
 
 
@@ -187,7 +202,12 @@ def test_inputs_bind_by_the_forwards_names_not_the_graphs_order(tmp_path):
         torch.manual_seed(3)
         expected.append(eager(first, second))
     assert not torch.equal(*expected)  # a swap would have mattered
-    for call in (lambda m: m(src, tgt), lambda m: m(src=src, tgt=tgt), lambda m: m(tgt=tgt, src=src), lambda m: m(src, tgt=tgt)):
+    for call in (
+        lambda m: m(src, tgt),
+        lambda m: m(src=src, tgt=tgt),
+        lambda m: m(tgt=tgt, src=src),
+        lambda m: m(src, tgt=tgt),
+    ):
         fast = module.FastModel(same.build_model())
         torch.manual_seed(3)
         assert torch.equal(call(fast), expected[0])

@@ -37,7 +37,21 @@ def run(command: list[str], cwd: Path, **env: str) -> subprocess.CompletedProces
 
 def test_a_wheel_runs_without_the_repository(tmp_path):
     source = _source_copy(tmp_path)
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"), str(source)], tmp_path)
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(source),
+        ],
+        tmp_path,
+    )
     (wheel,) = (tmp_path / "dist").glob("remat_dsl-*.whl")
     site = tmp_path / "site"
     with zipfile.ZipFile(wheel) as archive:
@@ -49,9 +63,22 @@ def test_a_wheel_runs_without_the_repository(tmp_path):
     work.mkdir()
     shutil.copy(ROOT / "tests" / "models" / "tiny_mlp.py", work)
     env = {"PYTHONPATH": str(site)}
-    where = run([sys.executable, "-c", "import remat_dsl.plan.parser as p, remat_dsl.codegen.generate as c, remat_dsl.plan.tables as t; print(p.GRAMMAR_PATH); print(c.TEMPLATES); print(t.tables_path('plan')); assert t.load('plan')"], work, **env)
+    where = run(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import remat_dsl.plan.parser as p, remat_dsl.codegen.generate as c, remat_dsl.plan.tables as t;"
+                " print(p.GRAMMAR_PATH); print(c.TEMPLATES); print(t.tables_path('plan')); assert t.load('plan')"
+            ),
+        ],
+        work,
+        **env,
+    )
     assert all(line.startswith(str(site)) for line in where.stdout.split()), where.stdout
-    plan = run([sys.executable, "-m", "remat_dsl", "plan", "tiny_mlp.py", "--budget", "90%", "--repeats", "1"], work, **env)
+    plan = run(
+        [sys.executable, "-m", "remat_dsl", "plan", "tiny_mlp.py", "--budget", "90%", "--repeats", "1"], work, **env
+    )
     (work / "t.plan").write_text(plan.stdout)
     run([sys.executable, "-m", "remat_dsl", "check", "t.plan"], work, **env)
     run([sys.executable, "-m", "remat_dsl", "codegen", "t.plan", "-o", "fast.py"], work, **env)
@@ -70,5 +97,15 @@ def test_pip_install_into_a_fresh_venv_plans_gpt2(tmp_path):
     remat = str(env_dir / "bin" / "remat")
     work = tmp_path / "work"
     shutil.copytree(ROOT / "examples", work / "examples")
-    run(["bash", "-c", f"set -e; {remat} plan examples/gpt2.py --budget 50% > g.plan; {remat} check g.plan; {remat} codegen g.plan -o f.py"], work)
+    run(
+        [
+            "bash",
+            "-c",
+            (
+                f"set -e; {remat} plan examples/gpt2.py --budget 50% > g.plan; {remat} check g.plan; {remat} codegen"
+                " g.plan -o f.py"
+            ),
+        ],
+        work,
+    )
     assert (work / "g.plan").read_text().startswith("remat-plan ")

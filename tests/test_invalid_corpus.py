@@ -46,7 +46,9 @@ def test_corpus_is_large_and_complete():
 
 @pytest.mark.parametrize("case", make_corpus.CASES, ids=lambda case: case.name)
 def test_corpus_plans_are_up_to_date(case):
-    assert (CORPUS / f"{case.name}.plan").read_text(encoding="utf-8") == make_corpus.canonical(make_corpus.plan_text(case))
+    assert (CORPUS / f"{case.name}.plan").read_text(encoding="utf-8") == make_corpus.canonical(
+        make_corpus.plan_text(case)
+    )
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -92,7 +94,9 @@ def test_the_parser_from_its_shipped_tables_gives_every_diagnostic(monkeypatch):
         parser._lark.cache_clear()
         parser._terminal_names.cache_clear()
         diagnostics = [make_corpus.check_in_process(make_corpus.relative_path(name)) for name in NAMES]
-        return [(status, stderr) for status, _, stderr in diagnostics] + [parser.parse(p.read_text(), str(p)) for p in valid]
+        return [(status, stderr) for status, _, stderr in diagnostics] + [
+            parser.parse(p.read_text(), str(p)) for p in valid
+        ]
 
     try:
         with monkeypatch.context() as patch:

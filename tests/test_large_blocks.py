@@ -104,7 +104,10 @@ def test_rockmate_falls_back_on_rotors_blocks_only_where_their_ilps_are_affordab
     bound = re.search(r"no plan can peak below [^(]*\((\d+) B\)", result.stderr)  # refused before the solve
     assert result.returncode == 2 and bound, (result.returncode, result.stderr[-2000:])
     result = shell(f"timeout 300 remat plan {model} --budget {bound[1]}B --repeats 1 > refused.plan", tmp_path)
-    assert result.returncode == 2 and "smallest feasible budget is" in result.stderr, (result.returncode, result.stderr[-2000:])
+    assert result.returncode == 2 and "smallest feasible budget is" in result.stderr, (
+        result.returncode,
+        result.stderr[-2000:],
+    )
     assert "Traceback" not in result.stderr and (tmp_path / "refused.plan").read_text() == ""
     solving = [line for line in result.stderr.splitlines() if line.startswith("solving block class")]
     sizes = [int(re.search(r", (\d+) ops", line).group(1)) for line in solving]

@@ -125,7 +125,9 @@ def test_rockmate_needs_less_memory_than_rotor_on_gpt2_6_layers():
     """On the 4-layer GPT-2 both floors are set by the LM head's backward; with more layers
     Rockmate's options inside the blocks show (the issue measures this at 12 layers in
     bench/frontier.py)."""
-    captured = capture_graph(load_model_file(str(ROOT / "examples/gpt2.py") + ":build_gpt2_6l"), repeats=1, measure_time=False)
+    captured = capture_graph(
+        load_model_file(str(ROOT / "examples/gpt2.py") + ":build_gpt2_6l"), repeats=1, measure_time=False
+    )
     rockmate = smallest_budget(captured.graph, captured.device, "rockmate")
     rotor = smallest_budget(captured.graph, captured.device, "rotor")
     assert rockmate < rotor
@@ -154,7 +156,9 @@ def test_checkmate_on_a_small_graph(tiny, tmp_path):
     model_file, captured, autograd = tiny
     assert choose_solver(captured.graph) == "checkmate"
     with pytest.raises(BudgetError) as error:
-        make_plan(captured.graph, model=model_file.spec, device=captured.device, budget=autograd // 10, solver="checkmate")
+        make_plan(
+            captured.graph, model=model_file.spec, device=captured.device, budget=autograd // 10, solver="checkmate"
+        )
     budget = error.value.smallest
     assert budget < autograd
     plan = make_plan(captured.graph, model=model_file.spec, device=captured.device, budget=budget, solver="checkmate")
@@ -165,7 +169,19 @@ def test_checkmate_on_a_small_graph(tiny, tmp_path):
 
 def test_checkmate_refuses_big_graphs(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "remat_dsl", "plan", "examples/gpt2.py", "--solver", "checkmate", "--budget", "50%", "-o", str(tmp_path / "x.plan")],
+        [
+            sys.executable,
+            "-m",
+            "remat_dsl",
+            "plan",
+            "examples/gpt2.py",
+            "--solver",
+            "checkmate",
+            "--budget",
+            "50%",
+            "-o",
+            str(tmp_path / "x.plan"),
+        ],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -217,7 +233,19 @@ def random_chain(rng: random.Random, options: bool) -> Chain:
                 for i in range(rng.randint(1, 3))
             )
         kept = rng.choice((0, rng.randint(0, 200)))  # NOTE: [Kept gradients]
-        blocks.append(Block(rng.randint(1, 1000), rng.randint(1, 2000), x, xbar, x, rng.randint(0, 100), rng.randint(0, 200), extra, kept))
+        blocks.append(
+            Block(
+                rng.randint(1, 1000),
+                rng.randint(1, 2000),
+                x,
+                xbar,
+                x,
+                rng.randint(0, 100),
+                rng.randint(0, 200),
+                extra,
+                kept,
+            )
+        )
     return Chain(tuple(blocks), 5, 5)
 
 
@@ -227,7 +255,9 @@ def test_rk_rotor_without_options_is_rotor():
         chain = random_chain(rng, options=False)
         floor = rk_rotor.min_feasible_budget(chain, 100)
         for budget in (floor, floor + 17, 2 * floor):
-            assert rk_rotor.solve_rk_rotor(chain, budget, 100).predicted_us == solve_rotor(chain, budget, 100).predicted_us
+            assert (
+                rk_rotor.solve_rk_rotor(chain, budget, 100).predicted_us == solve_rotor(chain, budget, 100).predicted_us
+            )
 
 
 def test_rk_rotor_options_never_hurt():
@@ -324,7 +354,14 @@ def test_time_limit_gives_best_plan_marked_feasible(example):
     if "transformer" not in model_file.spec:
         pytest.skip("one non-chain graph is enough")
     try:
-        plan = make_plan(captured.graph, model=model_file.spec, device=captured.device, budget=autograd * 6 // 10, solver="hiremate", time_limit=0.5)
+        plan = make_plan(
+            captured.graph,
+            model=model_file.spec,
+            device=captured.device,
+            budget=autograd * 6 // 10,
+            solver="hiremate",
+            time_limit=0.5,
+        )
     except (BudgetError, RematError):
         return  # no solution within the limit: refused, not faked
     assert plan.header.status in ("optimal", "feasible")

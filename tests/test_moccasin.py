@@ -226,7 +226,9 @@ def test_remat_plan_moccasin_proves_a_stock_gpt2_optimum_with_the_stage_bound(tm
     if simulate(rockmate, inplace=False).peak_bytes <= rockmate.header.budget:
         assert cpu_plan.header.time_us * (1 - gap) <= rockmate.header.time_us, (cpu_plan.header, rockmate.header)
     else:  # it fits because it writes in place
-        assert rockmate.header.peak_bytes <= rockmate.header.budget and any(step.into for step in simulate(rockmate).timeline)
+        assert rockmate.header.peak_bytes <= rockmate.header.budget and any(
+            step.into for step in simulate(rockmate).timeline
+        )
     trained_peak(model_file, print_plan(cpu_plan), tmp_path)  # asserts bit-exact training
 
 

@@ -52,8 +52,12 @@ def test_grids_solved_in_workers_give_the_plan_one_process_gives(monkeypatch):
 
 
 def test_remat_plan_jobs_gives_the_same_plan_through_the_shell(tmp_path):
-    commands = [f"'{REMAT}' plan {LLAMA} --budget 75% --no-cache --profile p.profile --jobs {n} > j{n}.plan" for n in (1, 2)]
-    profile = subprocess.run(f"'{REMAT}' profile {LLAMA} --repeats 1 -o p.profile", shell=True, cwd=tmp_path, capture_output=True, text=True)
+    commands = [
+        f"'{REMAT}' plan {LLAMA} --budget 75% --no-cache --profile p.profile --jobs {n} > j{n}.plan" for n in (1, 2)
+    ]
+    profile = subprocess.run(
+        f"'{REMAT}' profile {LLAMA} --repeats 1 -o p.profile", shell=True, cwd=tmp_path, capture_output=True, text=True
+    )
     assert profile.returncode == 0, profile.stderr
     for command in commands:
         result = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=300)

@@ -305,7 +305,14 @@ def test_gap_is_rounded_at_construction_and_printed_in_percent(gap, stored, text
 
 @pytest.mark.parametrize(
     "seconds, stored, text",
-    [(2.4, 2.4, "2.4 s"), (2.44, 2.4, "2.4 s"), (0, 0.0, "0.0 s"), (-0.0, 0.0, "0.0 s"), (59.96, 60.0, "60.0 s"), (3600.25, 3600.2, "3600.2 s")],
+    [
+        (2.4, 2.4, "2.4 s"),
+        (2.44, 2.4, "2.4 s"),
+        (0, 0.0, "0.0 s"),
+        (-0.0, 0.0, "0.0 s"),
+        (59.96, 60.0, "60.0 s"),
+        (3600.25, 3600.2, "3600.2 s"),
+    ],
 )
 def test_solve_time_is_rounded_to_a_tenth_of_a_second(seconds, stored, text):
     header = replace(small_plan().header, solve_seconds=seconds)

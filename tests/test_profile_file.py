@@ -89,10 +89,19 @@ def test_round_trip_is_exact(tiny):
     text = write_profile(timed.graph, model=model_file.spec, device=timed.device)
     profile = read_profile(text, "tiny.profile")
     assert profile.model == model_file.spec and profile.device == timed.device
-    assert [(i.name, i.dtype, i.shape) for i in profile.inputs] == [(v.name, v.dtype, v.shape) for v in timed.graph.inputs]
-    assert [(o.name, o.time_us, o.temp_bytes) for o in profile.ops] == [(o.name, o.time_us, o.temp_bytes) for o in timed.graph.ops]
+    assert [(i.name, i.dtype, i.shape) for i in profile.inputs] == [
+        (v.name, v.dtype, v.shape) for v in timed.graph.inputs
+    ]
+    assert [(o.name, o.time_us, o.temp_bytes) for o in profile.ops] == [
+        (o.name, o.time_us, o.temp_bytes) for o in timed.graph.ops
+    ]
     assert apply_profile(timed.graph, profile, model=model_file.spec) == timed.graph
-    assert write_profile(apply_profile(timed.graph, profile), model=profile.model, device=profile.device, torch_version=profile.torch) == text
+    assert (
+        write_profile(
+            apply_profile(timed.graph, profile), model=profile.model, device=profile.device, torch_version=profile.torch
+        )
+        == text
+    )
 
 
 def test_a_profile_keeps_the_measured_temporaries_alone(tiny):
@@ -104,7 +113,9 @@ def test_a_profile_keeps_the_measured_temporaries_alone(tiny):
     assert ir.gradient_zeros(timed.graph) == {}  # one output: its gradient always comes
     graph = ir.with_gradient_zeros(replace(timed.graph, tangents=timed.graph.tangents + second))
     assert ir.gradient_zeros(graph) == {"head.bwd.mm": 512, "head.bwd.mm_1": 512, "head.bwd.sum": 512}
-    assert [op.temp_bytes - old.temp_bytes for op, old in zip(graph.ops, timed.graph.ops) if op.temp_bytes != old.temp_bytes] == [512] * 3
+    assert [
+        op.temp_bytes - old.temp_bytes for op, old in zip(graph.ops, timed.graph.ops) if op.temp_bytes != old.temp_bytes
+    ] == [512] * 3
     text = write_profile(graph, model=model_file.spec, device=timed.device)
     assert text == write_profile(timed.graph, model=model_file.spec, device=timed.device)
     assert apply_profile(replace(untimed.graph, tangents=untimed.graph.tangents + second), read_profile(text)) == graph
@@ -134,7 +145,9 @@ def test_a_profile_is_readable(tiny_profile):
     assert fc1.split()[2:] == ["ms", "0", "B"]
     assert all(line == line.rstrip() for line in lines)
     # hand-written variations read the same: comments, other units, no alignment
-    edited = text.replace("\nops\n", "\n# reviewed by hand\nops  # one line per op\n").replace("input   x  float32[16, 32]", "input x float32[16,32]")
+    edited = text.replace("\nops\n", "\n# reviewed by hand\nops  # one line per op\n").replace(
+        "input   x  float32[16, 32]", "input x float32[16,32]"
+    )
     fc1_time = next(op.time_us for op in read_profile(text).ops if op.name == "fc1")
     edited = _edit_op(edited, "fc1", f"fc1 {fc1_time} us 0 KiB")
     assert read_profile(edited).ops == read_profile(text).ops
@@ -252,7 +265,9 @@ def test_plan_from_a_profile_is_byte_identical(tiny, tiny_profile):
     # the plan carries the profile's costs, with the output gradient's zeros (NOTE: [Gradient zeros])
     parsed = parse(runs[0].stdout)
     profile, zeros = read_profile(text), ir.gradient_zeros(parsed.graph)
-    assert [(o.name, o.time_us, o.temp_bytes) for o in parsed.graph.ops] == [(o.name, o.time_us, o.temp_bytes + zeros.get(o.name, 0)) for o in profile.ops]
+    assert [(o.name, o.time_us, o.temp_bytes) for o in parsed.graph.ops] == [
+        (o.name, o.time_us, o.temp_bytes + zeros.get(o.name, 0)) for o in profile.ops
+    ]
 
 
 def test_profile_of_another_model_exits_2(tiny_profile):
@@ -313,6 +328,10 @@ def test_gpt2_plan_from_a_profile_is_byte_identical_and_valid(tmp_path):
     plan = parse(runs[0].stdout)
     assert any(ins.verb == "recompute" for ins in plan.forward + plan.backward)
     assert simulate(plan).peak_bytes <= plan.header.budget
-    zeros = ir.gradient_zeros(plan.graph)  # NOTE: [Gradient zeros]: the logits' gradient, 2 MiB, for the LM head's backward
-    costs = {op.name: (op.time_us, op.temp_bytes + zeros.get(op.name, 0)) for op in read_profile(profile.read_text()).ops}
+    zeros = ir.gradient_zeros(
+        plan.graph
+    )  # NOTE: [Gradient zeros]: the logits' gradient, 2 MiB, for the LM head's backward
+    costs = {
+        op.name: (op.time_us, op.temp_bytes + zeros.get(op.name, 0)) for op in read_profile(profile.read_text()).ops
+    }
     assert {op.name: (op.time_us, op.temp_bytes) for op in plan.graph.ops} == costs

@@ -70,7 +70,9 @@ class Base:
         self.model_file = load_model_file(str(ROOT / example))
         captured = capture_graph(self.model_file, repeats=1)
         budget = autograd_peak(captured.graph, captured.device) // 2
-        plan = make_plan(captured.graph, model=self.model_file.spec, device=captured.device, budget=budget, solver="rotor")
+        plan = make_plan(
+            captured.graph, model=self.model_file.spec, device=captured.device, budget=budget, solver="rotor"
+        )
         self.name = Path(example).stem
         self.text = print_plan(plan)
         self.lines = self.text.split("\n")

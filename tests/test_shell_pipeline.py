@@ -27,7 +27,9 @@ TINY = ROOT / "tests" / "models" / "tiny_mlp.py"
 
 def shell(script: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run(["bash", "-c", "set -eo pipefail\n" + script], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        ["bash", "-c", "set -eo pipefail\n" + script], cwd=cwd, env=env, capture_output=True, text=True, timeout=900
+    )
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +66,9 @@ def test_plan_check_codegen_through_the_shell(solver, pipelines):
 
 
 def test_written_files_follow_the_umask(tmp_path):
-    result = shell(f"umask 022\nremat plan {TINY} --budget 100% --repeats 1 -o t.plan\nremat codegen t.plan -o t.py\n", tmp_path)
+    result = shell(
+        f"umask 022\nremat plan {TINY} --budget 100% --repeats 1 -o t.plan\nremat codegen t.plan -o t.py\n", tmp_path
+    )
     assert result.returncode == 0, result.stderr
     for name in ("t.plan", "t.py"):
         assert (tmp_path / name).stat().st_mode & 0o777 == 0o644, name
@@ -93,7 +97,9 @@ def test_two_plans_of_the_same_profile_are_byte_identical(tmp_path):
 
 
 def test_solve_time_is_recorded_when_asked(tmp_path):
-    result = shell(f"remat plan {TINY} --budget 100% --repeats 1 --record-solve-time > t.plan\nremat check t.plan\n", tmp_path)
+    result = shell(
+        f"remat plan {TINY} --budget 100% --repeats 1 --record-solve-time > t.plan\nremat check t.plan\n", tmp_path
+    )
     assert result.returncode == 0, result.stderr
     assert "  solve-time  " in (tmp_path / "t.plan").read_text()
     assert "solve time" in result.stdout

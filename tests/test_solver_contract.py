@@ -14,13 +14,25 @@ from remat_dsl.solve.api import FLOOR_SWEEP, Solver, floor_targets
 def test_every_registered_solver_subclasses_the_contract(name):
     cls = registry.solver_class(name)
     assert issubclass(cls, Solver) and cls.name == name
-    for member in ("auto_rank", "optimizes", "cheap_targets", "fits", "fallbacks", "floor_targets", "describe", "solve", "floor"):
+    for member in (
+        "auto_rank",
+        "optimizes",
+        "cheap_targets",
+        "fits",
+        "fallbacks",
+        "floor_targets",
+        "describe",
+        "solve",
+        "floor",
+    ):
         assert hasattr(cls, member), member
 
 
 def test_a_class_outside_the_contract_is_refused(monkeypatch):
     monkeypatch.setitem(registry.SOLVERS, "plain", "collections:OrderedDict")
-    with pytest.raises(TypeError, match=r"solver 'plain' \(collections:OrderedDict\) does not subclass remat_dsl.solve.api.Solver"):
+    with pytest.raises(
+        TypeError, match=r"solver 'plain' \(collections:OrderedDict\) does not subclass remat_dsl.solve.api.Solver"
+    ):
         registry.solver_class("plain")
 
 

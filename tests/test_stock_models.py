@@ -40,7 +40,9 @@ BIN = Path(sys.executable).parent
 
 def shell(script: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run(["bash", "-c", "set -eo pipefail\n" + script], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        ["bash", "-c", "set -eo pipefail\n" + script], cwd=cwd, env=env, capture_output=True, text=True, timeout=900
+    )
 
 
 def smallest_budget(model: Path, cwd: Path, options: str = "") -> int:
@@ -70,7 +72,8 @@ def plan_and_train(model: Path, budget: str, cwd: Path, options: str = ""):
     """The user's pipeline through the shell (`options`: more `remat plan` options); then
     two SGD steps against eager."""
     result = shell(
-        f"remat plan {model} --budget {budget} --repeats 1 {options} > m.plan\nremat check m.plan > report.txt\nremat codegen m.plan -o fast.py",
+        f"remat plan {model} --budget {budget} --repeats 1 {options} > m.plan\nremat check m.plan > report.txt\nremat"
+        " codegen m.plan -o fast.py",
         cwd,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -178,7 +181,9 @@ def test_a_discarded_branch_draws_its_dropout_as_eagerly(budget, tmp_path):
         budget = f"{smallest_budget(model, tmp_path) * 11 // 10}B"
     text, _ = plan_and_train(model, budget, tmp_path)
     forward = text.split("\nforward\n", 1)[1].split("\n\n", 1)[0].split()
-    draws = [forward[k + 1] for k in range(0, len(forward), 2) if forward[k] == "compute" and "dropout" in forward[k + 1]]
+    draws = [
+        forward[k + 1] for k in range(0, len(forward), 2) if forward[k] == "compute" and "dropout" in forward[k + 1]
+    ]
     assert len(draws) == 2, forward
     assert forward.index("branch") < forward.index(draws[0]) < forward.index("pooler") < forward.index(draws[1])
 
@@ -274,19 +279,18 @@ def test_module_names_a_plan_name_cannot_hold(tmp_path):
     `block1_0` ... in the plan; the generated module finds the model's own tensors."""
     text, source = plan_and_train(MODELS / "odd_names.py", "100%", tmp_path)
     assert re.search(r"^  blocks\.block1_0\.weight +float32\[16, 8\]$", text, re.M)
-    assert re.search(r"^  compute +blocks\.conv_1$", text, re.M) and re.search(r"^  scale_factor +float32\[16\]$", text, re.M)
+    assert re.search(r"^  compute +blocks\.conv_1$", text, re.M) and re.search(
+        r"^  scale_factor +float32\[16\]$", text, re.M
+    )
 
 
 def test_two_names_that_would_read_alike_are_refused(tmp_path):
     model = tmp_path / "clash.py"
     model.write_text(
-        "import torch\nfrom torch import nn\n\n"
-        "class Clash(nn.Module):\n"
-        "    def __init__(self):\n        super().__init__()\n        self.m = nn.ModuleDict({'a-b': nn.Linear(2, 2), 'a_b': nn.Linear(2, 2)})\n\n"
-        "    def forward(self, x):\n        return self.m['a_b'](self.m['a-b'](x)).sum()\n\n"
-        "def build_model():\n    return Clash()\n\n"
-        "def sample_inputs():\n    return (torch.ones(1, 2),)\n\n"
-        "def loss_fn(output):\n    return output\n"
+        "import torch\nfrom torch import nn\n\nclass Clash(nn.Module):\n    def __init__(self):\n       "
+        " super().__init__()\n        self.m = nn.ModuleDict({'a-b': nn.Linear(2, 2), 'a_b': nn.Linear(2, 2)})\n\n   "
+        " def forward(self, x):\n        return self.m['a_b'](self.m['a-b'](x)).sum()\n\ndef build_model():\n    return"
+        " Clash()\n\ndef sample_inputs():\n    return (torch.ones(1, 2),)\n\ndef loss_fn(output):\n    return output\n"
     )
     result = shell(f"remat plan {model} --budget 100% > m.plan", tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
@@ -294,7 +298,10 @@ def test_two_names_that_would_read_alike_are_refused(tmp_path):
     assert (tmp_path / "m.plan").read_text() == ""
 
 
-@pytest.mark.parametrize("solver", ["rotor", pytest.param("rockmate", marks=pytest.mark.slow), pytest.param("twremat", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "solver",
+    ["rotor", pytest.param("rockmate", marks=pytest.mark.slow), pytest.param("twremat", marks=pytest.mark.slow)],
+)
 def test_constants_upsampling_and_a_drop_path_train_bit_for_bit(solver, tmp_path):
     """A constant index tensor (`x[..., [-2], :]`, as Falcon splits its fused projection), an
     integer range and a 0-dim constant become calls of the plan (NOTE: [Constant tensors]);
@@ -306,7 +313,9 @@ def test_constants_upsampling_and_a_drop_path_train_bit_for_bit(solver, tmp_path
     model = MODELS / "constants_upsample.py"
     smallest = smallest_budget(model, tmp_path, f"--solver {solver}")
     text, _ = plan_and_train(model, f"{smallest * 11 // 10}B", tmp_path, f"--solver {solver}")
-    assert re.search(r"= aten\.full\.default\(\s*\[1\],\s*-2,", text) and re.search(r"= aten\.arange\.start_step\(\s*0,\s*4,\s*1,", text)
+    assert re.search(r"= aten\.full\.default\(\s*\[1\],\s*-2,", text) and re.search(
+        r"= aten\.arange\.start_step\(\s*0,\s*4,\s*1,", text
+    )
     assert "= aten.upsample_bilinear2d_backward.default(" in text and "_unsafe_index" not in text
 
 
@@ -342,7 +351,10 @@ def test_remat_plan_refuses_a_custom_operator_naming_its_op(tmp_path):
     result = shell(f"remat plan {MODELS / 'hf_mixtral.py'} --budget 100% > m.plan", tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert (tmp_path / "m.plan").read_text() == ""
-    expected = r"error: op 'model\.layers\.0\.mlp\.experts\.grouped_mm_fallback' calls `transformers\.grouped_mm_fallback\.default`"
+    expected = (
+        r"error: op 'model\.layers\.0\.mlp\.experts\.grouped_mm_fallback' calls"
+        r" `transformers\.grouped_mm_fallback\.default`"
+    )
     assert re.search(expected + ", which is not an aten operator", result.stderr), result.stderr[-2000:]
     assert 'experts_implementation="batched_mm"' in result.stderr  # the option that plans it: hf_mixtral_batched_mm.py
 
@@ -368,7 +380,11 @@ def test_a_step_traced_other_than_eager_is_said(tmp_path):
     indeed trains otherwise than eager; in float32 (adding zeros) the two agree and nothing
     is said."""
     model = MODELS / "traced_branch.py"
-    result = shell(f"remat plan {model} --budget 100% --repeats 1 > m.plan\nremat check m.plan > report.txt\nremat codegen m.plan -o fast.py", tmp_path)
+    result = shell(
+        f"remat plan {model} --budget 100% --repeats 1 > m.plan\nremat check m.plan > report.txt\nremat codegen m.plan"
+        " -o fast.py",
+        tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert EAGER_WARNING in result.stderr
     text = (tmp_path / "m.plan").read_text()

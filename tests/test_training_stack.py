@@ -11,8 +11,8 @@ forward and backward (any graph break fails fullgraph), and two SGD steps of it 
 compared with two steps of the compiled eager model: bit for bit with `aot_eager`; with
 `inductor`, within the deviation that compiling the eager model itself shows, measured
 here: the largest relative deviation from eager (max |x - eager| / max |eager| over the
-loss and every gradient of both steps) is no larger than the compiled eager model's.  Inductor runs with `fallback_random`
-so that dropout draws what eager draws.
+loss and every gradient of both steps) is no larger than the compiled eager model's.
+Inductor runs with `fallback_random` so that dropout draws what eager draws.
 
 Default runs stay small (the tiny MLP, with a recomputed dropout; the stock 2-layer Llama,
 given one tensor as two arguments, with `aot_eager`; GPT-2 with 2 layers and BERT under

@@ -83,7 +83,9 @@ def test_a_model_built_in_a_script_is_planned_generated_and_trained_exactly(tmp_
     and against the model), writes the module and trains three AdamW steps (dropout on)
     beside the eager model: losses and parameters equal bit for bit."""
     (tmp_path / "train_gated.py").write_text(SCRIPT)
-    result = subprocess.run([sys.executable, "train_gated.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "train_gated.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "trained exactly rotor" in result.stdout, result.stdout
     assert "import remat_dsl" not in (tmp_path / "fast_gated.py").read_text()
@@ -94,7 +96,19 @@ def test_a_model_file_gives_the_plan_remat_plan_prints(tmp_path):
     command's are the same bytes."""
     model = ROOT / "tests/models/tiny_mlp.py"
     plan = remat_dsl.plan_model(str(model), budget="100%", solver="rotor", device="a100")
-    command = [sys.executable, "-m", "remat_dsl", "plan", str(model), "--budget", "100%", "--solver", "rotor", "--device", "a100"]
+    command = [
+        sys.executable,
+        "-m",
+        "remat_dsl",
+        "plan",
+        str(model),
+        "--budget",
+        "100%",
+        "--solver",
+        "rotor",
+        "--device",
+        "a100",
+    ]
     result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert remat_dsl.plan_text(plan) == result.stdout

@@ -41,6 +41,7 @@ capture/pipeline.py).
 from __future__ import annotations
 
 import textwrap
+from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
@@ -100,11 +101,11 @@ def _eager_step(model, inputs: Inputs, captured: Captured, autocast, state) -> t
             with forward_autocast(call.leaves(), model, autocast):
                 out = call.call(model)
             leaves = [leaf for leaf in pytree.tree_leaves(out) if leaf is not None]
-            by_output = {}
+            by_output: dict[int, Any] = {}
             for leaf, k in zip(leaves, captured.leaves):
                 by_output.setdefault(k, leaf)
             outputs = [by_output.get(k) for k in range(captured.num_outputs)]
-            tangents = [outputs[k] for k in captured.tangent_of]
+            tangents = [by_output[k] for k in captured.tangent_of]
             torch.autograd.backward(tangents, [torch.ones_like(t) for t in tangents])
         gradients = [
             (p.grad if p.grad is None else p.grad.detach().clone()) if kind == "parameter" else None
@@ -128,7 +129,9 @@ def _same(a, b) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
 
 
-def _differences(captured: Captured, eager: tuple[list, list], outputs: list, gradients: list) -> list[tuple[str, str, float]]:
+def _differences(
+    captured: Captured, eager: tuple[list, list], outputs: list, gradients: list
+) -> list[tuple[str, str, float]]:
     """(kind, name, largest relative difference) for each output and parameter gradient that differs."""
     eager_outputs, eager_gradients = eager
     found = []
@@ -169,7 +172,9 @@ def _cast_more_than_once(captured: Captured, autocast: torch.dtype | None) -> se
     placeholders = [n for n in captured.forward.graph.nodes if n.op == "placeholder"]
     found = set()
     for node, (kind, name) in zip(placeholders, captured.primal_names):
-        casts = [u for u in node.users if u.target is torch.ops.aten._to_copy.default and u.kwargs.get("dtype") == autocast]
+        casts = [
+            u for u in node.users if u.target is torch.ops.aten._to_copy.default and u.kwargs.get("dtype") == autocast
+        ]
         if kind == "parameter" and len(casts) > 1:
             found.add(name)
     return found
@@ -178,7 +183,11 @@ def _cast_more_than_once(captured: Captured, autocast: torch.dtype | None) -> se
 def _lines(differ: list[tuple[str, str, float]], captured: Captured, cast_twice: set[str]) -> tuple[str, ...]:
     outputs = [name for kind, name, _ in differ if kind == "output"]
     grads = [name for kind, name, _ in differ if kind == "gradient"]
-    trainable = sum(1 for (kind, _), p in zip(captured.primal_names, captured.example_primals) if kind == "parameter" and p.requires_grad)
+    trainable = sum(
+        1
+        for (kind, _), p in zip(captured.primal_names, captured.example_primals)
+        if kind == "parameter" and p.requires_grad
+    )
     largest = max(r for _, _, r in differ)
     parts = [_listed(outputs)] if outputs else []
     if grads:

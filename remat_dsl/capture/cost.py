@@ -460,7 +460,7 @@ def _tensors(tree) -> list:
     import torch
     import torch.utils._pytree as pytree
 
-    found = []
+    found: list[torch.Tensor] = []
     for leaf in pytree.tree_leaves(tree):
         if isinstance(leaf, torch.Tensor) and not any(leaf is t for t in found):
             found.append(leaf)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import operator
 import re
 from collections import Counter
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -25,12 +26,15 @@ import torch.utils._pytree as pytree
 
 from remat_dsl.plan import ir
 from remat_dsl.capture.fx import Captured
+from remat_dsl.capture.model_file import Inputs
 from remat_dsl.plan.errors import RematError
 from remat_dsl.plan.operators import is_view
 from remat_dsl.capture.profile import NodeProfile, StepProfile, dtype_name, is_call
 
 
-def build_graph(captured: Captured, step: StepProfile, inputs: tuple, device_kinds: dict[str, str] | None = None) -> ir.Graph:
+def build_graph(
+    captured: Captured, step: StepProfile, inputs: Inputs, device_kinds: dict[str, str] | None = None
+) -> ir.Graph:
     """The FB-graph of one training step, with the profile's times and exact sizes.
 
     device_kinds: device kinds to rename in `torch.device(...)` arguments: the kind the
@@ -43,8 +47,11 @@ def build_graph(captured: Captured, step: StepProfile, inputs: tuple, device_kin
     fw_env = builder.walk(captured.forward, step.forward, ir.FORWARD, _primal_refs(captured))
     bw_refs = _backward_refs(captured, fw_env)
     bw_env = builder.walk(captured.backward, step.backward, ir.BACKWARD, bw_refs)
-    fw_out = list(captured.forward.graph.output_node().args[0])
-    bw_out = list(captured.backward.graph.output_node().args[0])
+    fw_returned = captured.forward.graph.output_node().args[0]
+    bw_returned = captured.backward.graph.output_node().args[0]
+    # fx: the output node's one argument holds the returned values
+    assert isinstance(fw_returned, (tuple, list)) and isinstance(bw_returned, (tuple, list))
+    fw_out, bw_out = list(fw_returned), list(bw_returned)
     first = len(captured.mutated)
     model_outputs = [builder.arg(n, fw_env) for n in fw_out[first : first + captured.num_outputs]]
     graph = ir.Graph(
@@ -58,7 +65,8 @@ def build_graph(captured: Captured, step: StepProfile, inputs: tuple, device_kin
         gradients=_gradients(captured, bw_out, bw_env),
         updates=_updates(captured, fw_out[:first], fw_env),
         constants=tuple(
-            ir.ConstantInput(name, value, DEFAULTED if name in captured.defaulted else ()) for name, value in captured.constants
+            ir.ConstantInput(name, value, DEFAULTED if name in captured.defaulted else ())
+            for name, value in captured.constants
         ),
     )
     return ir.with_gradient_zeros(graph)  # NOTE: [Gradient zeros]
@@ -169,8 +177,8 @@ class _Builder:
         self.ops: list[ir.Op] = []
         self.tensors: list[ir.TensorDecl] = []
 
-    def walk(self, gm: fx.GraphModule, profiles: dict, phase: str, refs: dict[str, ir.Arg]) -> dict[str, object]:
-        env: dict[str, object] = dict(refs)
+    def walk(self, gm: fx.GraphModule, profiles: dict, phase: str, refs: dict[str, ir.Arg]) -> dict[str, Any]:
+        env: dict[str, Any] = dict(refs)  # an ir.Arg per node, or the list of a multi-output call's
         for node in gm.graph.nodes:
             if node.op != "call_function":
                 continue
@@ -197,9 +205,12 @@ class _Builder:
                 return call
             return [ir.Call("operator.getitem", (call, i)) for i in range(len(info.outputs))]
         if any(o is not None and o.alias for o in info.outputs):
-            raise RematError(f"error: operation {target} returns both new tensors and views of its inputs, which remat-dsl cannot schedule")
+            raise RematError(
+                f"error: operation {target} returns both new tensors and views of its inputs, which remat-dsl cannot"
+                " schedule"
+            )
         name = self.names[node]
-        outputs = []
+        outputs: list[ir.Ref | None] = []
         for index, out in enumerate(info.outputs):
             if out is None:
                 outputs.append(None)
@@ -257,8 +268,9 @@ def _primal_refs(captured: Captured) -> dict[str, ir.Arg]:
     return {node.name: ir.Ref(name) for node, (_, name) in zip(placeholders, captured.primal_names)}
 
 
-def _backward_refs(captured: Captured, fw_env: dict[str, object]) -> dict[str, ir.Arg]:
-    refs, tangent = {}, 0
+def _backward_refs(captured: Captured, fw_env: dict[str, Any]) -> dict[str, ir.Arg]:
+    refs: dict[str, ir.Arg] = {}
+    tangent = 0
     for node in captured.backward.graph.nodes:
         if node.op != "placeholder":
             continue
@@ -289,9 +301,9 @@ def _tangents(captured: Captured) -> tuple[ir.ValueDecl, ...]:
 def _leaves(tensors: list, none_leaves: list[bool], leaves: list[int]):
     """The output leaves in pytree order: the graph's outputs (`leaves`: which one each
     tensor leaf is, NOTE: [Output order] in fx.py), with None where the model returned None."""
-    tensors = iter([tensors[k] for k in leaves])
+    in_order = iter([tensors[k] for k in leaves])
     for none in none_leaves:
-        yield None if none else next(tensors)
+        yield None if none else next(in_order)
 
 
 def output_structure(spec: pytree.TreeSpec, leaves) -> ir.Arg:
@@ -313,13 +325,21 @@ def output_structure(spec: pytree.TreeSpec, leaves) -> ir.Arg:
         target = "dict"
     elif isinstance(spec.context, type) and hasattr(spec.context, "_fields"):  # namedtuple
         keys, target = list(spec.context._fields), _class_path(spec.context)
-    elif isinstance(spec.context, (list, tuple)) and all(isinstance(k, str) for k in spec.context):  # ModelOutput, dataclasses
+    elif isinstance(spec.context, (list, tuple)) and all(
+        isinstance(k, str) for k in spec.context
+    ):  # ModelOutput, dataclasses
         keys, target = list(spec.context), _class_path(kind)
     else:
-        raise RematError(f"error: the model's forward returns a {kind.__name__}, which remat-dsl cannot rebuild", hint="return a tuple, list, dict or dataclass of tensors")
+        raise RematError(
+            f"error: the model's forward returns a {kind.__name__}, which remat-dsl cannot rebuild",
+            hint="return a tuple, list, dict or dataclass of tensors",
+        )
     bad = next((k for k in keys if not (isinstance(k, str) and k.isidentifier())), None)
     if bad is not None:
-        raise RematError(f"error: the model's output has the key {bad!r}; output keys must be identifiers", hint="return a dict with identifier keys, or a tuple")
+        raise RematError(
+            f"error: the model's output has the key {bad!r}; output keys must be identifiers",
+            hint="return a dict with identifier keys, or a tuple",
+        )
     return ir.Call(target, (), tuple(zip(keys, children, strict=True)))
 
 
@@ -327,7 +347,8 @@ def _class_path(kind: type) -> str:
     path = f"{kind.__module__}.{kind.__qualname__}"
     if "<" in path or kind.__module__ == "__main__":
         raise RematError(
-            f"error: the model's output type {kind.__qualname__} is defined where the generated module cannot import it ({kind.__module__})",
+            f"error: the model's output type {kind.__qualname__} is defined where the generated module cannot import it"
+            f" ({kind.__module__})",
             hint="define the output class at the top level of an importable module, or return a tuple or dict",
         )
     return path

@@ -51,7 +51,7 @@ import re
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.fx as fx
@@ -85,7 +85,7 @@ class Captured:
     tangent_of: list[int]
     out_spec: pytree.TreeSpec
     example_primals: list[torch.Tensor]
-    constants: list[tuple[str, object]] = field(default_factory=list)
+    constants: list[tuple[str, None | bool | int | float | str]] = field(default_factory=list)
     defaulted: tuple[str, ...] = ()  # constants capture filled in, that the inputs left out (`use_cache`)
     none_leaves: list[bool] = field(default_factory=list)  # per output leaf: is it None
     graph_key: tuple | None = None  # NOTE: [Capture key]: None when a shape is not static
@@ -93,7 +93,8 @@ class Captured:
 
     @property
     def leaves(self) -> list[int]:
-        """NOTE: [Output order]: per tensor leaf, the model output it is (outputs in the order leaves first show them)."""
+        """NOTE: [Output order]: per tensor leaf, the model output it is (outputs in the
+        order leaves first show them)."""
         unique = list(dict.fromkeys(self.order))
         return [unique.index(k) for k in self.order]
 
@@ -129,7 +130,7 @@ def capture(
     inputs = training_defaults(model, inputs)
     defaulted = tuple(name for name in inputs.kwargs if name not in given.kwargs)
     named = _distinct_tensors(model, _named_arguments(model, inputs))
-    constants = [(name, value) for name, value in named if not isinstance(value, torch.Tensor)]
+    constants = [(name, value) for name, value in named if value is None or isinstance(value, (bool, int, float, str))]
     count = len(inputs.args)
     call = Inputs(tuple(value for _, value in named[:count]), dict(named[count:]))
     tensors = {id(value): name for name, value in named if isinstance(value, torch.Tensor)}
@@ -146,7 +147,9 @@ def capture(
     with torch.random.fork_rng(devices=cuda_devices(call.leaves())):
         with _math_attention() if portable else contextlib.nullcontext(), _autocast(call.leaves(), model, autocast):
             with _eager_branches(model, named), _native_kernels():
-                trace = functools.partial(_compile_and_run, model, call, record, not portable, lookup if recall is not None else None)
+                trace = functools.partial(
+                    _compile_and_run, model, call, record, not portable, lookup if recall is not None else None
+                )
                 try:
                     out = trace()
                 except RematError:
@@ -194,7 +197,7 @@ class Recalled:
     whether it is None, and which graph output each tensor leaf is: NOTE: [Output order]):
     the caller compares them with what it stored."""
 
-    value: object
+    value: Any  # the cache's JSON entry, as `recall` returned it
     out_spec: str
     none_leaves: list[bool]
     order: list[int]  # NOTE: [Output order]
@@ -254,15 +257,21 @@ def _inline_constants(gm: fx.GraphModule) -> None:
         if call is None:
             shape = list(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
             raise RematError(
-                f"{model_line(node)}error: the model's forward creates a constant tensor {shape} that no one aten call "
-                f"makes again; remat-dsl plans constants that `full` (all values equal), `arange` (a 1-D integer range) "
-                f"or `scalar_tensor` make, contiguous, of at most {MAX_CONSTANT_ELEMENTS:,} elements",
+                f"{model_line(node)}error: the model's forward creates a constant tensor {shape} that no one aten call"
+                " makes again; remat-dsl plans constants that `full` (all values equal), `arange` (a 1-D integer"
+                f" range) or `scalar_tensor` make, contiguous, of at most {MAX_CONSTANT_ELEMENTS:,} elements",
                 hint="register the constant as a buffer of the module (register_buffer) and use it from there",
             )
         with gm.graph.inserting_before(node):
             made = gm.graph.call_function(*call)
         users = list(node.users)
-        made.meta.update({k: v for k, v in (users[0].meta if users else node.meta).items() if k in ("nn_module_stack", "fwd_nn_module_stack", "stack_trace")})
+        made.meta.update(
+            {
+                k: v
+                for k, v in (users[0].meta if users else node.meta).items()
+                if k in ("nn_module_stack", "fwd_nn_module_stack", "stack_trace")
+            }
+        )
         made.meta["val"] = node.meta.get("val")
         node.replace_all_uses_with(made)
         gm.graph.erase_node(node)
@@ -283,7 +292,7 @@ def _constant_call(value) -> tuple | None:
     aten = torch.ops.aten
     flat = value.detach().cpu().reshape(-1)
     place = {"dtype": value.dtype, "device": value.device}
-    candidates = []
+    candidates: list[tuple[torch._ops.OpOverload, tuple, dict[str, object]]] = []
     if value.dim() == 0:
         candidates.append((aten.scalar_tensor.default, (flat[0].item(),), place))
     elif flat.numel():
@@ -402,7 +411,9 @@ def _eager_branches(model, named: list[tuple[str, object]]):
     tensor values, where they do not depend on the inputs' values."""
     import sys
 
-    encoders = [m for m in model.modules() if getattr(m, "_requires_grad", None) is True and hasattr(m, "_freeze_parameters")]
+    encoders = [
+        m for m in model.modules() if getattr(m, "_requires_grad", None) is True and hasattr(m, "_freeze_parameters")
+    ]
     for encoder in encoders:  # the audio feature encoders: their input needs no gradient here
         encoder._requires_grad = False
     scans = [m for m in model.modules() if getattr(m, "use_associative_scan", None) is True]
@@ -416,12 +427,12 @@ def _eager_branches(model, named: list[tuple[str, object]]):
         takes_positions = False
     patch = original is not None and takes_positions and not any(name == "position_ids" for name, _ in named)
     if patch:
-        masking.find_packed_sequence_indices = lambda position_ids: None  # consecutive positions: no packing
+        setattr(masking, "find_packed_sequence_indices", lambda position_ids: None)  # consecutive positions: no packing
     try:
         yield
     finally:
         if patch:
-            masking.find_packed_sequence_indices = original
+            setattr(masking, "find_packed_sequence_indices", original)
         for encoder in encoders:
             encoder._requires_grad = True
         for mixer in scans:
@@ -446,7 +457,11 @@ def _named_arguments(model, inputs: Inputs) -> list[tuple[str, object]]:
             hint="return the arguments forward takes, by position (a tuple) or by name (a dict)",
         )
     named: list[tuple[str, object]] = []
-    positional = [n for n, p in inspect.signature(model.forward).parameters.items() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    positional = [
+        n
+        for n, p in inspect.signature(model.forward).parameters.items()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
     for index, value in enumerate(inputs.args):
         named.append((positional[index] if index < len(positional) else f"input_{index}", value))
     named += list(inputs.kwargs.items())
@@ -455,11 +470,13 @@ def _named_arguments(model, inputs: Inputs) -> list[tuple[str, object]]:
             continue
         if any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(value)):
             raise RematError(
-                f"error: argument '{name}' is {_kind(value)} holding tensors; remat-dsl takes tensors as separate arguments",
+                f"error: argument '{name}' is {_kind(value)} holding tensors; remat-dsl takes tensors as separate"
+                " arguments",
                 hint="pass each tensor as its own argument of forward",
             )
         raise RematError(
-            f"error: argument '{name}' is {_kind(value)}; arguments must be tensors or constants (None, bool, int, float, str)",
+            f"error: argument '{name}' is {_kind(value)}; arguments must be tensors or constants (None, bool, int,"
+            " float, str)",
             hint="leave the argument out of sample_inputs() or pass a plain constant",
         )
     return named
@@ -481,7 +498,10 @@ def _distinct_tensors(model, named: list[tuple[str, object]]) -> list[tuple[str,
     for name, value in named:
         if isinstance(value, torch.Tensor):
             if id(value) in owned:
-                raise RematError(f"error: argument '{name}' is one of the model's own parameters or buffers", hint="pass data, not the model's state")
+                raise RematError(
+                    f"error: argument '{name}' is one of the model's own parameters or buffers",
+                    hint="pass data, not the model's state",
+                )
             if id(value) in seen:
                 value = value.clone()
             seen.add(id(value))
@@ -547,8 +567,8 @@ NATIVE_KERNELS = ("upsample_bilinear2d", "upsample_bicubic2d", "upsample_linear1
 # (matmul, batch norm, ...) gave eager's bits in every model tested and are left alone.
 
 
-def _native_kernel_ops() -> list:
-    ops = []
+def _native_kernel_ops() -> list[torch._ops.OpOverload]:
+    ops: list[torch._ops.OpOverload] = []
     for name in NATIVE_KERNELS:
         packet = getattr(torch.ops.aten, name)
         ops.extend(getattr(packet, overload) for overload in packet.overloads())
@@ -650,7 +670,8 @@ def _eager_cpu_dropout(joint: fx.GraphModule) -> None:
         for user in list(node.users):
             if user.target is not operator.getitem:
                 raise RematError(
-                    "error: a native_dropout output is used whole; remat-dsl captures low-precision CPU dropout as eager runs it (NOTE: [Low-precision dropout]) and cannot here",
+                    "error: a native_dropout output is used whole; remat-dsl captures low-precision CPU dropout as"
+                    " eager runs it (NOTE: [Low-precision dropout]) and cannot here",
                     hint=LOW_PRECISION_HINT,
                 )
             if user.args[1] == 0:
@@ -661,7 +682,8 @@ def _eager_cpu_dropout(joint: fx.GraphModule) -> None:
                 joint.graph.erase_node(backward)
             if user.users:
                 raise RematError(
-                    "error: a dropout mask is used beyond its backward; remat-dsl captures low-precision CPU dropout as eager runs it (NOTE: [Low-precision dropout]) and cannot here",
+                    "error: a dropout mask is used beyond its backward; remat-dsl captures low-precision CPU dropout as"
+                    " eager runs it (NOTE: [Low-precision dropout]) and cannot here",
                     hint=LOW_PRECISION_HINT,
                 )
         for user in list(node.users):
@@ -691,7 +713,7 @@ def _memory_order(value: torch.Tensor) -> list[int] | None:
     if value.is_contiguous():
         return None
     # by stride, largest first; size-1 dims hold no order: last, where they change nothing
-    order = sorted(range(value.dim()), key=lambda d: (value.size(d) == 1, -value.stride(d), d))
+    order = sorted(range(value.dim()), key=lambda d: (value.size(d) == 1, -value.stride()[d], d))
     return order if value.permute(order).is_contiguous() else None
 
 
@@ -749,7 +771,8 @@ def _refuse_data_reads(joint: fx.GraphModule) -> None:
             continue
         if node.target is torch.ops.aten._local_scalar_dense.default:
             raise RematError(
-                f"{model_line(node)}error: the forward reads a number from a tensor{caller(node)}, which remat-dsl cannot schedule",
+                f"{model_line(node)}error: the forward reads a number from a tensor{caller(node)}, which remat-dsl"
+                " cannot schedule",
                 hint=DATA_READ_HINT,
             )
         value = node.meta.get("val")
@@ -772,7 +795,11 @@ def _discarded_draws(joint: fx.GraphModule) -> list[fx.Node]:
     for node in reversed(joint.graph.nodes):
         if node.op == "output" or any(user in live for user in node.users):
             live.add(node)
-    draws = [n for n in joint.graph.nodes if n not in live and n.op == "call_function" and getattr(n.target, "_nondeterministic_seeded", False)]
+    draws = [
+        n
+        for n in joint.graph.nodes
+        if n not in live and n.op == "call_function" and getattr(n.target, "_nondeterministic_seeded", False)
+    ]
     if not draws:
         return []
     needed: set[fx.Node] = set()
@@ -835,7 +862,9 @@ def _compile_and_run(model, inputs, record, eager_dropout: bool = True, lookup=N
         if eager_dropout:
             _eager_cpu_dropout(joint)
         discarded = _discarded_draws(joint)
-        with inductor_config.patch(fallback_random=False):  # else the backward keeps, and recomputes, the forward's draws
+        with inductor_config.patch(
+            fallback_random=False
+        ):  # else the backward keeps, and recomputes, the forward's draws
             fw, bw = default_partition(joint, joint_inputs, **kwargs)
         _keep_discarded_draws(joint, fw, discarded)
         record["forward"], record["backward"] = fw, bw
@@ -871,7 +900,10 @@ def _compile_and_run(model, inputs, record, eager_dropout: bool = True, lookup=N
     try:
         with _torch_logs_silenced():
             compiled = torch.compile(model, backend=backend, fullgraph=True, dynamic=False)
-            with torch._dynamo.config.patch(ignore_logging_functions=_logging_functions()), inductor_config.patch(fallback_random=True):
+            with (
+                torch._dynamo.config.patch(ignore_logging_functions=_logging_functions()),
+                inductor_config.patch(fallback_random=True),
+            ):
                 return inputs.call(compiled)
     except RematError:
         raise
@@ -921,20 +953,27 @@ def _output_order(out, returned, model: torch.nn.Module | None = None) -> list[i
             )
         order.append(index[id(leaf)])
     if sorted(set(order)) != list(range(len(returned))):
-        leaves = set(order)
-        kept = {id(value) for k, value in enumerate(returned) if k not in leaves}
+        placed = set(order)
+        kept = {id(value) for k, value in enumerate(returned) if k not in placed}
         held, replaced = _held_tensors(model, kept) if model is not None else ([], [])
         names = held + [
-            f"{name} (a buffer it replaces by a new {str(t.dtype).removeprefix('torch.')} tensor of shape {list(t.shape)})"
+            f"{name} (a buffer it replaces by a new {str(t.dtype).removeprefix('torch.')} tensor of shape"
+            f" {list(t.shape)})"
             for name, t in replaced
         ]
-        where = f": {', '.join(names[:3])}{', ...' if len(names) > 3 else ''}" if names else " (on a module or in a global)"
+        where = (
+            f": {', '.join(names[:3])}{', ...' if len(names) > 3 else ''}" if names else " (on a module or in a global)"
+        )
         raise RematError(
-            f"error: the model's forward computes {len(returned) - len(set(order))} tensor(s) that it keeps outside its "
-            f"output{where}, which a plan of its training step would not set",
+            f"error: the model's forward computes {len(returned) - len(set(order))} tensor(s) that it keeps outside its"
+            f" output{where}, which a plan of its training step would not set",
             hint="return every tensor the forward makes for the caller in its output"
-            + ("; for a buffer the forward replaces (a cast to autocast's dtype, a longer table), give it in build_model "
-               "the value the forward makes of it, so that the forward keeps it as it is" if replaced else ""),
+            + (
+                "; for a buffer the forward replaces (a cast to autocast's dtype, a longer table), give it in"
+                " build_model the value the forward makes of it, so that the forward keeps it as it is"
+                if replaced
+                else ""
+            ),
         )
     return order
 
@@ -954,10 +993,12 @@ def _reorder_outputs(forward: fx.GraphModule, first: int, order: list[int]) -> N
     """NOTE: [Output order]: the forward graph's model outputs (after the `first` buffer
     updates) in the order `order` (a permutation of their indices), in place."""
     output = forward.graph.output_node()
-    values = list(output.args[0])
+    returned = output.args[0]
+    assert isinstance(returned, (tuple, list))  # fx: the output node's one argument holds the returned values
+    values = list(returned)
     outputs = values[first : first + len(order)]
     values[first : first + len(order)] = [outputs[k] for k in order]
-    output.args = (type(output.args[0])(values),)
+    output.args = (type(returned)(values),)
     forward.recompile()
 
 
@@ -992,7 +1033,9 @@ def _copy_aliased_outputs(gm: fx.GraphModule) -> None:
     copies = {}
     for node in outputs:
         key, value = storage(node), getattr(node, "meta", {}).get("example_value")
-        if key is None or not value._is_view() or (counts[key] < 2 and key not in inputs):
+        if key is None or not isinstance(value, torch.Tensor) or not value._is_view():
+            continue
+        if counts[key] < 2 and key not in inputs:
             continue
         with gm.graph.inserting_after(node):
             copy_ = copies[node] = gm.graph.call_function(torch.clone, (node,))
@@ -1048,7 +1091,11 @@ def _logging_functions() -> set:
     """The logging.Logger methods (and the `warning_once`-style helpers libraries attach to
     it) that dynamo may drop while tracing a forward (NOTE: [Stock models])."""
     names = {"debug", "info", "warning", "warn", "error", "exception", "critical", "fatal", "log"}
-    found = {getattr(logging.Logger, n) for n in dir(logging.Logger) if n in names or n.endswith("_once") or n.startswith("warning_")}
+    found = {
+        getattr(logging.Logger, n)
+        for n in dir(logging.Logger)
+        if n in names or n.endswith("_once") or n.startswith("warning_")
+    }
     return set(torch._dynamo.config.ignore_logging_functions) | {f for f in found if callable(f)}
 
 
@@ -1068,7 +1115,9 @@ def _torch_logs_silenced():
     """
     import torch._dynamo.symbolic_convert as symbolic_convert
 
-    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict) if name.split(".")[0] == "torch"]
+    loggers = [
+        logging.getLogger(name) for name in list(logging.root.manager.loggerDict) if name.split(".")[0] == "torch"
+    ]
     saved = [logger.disabled for logger in loggers]
     for logger in loggers:
         logger.disabled = True
@@ -1108,15 +1157,19 @@ def _capture_error(exc: Exception) -> RematError:
     if inner is not None and first.endswith("raised:"):  # dynamo puts the reason on the next lines, or nowhere
         reason = str(inner).strip().splitlines()
         first = f"{first} {type(inner).__name__}" + (f": {reason[0]}" if reason else "")
-    explanation = next((line.removeprefix("Explanation:").strip() for line in lines if line.startswith("Explanation:")), None)
+    explanation = next(
+        (line.removeprefix("Explanation:").strip() for line in lines if line.startswith("Explanation:")), None
+    )
     # the op's own error ends an explanation that lists every argument: the excerpt below cut
     # it off (StableLM with more key/value heads than query heads: NOTE: [Capture errors])
     got = re.search(r""": got (\w+)\((['"])(.*)\2\)$""", explanation or "")
     if got:
         first = f"an op fails on the sample inputs: {got[1]}: {got[3]}"
-        explanation = explanation[: got.start()]
+        explanation = (explanation or "")[: got.start()]
     torch_dir = str(Path(torch.__file__).resolve().parent)
-    user = [f for f in getattr(exc, "real_stack", None) or () if not str(Path(f.filename).resolve()).startswith(torch_dir)]
+    user = [
+        f for f in getattr(exc, "real_stack", None) or () if not str(Path(f.filename).resolve()).startswith(torch_dir)
+    ]
     where = f"{user[-1].filename}:{user[-1].lineno}:{(getattr(user[-1], 'colno', None) or 0) + 1}: " if user else ""
     said = f"PyTorch says: {explanation[:400].rstrip('.')}. " if explanation else ""
     loss = ""
@@ -1200,7 +1253,9 @@ def _primal_names(model, example_inputs, inputs: dict[int, str]) -> list[tuple[s
     names = []
     for t in example_inputs:
         if id(t) not in by_id:
-            raise RematError("error: the captured graph takes an input that is neither a parameter, a buffer nor a model input")
+            raise RematError(
+                "error: the captured graph takes an input that is neither a parameter, a buffer nor a model input"
+            )
         names.append(by_id[id(t)])
     return names
 
@@ -1218,7 +1273,9 @@ def _check_outputs(meta) -> None:
         OutputType.alias_of_intermediate_save_as_output, OutputType.alias_of_intermediate,
     }  # fmt: skip
     if meta.num_intermediate_bases:
-        raise RematError("error: the model returns several views of one intermediate tensor", hint="return .clone() of the views")
+        raise RematError(
+            "error: the model returns several views of one intermediate tensor", hint="return .clone() of the views"
+        )
     for info in meta.output_info:
         if info.output_type.name == "alias_of_intermediate_base_is_user_output":
             raise RematError("error: a model output is a view of another output", hint="return .clone() of the view")

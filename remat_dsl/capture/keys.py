@@ -71,7 +71,8 @@ def primal_key(t: torch.Tensor, shared: int, values: bool = False) -> tuple:
     digest = None
     if values or not (t.is_floating_point() or t.is_complex()):
         data = t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy()
-        digest = hashlib.sha256(data).hexdigest()
+        # ndarray has the buffer protocol; numpy's stubs declare it for Python >= 3.12 only
+        digest = hashlib.sha256(data).hexdigest()  # type: ignore[arg-type]
     return (value_key(t), t.requires_grad, shared, digest)
 
 

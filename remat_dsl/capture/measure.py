@@ -56,7 +56,10 @@ def memory_profiler() -> Iterator[profile]:
 
 def memory_events(prof: profile) -> list[tuple[int, int]]:
     """(start_ns, bytes) of every allocation (+) and free (-), in time order."""
-    return sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    assert prof.profiler is not None and prof.profiler.kineto_results is not None  # set once the profile has run
+    events = prof.profiler.kineto_results.events()
+    # torch's stubs give _KinetoEvent no nbytes() (the C++ binding has it)
+    return sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")  # type: ignore[attr-defined]
 
 
 def _differentiable(outputs) -> list[torch.Tensor]:
@@ -70,7 +73,9 @@ def unit_output_gradients(module: torch.nn.Module, inputs: Inputs | tuple) -> li
     return [torch.ones_like(t) for t in _differentiable(call_with(module, inputs))]
 
 
-def training_step(module: torch.nn.Module, inputs: Inputs | tuple, grads: list[torch.Tensor] | None = None) -> Callable[[], None]:
+def training_step(
+    module: torch.nn.Module, inputs: Inputs | tuple, grads: list[torch.Tensor] | None = None
+) -> Callable[[], None]:
     """One forward and backward of `module` with unit gradients for every output that needs
     one: `grads` (`unit_output_gradients`), else made at the first call and kept for the
     later ones (the caller's memory, made before the step like the inputs)."""

@@ -69,7 +69,12 @@ class ModelFile:
             return Inputs((inputs,), {})
         if isinstance(inputs, dict) and all(isinstance(k, str) for k in inputs):
             return Inputs((), dict(inputs))
-        pair = isinstance(inputs, tuple) and len(inputs) == 2 and isinstance(inputs[0], (tuple, list)) and isinstance(inputs[1], dict)
+        pair = (
+            isinstance(inputs, tuple)
+            and len(inputs) == 2
+            and isinstance(inputs[0], (tuple, list))
+            and isinstance(inputs[1], dict)
+        )
         if pair and all(isinstance(k, str) for k in inputs[1]):
             return Inputs(tuple(inputs[0]), dict(inputs[1]))
         if isinstance(inputs, (tuple, list)):
@@ -82,9 +87,10 @@ class ModelFile:
 
     def loss_fn(self, output) -> Any:
         """A scalar loss from the model's output (the sum of its floating outputs by default)."""
-        if self.loss is None:
+        loss = self.loss
+        if loss is None:
             return default_loss(output)
-        return _call(self.path, "loss_fn(output)", lambda: self.loss(output))
+        return _call(self.path, "loss_fn(output)", lambda: loss(output))
 
 
 @dataclass(frozen=True)
@@ -122,7 +128,11 @@ def default_loss(output: Any) -> Any:
     loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
     if isinstance(loss, torch.Tensor) and loss.dim() == 0 and torch.is_floating_point(loss):
         return loss
-    return sum(t.float().sum() for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and torch.is_floating_point(t))
+    return sum(
+        t.float().sum()
+        for t in pytree.tree_leaves(output)
+        if isinstance(t, torch.Tensor) and torch.is_floating_point(t)
+    )
 
 
 def split_spec(spec: str) -> tuple[str, str]:
@@ -143,7 +153,9 @@ def load_model_file(spec: str) -> ModelFile:
     path = Path(path_text)
     if not path.is_file():
         what = "is a directory" if path.is_dir() else "not found"
-        raise RematError(f"{path_text}: error: model file {what}", hint="pass the path of a .py file that defines build_model()")
+        raise RematError(
+            f"{path_text}: error: model file {what}", hint="pass the path of a .py file that defines build_model()"
+        )
     module = _import(path)
     build = getattr(module, factory, None)
     if not callable(build):
@@ -155,11 +167,17 @@ def load_model_file(spec: str) -> ModelFile:
     if not callable(inputs):
         raise RematError(
             f"{path_text}:1:1: error: the model file defines no function 'sample_inputs'",
-            hint="add `def sample_inputs()` returning the arguments of forward: a tuple, a dict of keyword arguments, or both",
+            hint=(
+                "add `def sample_inputs()` returning the arguments of forward: a tuple, a dict of keyword arguments, or"
+                " both"
+            ),
         )
     loss = getattr(module, "loss_fn", None)
     if loss is not None and not callable(loss):
-        raise RematError(f"{path_text}:1:1: error: `loss_fn` in the model file is not a function", hint="define `def loss_fn(output) -> Tensor` or remove it")
+        raise RematError(
+            f"{path_text}:1:1: error: `loss_fn` in the model file is not a function",
+            hint="define `def loss_fn(output) -> Tensor` or remove it",
+        )
     canonical = path_text if factory == "build_model" else f"{path_text}:{factory}"
     return ModelFile(canonical, path, factory, module, build, inputs, loss, _autocast_of(module, path_text))
 
@@ -187,8 +205,9 @@ def _import(path: Path):
     directory = str(path.resolve().parent)
     if directory not in sys.path:  # as `python model.py` does: the file may import its neighbours
         sys.path.insert(0, directory)
+    loader = spec.loader
     try:
-        _call(path, "importing the model file", lambda: spec.loader.exec_module(module))
+        _call(path, "importing the model file", lambda: loader.exec_module(module))
     except RematError:
         sys.modules.pop(name, None)
         raise
@@ -226,7 +245,9 @@ def _located(exc: BaseException, path: Path, what: str) -> RematError:
         text = f"{where}: error: the model file failed to import: {message}"
     else:
         text = f"{where}: error: {what} raised {message}"
-    return RematError(text, hint=f"run `python {path}` or call it in Python to see the full error, fix it, and plan again")
+    return RematError(
+        text, hint=f"run `python {path}` or call it in Python to see the full error, fix it, and plan again"
+    )
 
 
 def _innermost_frame_in(exc: BaseException, path: Path):

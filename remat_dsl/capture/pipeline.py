@@ -52,11 +52,11 @@ def device_of(inputs, model: torch.nn.Module) -> str:
 # real capture also holds its gradients and activations) is captured without data: the
 # model is built on the meta device (libraries skip weight initialisation there), its
 # parameters and buffers then become fake cpu tensors of a FakeTensorMode, the sample
-# inputs are converted to fake tensors, and torch.compile/AOTAutograd trace it as usual.  Fake tensors keep the device they
-# would have (cpu), their shapes, dtypes, strides and storages, but hold no bytes; unlike
-# the meta device they dispatch as the real device does (on meta, nll_loss has no autograd
-# kernel and the loss's backward is lost).  Sizes and aliasing come from their storages,
-# so the graph and its tensor table are the ones a real capture gives
+# inputs are converted to fake tensors, and torch.compile/AOTAutograd trace it as usual.
+# Fake tensors keep the device they would have (cpu), their shapes, dtypes, strides and
+# storages, but hold no bytes; unlike the meta device they dispatch as the real device
+# does (on meta, nll_loss has no autograd kernel and the loss's backward is lost).
+# Sizes and aliasing come from their storages, so the graph and its tensor table are the ones a real capture gives
 # (tests/test_fake_capture.py); the costs come from a device model (capture/cost.py),
 # since nothing can be timed.  `remat plan --fake` asks for it; without it the model is
 # first built on the meta device, which costs no memory, and a model whose parameters and
@@ -121,9 +121,9 @@ def _fake_warnings_silenced():
 
 
 def _fake_state(model: torch.nn.Module, mode) -> None:
-    """Replace every parameter, buffer and tensor attribute (NOTE: [Tensor attributes]) of `model` by an empty fake tensor of `mode` on
-    the cpu (same shape, strides, dtype, requires_grad); a tensor shared by several
-    modules (tied weights) stays shared."""
+    """Replace every parameter, buffer and tensor attribute (NOTE: [Tensor attributes]) of
+    `model` by an empty fake tensor of `mode` on the cpu (same shape, strides, dtype,
+    requires_grad); a tensor shared by several modules (tied weights) stays shared."""
     made: dict[int, torch.Tensor] = {}
 
     def fake(t: torch.Tensor) -> torch.Tensor:
@@ -137,7 +137,7 @@ def _fake_state(model: torch.nn.Module, mode) -> None:
         for table in (module._parameters, module._buffers):
             for name, t in table.items():
                 if t is not None:
-                    table[name] = fake(t)
+                    table[name] = fake(t)  # type: ignore[assignment]  # fake() keeps a Parameter a Parameter
     for path, t in tensor_attributes(model):  # NOTE: [Tensor attributes]
         owner, _, name = path.rpartition(".")
         setattr(model.get_submodule(owner), name, fake(t))
@@ -205,7 +205,9 @@ def capture_graph(
 
     with _fake_warnings_silenced():
         # the model was built for this capture alone: no copy of it
-        captured = capture(model, inputs, kind != captured_on, autocast, copy_model=False, recall=recall if use_cache else None)
+        captured = capture(
+            model, inputs, kind != captured_on, autocast, copy_model=False, recall=recall if use_cache else None
+        )
     if isinstance(captured, Recalled):
         recalled = _graph_of(captured)
         if recalled is not None:
@@ -215,7 +217,10 @@ def capture_graph(
                 progress.advance(len(graph.ops))
             return Captured(graph, kind, None, noisy, cached=True, eager=eager)
         with _fake_warnings_silenced():  # the output's structure changed: capture it all, and store it anew
-            captured = capture(model, inputs, kind != captured_on, autocast, copy_model=False, recall=lambda parts: None)
+            captured = capture(
+                model, inputs, kind != captured_on, autocast, copy_model=False, recall=lambda parts: None
+            )
+    assert not isinstance(captured, Recalled)  # recall gave nothing: the capture traced the whole step
     calls = sum(1 for g in (captured.forward, captured.backward) for n in g.graph.nodes if is_call(n))
     key = _profile_key(captured, device_kinds, repeats) if use_cache else None  # NOTE: [Profile key]
     step = _step_of(cache.get("profiles", key), captured) if key is not None else None
@@ -229,8 +234,10 @@ def capture_graph(
             progress.start(calls * timing_passes(measure_time, device_model))
         with mode, _fake_warnings_silenced():
             step = profile_step(
-                captured, captured.example_primals, repeats, progress.advance if progress else None, measure_time, device_model,
+                captured, captured.example_primals, repeats, progress.advance if progress else None,
+                measure_time, device_model,
             )  # fmt: skip
+    assert step is not None  # from the cache when `cached`, else just profiled
     graph, noisy = build_graph(captured, step, inputs, device_kinds), step.noisy
     if not cached:
         if check_eager and not fake and kind == captured_on:  # NOTE: [Eager agreement]
@@ -246,7 +253,9 @@ def capture_graph(
     if autocast is not None:
         graph = replace(graph, autocast=ir.Autocast(str(autocast).removeprefix("torch.")))
     if use_cache and captured.graph_key is not None:
-        _keep_graph(cache, _graph_cache_key(captured.graph_key, device_kinds, repeats), graph, noisy, captured, step.eager)
+        _keep_graph(
+            cache, _graph_cache_key(captured.graph_key, device_kinds, repeats), graph, noisy, captured, step.eager
+        )
     return Captured(graph, kind, costs, noisy, cached, step.eager)
 
 
@@ -263,7 +272,9 @@ def _graph_cache_key(parts: tuple, device_kinds: dict[str, str], repeats: int) -
         torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.mkldnn.is_available(),
     )  # fmt: skip  # which kernels AOTAutograd's dispatch picks (scaled-dot-product attention's)
     settings = (torch.__version__, _functorch_settings(), dispatch)
-    return Cache.key("profiled graph", settings, _machine(), repeats, sorted(device_kinds.items()), _code_digest(), parts)
+    return Cache.key(
+        "profiled graph", settings, _machine(), repeats, sorted(device_kinds.items()), _code_digest(), parts
+    )
 
 
 def _keep_graph(cache, key: str, graph: ir.Graph, noisy: int, captured, eager: tuple[str, ...]) -> None:
@@ -289,7 +300,11 @@ def _graph_of(recalled: Recalled) -> tuple[ir.Graph, int, tuple[str, ...]] | Non
 
     entry = recalled.value
     try:
-        if (entry["out_spec"], entry["none_leaves"], entry["order"]) != (recalled.out_spec, recalled.none_leaves, recalled.order):
+        if (entry["out_spec"], entry["none_leaves"], entry["order"]) != (
+            recalled.out_spec,
+            recalled.none_leaves,
+            recalled.order,
+        ):
             return None
         graph = decode_ir(entry["graph"])
         eager = tuple(str(line) for line in entry["eager"])
@@ -430,19 +445,31 @@ def check_plan_matches(plan, model_file: ModelFile) -> None:
     from remat_dsl.plan.errors import PlanError
 
     fake = (plan.header.costs or "").endswith(FAKE_COSTS) or too_large_for_host(model_file) is not None
-    model, sample = build_fake(model_file, _fake_mode()) if fake else (model_file.build_model(), model_file.sample_inputs())
+    model, sample = (
+        build_fake(model_file, _fake_mode()) if fake else (model_file.build_model(), model_file.sample_inputs())
+    )
     inputs = {name: t for name, t in named_inputs(model, sample) if isinstance(t, torch.Tensor)}
     hint = f"plan again for this model: remat plan {model_file.spec} --budget ..."
     if sorted(inputs) != sorted(d.name for d in plan.graph.inputs):
         first = plan.graph.inputs[0].span if plan.graph.inputs else None
         theirs = ", ".join(inputs) or "none"
-        raise PlanError(f"the plan takes the inputs {', '.join(d.name for d in plan.graph.inputs)} but {model_file.spec} gives {theirs}", span=first, hint=hint)
+        raise PlanError(
+            f"the plan takes the inputs {', '.join(d.name for d in plan.graph.inputs)} but {model_file.spec} gives"
+            f" {theirs}",
+            span=first,
+            hint=hint,
+        )
     for decl in plan.graph.inputs:
         _check_value(decl, inputs[decl.name], "input", model_file.spec, hint)
     params = dict(model.named_parameters())
     for decl in plan.graph.parameters:
         if decl.name not in params:
-            raise PlanError(f"the plan is for another model: {model_file.spec} has no parameter '{decl.name}'", span=decl.span, hint=hint, length=len(decl.name))
+            raise PlanError(
+                f"the plan is for another model: {model_file.spec} has no parameter '{decl.name}'",
+                span=decl.span,
+                hint=hint,
+                length=len(decl.name),
+            )
         _check_value(decl, params[decl.name], "parameter", model_file.spec, hint)
     _check_graph(plan, model_file, hint, fake)
 
@@ -456,7 +483,9 @@ def _check_graph(plan, model_file: ModelFile, hint: str, fake: bool) -> None:
     device_model = load_device("cpu") if fake else None  # costs are not compared, only the graph
     autocast = getattr(torch, plan.graph.autocast.dtype) if plan.graph.autocast else None
     model_file = replace(model_file, autocast=autocast)  # the plan's autocast state, whatever the file says
-    captured = capture_graph(model_file, measure_time=False, device_model=device_model, fake=fake, kind=plan.header.device).graph
+    captured = capture_graph(
+        model_file, measure_time=False, device_model=device_model, fake=fake, kind=plan.header.device
+    ).graph
     outputs = plan.section_span("outputs")
     ours = digest.items(plan.graph, outputs and Span(outputs.line + 1, 3), costs=False)
     theirs = digest.items(captured, costs=False)
@@ -468,7 +497,11 @@ def _check_graph(plan, model_file: ModelFile, hint: str, fake: bool) -> None:
                 span=item.span or plan.section_span(item.section), hint=hint,
             )
     if len(theirs) > len(ours):
-        raise PlanError(f"the model captured now has {len(theirs) - len(ours)} more graph line(s) than the plan", span=plan.section_span("forward"), hint=hint)
+        raise PlanError(
+            f"the model captured now has {len(theirs) - len(ours)} more graph line(s) than the plan",
+            span=plan.section_span("forward"),
+            hint=hint,
+        )
 
 
 def _check_value(decl, tensor, what: str, spec: str, hint: str) -> None:

@@ -52,6 +52,7 @@ from __future__ import annotations
 import operator
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.fx as fx
@@ -62,6 +63,9 @@ from remat_dsl.capture.fx import DATA_READ_HINT, Captured, model_line
 from remat_dsl.plan.errors import RematError
 from remat_dsl.capture.measure import memory_events, memory_profiler
 from remat_dsl.plan.operators import is_view
+
+if TYPE_CHECKING:
+    from remat_dsl.capture.cost import DeviceModel
 
 
 @dataclass
@@ -160,7 +164,9 @@ def profile_step(
         bw_inputs = _backward_inputs(captured, env, result.outputs)
         del env
         bw_env = run.graph(captured.backward, bw_inputs, result.backward)
-        result.gradients = [bw_env[n.name] if isinstance(n, fx.Node) else n for n in captured.backward.graph.output_node().args[0]]
+        gradients = captured.backward.graph.output_node().args[0]
+        assert isinstance(gradients, (tuple, list))  # fx: the output node's one argument holds the returned values
+        result.gradients = [bw_env[n.name] if isinstance(n, fx.Node) else n for n in gradients]
     result.noisy = run.noisy
     return result
 
@@ -168,12 +174,15 @@ def profile_step(
 def _model_outputs(captured: Captured, fw_env: dict[str, object]) -> list:
     """The forward graph's model outputs (after its buffer updates), as run in `fw_env`."""
     first = len(captured.mutated)
-    nodes = list(captured.forward.graph.output_node().args[0])[first : first + captured.num_outputs]
+    returned = captured.forward.graph.output_node().args[0]
+    assert isinstance(returned, (tuple, list))  # fx: the output node's one argument holds the returned values
+    nodes = list(returned)[first : first + captured.num_outputs]
     return [fw_env[n.name] if isinstance(n, fx.Node) else n for n in nodes]
 
 
-def _backward_inputs(captured: Captured, fw_env: dict[str, object], model_outputs: list) -> list[torch.Tensor]:
-    values, tangent_index = [], 0
+def _backward_inputs(captured: Captured, fw_env: dict[str, object], model_outputs: list) -> list[object]:
+    values: list[object] = []
+    tangent_index = 0
     for node in captured.backward.graph.nodes:
         if node.op != "placeholder":
             continue
@@ -188,9 +197,9 @@ def _backward_inputs(captured: Captured, fw_env: dict[str, object], model_output
 @dataclass
 class _Run:
     repeats: int
-    progress: object
+    progress: Callable[[int], object] | None
     measure_time: bool
-    device_model: object
+    device_model: DeviceModel | None
     noisy: int = 0
 
     def graph(self, gm: fx.GraphModule, args: list, profiles: dict) -> dict[str, object]:
@@ -235,12 +244,14 @@ class _Run:
     def _predicted(self, gm: fx.GraphModule, args: list, profiles: dict) -> dict[str, object]:
         from remat_dsl.capture.cost import op_temp_bytes, op_time_us
 
+        device_model = self.device_model
+        assert device_model is not None  # graph() predicts only with a device model
         env: dict[str, object] = {}
         for node, fn_args, fn_kwargs, value in _interpret(gm, args, env):
             info = profiles[node] = _describe(node, value, fn_args, fn_kwargs)
             if info.allocates:
-                info.time_us = op_time_us(self.device_model, node.target, fn_args, fn_kwargs, value)
-                info.temp_bytes = op_temp_bytes(self.device_model, node.target, fn_args, fn_kwargs, value)
+                info.time_us = op_time_us(device_model, node.target, fn_args, fn_kwargs, value)
+                info.temp_bytes = op_temp_bytes(device_model, node.target, fn_args, fn_kwargs, value)
             if self.progress:
                 self.progress(1)
         return env
@@ -264,6 +275,7 @@ def _interpret(gm: fx.GraphModule, args: list, env: dict[str, object]):
                 env[node.name] = value
                 yield node, fn_args, fn_kwargs, value
             else:
+                assert callable(node.target)  # a call_function node's target is the function it calls
                 env[node.name] = node.target(*fn_args, **fn_kwargs)
 
 
@@ -272,24 +284,34 @@ def _first_run(node: fx.Node, args, kwargs):
     that made the op, when it fails: the first run of the captured ops on real values is
     here (NOTE: [Capture without running] in capture/fx.py), so a value that is wrong for
     the model (a token id out of the vocabulary) shows here."""
+    assert callable(node.target)  # a call_function node's target is the function it calls
     try:
         return node.target(*args, **kwargs)
     except Exception as exc:
         lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
         for arg, value in zip(node.args, args):
             traced = arg.meta.get("val") if isinstance(arg, fx.Node) else None
-            if isinstance(value, torch.Tensor) and isinstance(traced, torch.Tensor) and value.stride() != traced.stride():
+            if not (isinstance(arg, fx.Node) and isinstance(value, torch.Tensor) and isinstance(traced, torch.Tensor)):
+                continue
+            if value.stride() != traced.stride():
                 raise RematError(
-                    f"{model_line(node)}error: operation {node.target} fails: {lines[0].rstrip('.') if lines else type(exc).__name__}; "
-                    f"its input {arg.target} ({model_line(arg).rstrip(': ') or 'the graph'}) has strides {tuple(value.stride())}, "
-                    f"where torch.compile's trace expected {tuple(traced.stride())}",
-                    hint="torch.compile's trace of this model disagrees with what the operators compute (a PyTorch bug: "
-                    "torch.compile(model, backend='aot_eager', fullgraph=True) fails on it too); remat-dsl plans the traced "
-                    "graph, so it cannot plan this model with this version of torch",
+                    f"{model_line(node)}error: operation {node.target} fails:"
+                    f" {lines[0].rstrip('.') if lines else type(exc).__name__}; its input {arg.target}"
+                    f" ({model_line(arg).rstrip(': ') or 'the graph'}) has strides {tuple(value.stride())}, where"
+                    f" torch.compile's trace expected {tuple(traced.stride())}",
+                    hint=(
+                        "torch.compile's trace of this model disagrees with what the operators compute (a PyTorch bug:"
+                        " torch.compile(model, backend='aot_eager', fullgraph=True) fails on it too); remat-dsl plans"
+                        " the traced graph, so it cannot plan this model with this version of torch"
+                    ),
                 ) from None
         raise RematError(
-            f"{model_line(node)}error: operation {node.target} fails on the sample inputs: {lines[0] if lines else type(exc).__name__}",
-            hint="the model's forward and backward must run in eager PyTorch on sample_inputs() (token ids within the vocabulary, matching shapes)",
+            f"{model_line(node)}error: operation {node.target} fails on the sample inputs:"
+            f" {lines[0] if lines else type(exc).__name__}",
+            hint=(
+                "the model's forward and backward must run in eager PyTorch on sample_inputs() (token ids within the"
+                " vocabulary, matching shapes)"
+            ),
         ) from None
 
 
@@ -315,14 +337,15 @@ def _describe(node: fx.Node, value, args, kwargs) -> NodeProfile:
     view = _schema_is_view(node)
     inputs = _storages(args, kwargs)
     multi = isinstance(value, (tuple, list))
-    outputs = []
+    outputs: list[OutputInfo | None] = []
     for item in value if multi else [value]:
         if item is None:
             outputs.append(None)
             continue
         if not isinstance(item, torch.Tensor):
             raise RematError(
-                f"{model_line(node)}error: operation {node.target} returns a {type(item).__name__}, which remat-dsl cannot schedule",
+                f"{model_line(node)}error: operation {node.target} returns a {type(item).__name__}, which remat-dsl"
+                " cannot schedule",
                 hint=DATA_READ_HINT,
             )
         storage = item.untyped_storage()
@@ -364,13 +387,17 @@ def _timing_key(node: fx.Node, args, kwargs) -> tuple | None:
     integer tensor or of another kind (NOTE: [Robust timing], identical calls)."""
     leaves, spec = pytree.tree_flatten((args, kwargs))
     first_of: dict[int, int] = {}
-    parts = []
+    parts: list[tuple] = []
     for index, leaf in enumerate(leaves):
         if isinstance(leaf, torch.Tensor):
-            if leaf.layout != torch.strided or not (leaf.is_floating_point() or leaf.is_complex() or leaf.dtype == torch.bool):
+            if leaf.layout != torch.strided or not (
+                leaf.is_floating_point() or leaf.is_complex() or leaf.dtype == torch.bool
+            ):
                 return None
             storage = first_of.setdefault(_storage_id(leaf), index)
-            parts.append((tuple(leaf.shape), leaf.stride(), leaf.storage_offset(), leaf.dtype, str(leaf.device), storage))
+            parts.append(
+                (tuple(leaf.shape), leaf.stride(), leaf.storage_offset(), leaf.dtype, str(leaf.device), storage)
+            )
         elif isinstance(leaf, _PLAIN):
             parts.append((type(leaf).__name__, repr(leaf)))
         else:
@@ -394,13 +421,15 @@ def _least_ns(node: fx.Node, args, kwargs, repeats: int, warm_up: bool = True) -
         if any(isinstance(t, torch.Tensor) and t.is_cuda for t in pytree.tree_leaves(args))
         else (lambda: None)
     )
+    target = node.target
+    assert callable(target)  # a call_function node's target is the function it calls
     if warm_up:
-        node.target(*args, **kwargs)
+        target(*args, **kwargs)
     samples = []
     for _ in range(repeats):
         sync()
         start = time.perf_counter_ns()
-        node.target(*args, **kwargs)
+        target(*args, **kwargs)
         sync()
         samples.append(time.perf_counter_ns() - start)
     return min(samples)

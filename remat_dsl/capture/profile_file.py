@@ -41,6 +41,7 @@ import json
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from lark import Lark, Token, Transformer
 from lark.exceptions import UnexpectedInput, VisitError
@@ -136,7 +137,9 @@ def write_profile(graph: ir.Graph, *, model: str, device: str, torch_version: st
     temp_width = max([TEMP_WIDTH] + [len(r[3]) for r in rows])
     lines += ["", "ops", f"  {'# name':<{name_width}}  {'time':>{time_width}}     {'temp':>{temp_width}}".rstrip()]
     for name, number, unit, size, size_unit in rows:
-        lines.append(f"  {name:<{name_width}}  {number:>{time_width}} {unit:<2}  {size:>{temp_width}} {size_unit}".rstrip())
+        lines.append(
+            f"  {name:<{name_width}}  {number:>{time_width}} {unit:<2}  {size:>{temp_width}} {size_unit}".rstrip()
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -148,18 +151,25 @@ def write_profile(graph: ir.Graph, *, model: str, device: str, torch_version: st
 class _Builder(Transformer):
     """Builds a ProfileFile from the parse tree of grammar/profile.lark."""
 
+    ops_span: ir.Span  # the `ops` line, set by read_profile before the transform
+
     def __init__(self, text: str, path: str | None):
         super().__init__()
         self.text, self.path = text, path
 
     def error(self, message: str, token: Token, length: int | None = None, hint: str | None = None) -> PlanError:
+        assert token.line is not None and token.column is not None  # the parser keeps every token's position
         return PlanError(message, span=ir.Span(token.line, token.column), hint=hint, path=self.path or UNKNOWN_PATH,
                          source=self.text, length=len(token.value) if length is None else length)  # fmt: skip
 
     def magic(self, c):
         (version,) = c
         if version.value != str(FORMAT_VERSION):
-            raise self.error(f"expected `{MAGIC} {FORMAT_VERSION}`", version, hint="a profile starts with `remat-profile 1`; write it with `remat profile MODEL -o FILE`")
+            raise self.error(
+                f"expected `{MAGIC} {FORMAT_VERSION}`",
+                version,
+                hint="a profile starts with `remat-profile 1`; write it with `remat profile MODEL -o FILE`",
+            )
         return version
 
     def model(self, c):
@@ -191,8 +201,12 @@ class _Builder(Transformer):
             raise self.error(f"unknown {what} unit `{unit}`", unit, hint=f"expected one of {options}")
         value = scaled(number.value, units[unit.value])
         if value is None:
-            smallest = min(units, key=units.get)
-            raise self.error(f"`{number} {unit}` is not a whole number of {smallest}", number, hint=f"{what}s are stored as integer {smallest}; round it")
+            smallest = min(units, key=units.__getitem__)
+            raise self.error(
+                f"`{number} {unit}` is not a whole number of {smallest}",
+                number,
+                hint=f"{what}s are stored as integer {smallest}; round it",
+            )
         return value
 
     def start(self, c):
@@ -204,18 +218,27 @@ class _Builder(Transformer):
             if key == "input":
                 inputs.append(value)
             elif key in header:
-                raise self.error(f"`{key}` is given twice", token, hint=f"keep one `{key}` line (the first is line {where[key].line})")
+                raise self.error(
+                    f"`{key}` is given twice",
+                    token,
+                    hint=f"keep one `{key}` line (the first is line {where[key].line})",
+                )
             else:
                 header[key], where[key] = value, token
         for key in ("model", "device", "torch"):
             if key not in header:
-                raise self.error(f"the header has no `{key}` line", magic, hint=f"add a `{key}` line after `{MAGIC} {FORMAT_VERSION}`")
+                raise self.error(
+                    f"the header has no `{key}` line",
+                    magic,
+                    hint=f"add a `{key}` line after `{MAGIC} {FORMAT_VERSION}`",
+                )
         ops = [x for x in c if isinstance(x, ProfileOp)]
         seen: dict[str, ProfileOp] = {}
         for op in ops:
             if op.name in seen:
                 raise PlanError(
-                    f"op `{op.name}` is listed twice", span=op.span, path=self.path or UNKNOWN_PATH, source=self.text, length=len(op.name),
+                    f"op `{op.name}` is listed twice", span=op.span, path=self.path or UNKNOWN_PATH, source=self.text,
+                    length=len(op.name),
                     hint=f"keep one line for it (the first is line {seen[op.name].span.line})",
                 )  # fmt: skip
             seen[op.name] = op
@@ -230,7 +253,9 @@ def _json_string(token: Token, builder: _Builder) -> str:
     try:
         return json.loads(token.value)
     except json.JSONDecodeError as error:
-        raise builder.error(f"bad string: {error.msg}", token, hint='strings use JSON escapes: \\" \\\\ \\n \\uXXXX') from None
+        raise builder.error(
+            f"bad string: {error.msg}", token, hint='strings use JSON escapes: \\" \\\\ \\n \\uXXXX'
+        ) from None
 
 
 @functools.cache
@@ -248,37 +273,97 @@ def _syntax_error(error: UnexpectedInput, text: str, path: str | None) -> PlanEr
     number = min(max(1, error.line), len(lines))
     line = lines[number - 1]
     words = [(m.group(), m.start() + 1) for m in re.finditer(r"\S+", line.split("#")[0])]
-    where = dict(path=path or UNKNOWN_PATH, source=text)
+    where: dict[str, Any] = dict(path=path or UNKNOWN_PATH, source=text)
     ops_line = next((i for i, l in enumerate(lines, 1) if l.split("#")[0].strip() == "ops"), None)
     if not words:
         if ops_line is None:
-            return PlanError("the profile has no `ops` table", span=ir.Span(number, 1), hint="add `ops` followed by one `NAME  TIME  TEMP` line per operation", **where)
-        return PlanError("the profile ends early", span=ir.Span(number, 1), hint="write it with `remat profile MODEL -o FILE`", **where)
+            return PlanError(
+                "the profile has no `ops` table",
+                span=ir.Span(number, 1),
+                hint="add `ops` followed by one `NAME  TIME  TEMP` line per operation",
+                **where,
+            )
+        return PlanError(
+            "the profile ends early",
+            span=ir.Span(number, 1),
+            hint="write it with `remat profile MODEL -o FILE`",
+            **where,
+        )
     first, col = words[0]
     if number == 1 or (ops_line is None or number < ops_line) and first == MAGIC:
-        return PlanError(f"expected `{MAGIC} {FORMAT_VERSION}`", span=ir.Span(number, col), length=len(line.strip()), hint="a profile starts with `remat-profile 1`; write it with `remat profile MODEL -o FILE`", **where)
+        return PlanError(
+            f"expected `{MAGIC} {FORMAT_VERSION}`",
+            span=ir.Span(number, col),
+            length=len(line.strip()),
+            hint="a profile starts with `remat-profile 1`; write it with `remat profile MODEL -o FILE`",
+            **where,
+        )
     if ops_line is None or number < ops_line:
         if first not in HEADER_WORDS:
-            return PlanError(f"unknown header key `{first}`", span=ir.Span(number, col), length=len(first), hint="expected `model`, `device`, `torch`, `input` or `ops`", **where)
+            return PlanError(
+                f"unknown header key `{first}`",
+                span=ir.Span(number, col),
+                length=len(first),
+                hint="expected `model`, `device`, `torch`, `input` or `ops`",
+                **where,
+            )
         if first == "input":
-            return PlanError("an input line is `input NAME DTYPE[SHAPE]`", span=ir.Span(number, col), hint="e.g. `input  x  float32[16, 32]`", **where)
+            return PlanError(
+                "an input line is `input NAME DTYPE[SHAPE]`",
+                span=ir.Span(number, col),
+                hint="e.g. `input  x  float32[16, 32]`",
+                **where,
+            )
         if len(words) == 1:
-            return PlanError(f"`{first}` needs a value", span=ir.Span(number, len(line) + 1), hint=f'write e.g. `{first} "..."`', **where)
+            return PlanError(
+                f"`{first}` needs a value",
+                span=ir.Span(number, len(line) + 1),
+                hint=f'write e.g. `{first} "..."`',
+                **where,
+            )
         value, value_col = words[1]
-        return PlanError(f"cannot read the {first} `{line[value_col - 1 :].split('#')[0].strip()}`", span=ir.Span(number, value_col), length=len(value), hint='write a quoted string, e.g. "text"', **where)
+        return PlanError(
+            f"cannot read the {first} `{line[value_col - 1 :].split('#')[0].strip()}`",
+            span=ir.Span(number, value_col),
+            length=len(value),
+            hint='write a quoted string, e.g. "text"',
+            **where,
+        )
     if len(words) != 5:
         at = words[5][1] if len(words) > 5 else len(line) + 1
-        return PlanError("an op line is `NAME  TIME  TEMP`", span=ir.Span(number, at), hint=f"e.g. `{first}  0.012 ms  4 KiB`", **where)
-    for (number_text, number_col), (unit, _), what, example in ((words[1], words[2], "duration", "0.123 ms"), (words[3], words[4], "size", "4 KiB")):
+        return PlanError(
+            "an op line is `NAME  TIME  TEMP`",
+            span=ir.Span(number, at),
+            hint=f"e.g. `{first}  0.012 ms  4 KiB`",
+            **where,
+        )
+    for (number_text, number_col), (unit, _), what, example in (
+        (words[1], words[2], "duration", "0.123 ms"),
+        (words[3], words[4], "size", "4 KiB"),
+    ):
         if not re.fullmatch(r"[0-9]+(\.[0-9]+)?", number_text):
-            return PlanError(f"cannot read the {what} `{number_text} {unit}`", span=ir.Span(number, number_col), length=len(number_text), hint=f"write e.g. `{example}`", **where)
-    return PlanError(f"bad op name `{first}`", span=ir.Span(number, col), length=len(first), hint="op names are dotted identifiers, as in the plan's `ops`", **where)
+            return PlanError(
+                f"cannot read the {what} `{number_text} {unit}`",
+                span=ir.Span(number, number_col),
+                length=len(number_text),
+                hint=f"write e.g. `{example}`",
+                **where,
+            )
+    return PlanError(
+        f"bad op name `{first}`",
+        span=ir.Span(number, col),
+        length=len(first),
+        hint="op names are dotted identifiers, as in the plan's `ops`",
+        **where,
+    )
 
 
 def read_profile(text: str, path: str | None = None) -> ProfileFile:
     """Parse a profile file (grammar/profile.lark).  Raises PlanError (file:line:col, with a hint)."""
     if not text.strip():
-        raise PlanError("the profile is empty", path=path or UNKNOWN_PATH, hint="write it with `remat profile MODEL -o FILE`")
+        raise PlanError(
+            "the profile is empty", path=path or UNKNOWN_PATH, hint="write it with `remat profile MODEL -o FILE`"
+        )
     try:
         tree = _lark().parse(text)
     except UnexpectedInput as error:
@@ -330,15 +415,30 @@ def apply_profile(graph: ir.Graph, profile: ProfileFile, *, model: str | None = 
         return PlanError(message, span=span, hint=hint, path=path, source=source, length=length)
 
     if model is not None and not _same_model(model, profile.model):
-        raise error(f"the profile was made for model {json.dumps(profile.model, ensure_ascii=False)}, not {json.dumps(model, ensure_ascii=False)}", profile.model_span, len(json.dumps(profile.model, ensure_ascii=False)), f"plan {profile.model} with this profile, or run `remat profile {model}` again")
+        raise error(
+            f"the profile was made for model {json.dumps(profile.model, ensure_ascii=False)}, not"
+            f" {json.dumps(model, ensure_ascii=False)}",
+            profile.model_span,
+            len(json.dumps(profile.model, ensure_ascii=False)),
+            f"plan {profile.model} with this profile, or run `remat profile {model}` again",
+        )
     graph_inputs = [(v.name, v.dtype, tuple(v.shape)) for v in graph.inputs]
     for index, value in enumerate(profile.inputs):
         got = (value.name, value.dtype, value.shape)
         if index >= len(graph_inputs):
-            raise error(f"the profile has input `{value.name}`, but the model takes {len(graph_inputs)} input(s)", value.span, len(value.name))
+            raise error(
+                f"the profile has input `{value.name}`, but the model takes {len(graph_inputs)} input(s)",
+                value.span,
+                len(value.name),
+            )
         if got != graph_inputs[index]:
             name, dtype, shape = graph_inputs[index]
-            raise error(f"the profile has input `{value.name} {value.dtype}{_shape(value.shape)}`, but the model's input {index} is `{name} {dtype}{_shape(shape)}`", value.span, len(value.name))
+            raise error(
+                f"the profile has input `{value.name} {value.dtype}{_shape(value.shape)}`, but the model's input"
+                f" {index} is `{name} {dtype}{_shape(shape)}`",
+                value.span,
+                len(value.name),
+            )
     if len(profile.inputs) < len(graph_inputs):
         name, dtype, shape = graph_inputs[len(profile.inputs)]
         raise error(f"the profile lacks the model's input `{name} {dtype}{_shape(shape)}`", profile.model_span)
@@ -346,7 +446,9 @@ def apply_profile(graph: ir.Graph, profile: ProfileFile, *, model: str | None = 
     names = {op.name for op in graph.ops}
     missing = [op.name for op in graph.ops if op.name not in costs]
     if missing:
-        listed = ", ".join(f"`{n}`" for n in missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        listed = ", ".join(f"`{n}`" for n in missing[:3]) + (
+            f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        )
         raise error(f"the profile has no costs for op {listed} of the graph", profile.ops_span, 3)
     for op in profile.ops:
         if op.name not in names:

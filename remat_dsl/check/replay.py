@@ -40,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from dataclasses import dataclass, field
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from remat_dsl.plan import ir
 from remat_dsl.plan.ir import DTYPE_ITEMSIZE, iter_refs, op_refs
@@ -313,7 +313,7 @@ class _Transfer:
     kind: str
     end_us: int
     where: str
-    span: object = None  # the offload's or prefetch's instruction span
+    span: ir.Span | None = None  # the offload's or prefetch's instruction span
 
 
 @dataclass
@@ -346,7 +346,8 @@ class _Simulator:
         self.clocks = _Clocks()
         self.steps: list[Step] = []
         self.peak: tuple[int, int] = (-1, -1)  # (bytes, index into steps)
-        self._peak_state = None  # what `peak_live` is made of, copied at each new peak
+        # what `peak_live` is made of, copied at each new peak
+        self._peak_state: tuple[dict[str, int], dict[str, int], list[tuple[str, int]]] | None = None
         self.crossing = Crossing()
         self.made_in_backward: set[str] = set()
         self.needed: set[str] = set()
@@ -396,7 +397,9 @@ class _Simulator:
             peak, extra = HANDLERS[instr.verb](self, instr)
             removed = tuple(self._freed + self._given)
             into = self._given[0][0] if self._given else ""
-            events = dict(at_peak=tuple(self._held), added=tuple(self._added), removed=removed, into=into)
+            events: dict[str, Any] = dict(
+                at_peak=tuple(self._held), added=tuple(self._added), removed=removed, into=into
+            )
             self._record(Step(section, index, instr, before, max(peak, before, self.current), self.current, **events), extra)
 
     def end_forward(self, instructions: tuple[ir.Instruction, ...]) -> None:
@@ -484,11 +487,14 @@ class _Simulator:
 
     def _fail(self, message: str, hint: str, span: ir.Span | None = None) -> NoReturn:
         """Raise PlanError at `span`; at the current instruction, the carets go under its target."""
-        here = self.instr is not None and span is not None and span is self.instr.span
-        raise PlanError(message, span=span, hint=hint, word=self.instr.target if here else None)
+        word = None
+        if self.instr is not None and span is not None and span is self.instr.span:
+            word = self.instr.target
+        raise PlanError(message, span=span, hint=hint, word=word)
 
     def _where(self) -> str:
         """How messages name the current instruction: "line N", else "forward:K"."""
+        assert self.instr is not None  # called while an instruction is replayed
         if self.instr.span is not None:
             return f"line {self.instr.span.line}"
         return f"{self.section}:{self.index}"

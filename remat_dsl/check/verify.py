@@ -7,7 +7,8 @@ offending line, carets and a hint):
    with (NOTE: [Graph digest] in remat_dsl.plan.digest), so only the schedule, the header's
    budget and status and comments were edited by hand;
 2. the declarations: the device is one the generated module can run on, the autocast
-   dtype (if any) is one torch.autocast runs in, every dtype is known, no tensor, value or budget is larger than any device holds (MAX_BYTES);
+   dtype (if any) is one torch.autocast runs in, every dtype is known, no tensor, value or
+   budget is larger than any device holds (MAX_BYTES);
 3. the operators and values: every `aten.NAME.OVERLOAD` exists in this torch, inline calls
    are views (or `operator.getitem` with an integer, `torch.device("kind")`), the arguments
    fit the operator's schema, symbols are torch's dtypes, layouts and memory formats, and
@@ -131,13 +132,17 @@ def check_digest(plan: ir.Plan) -> None:
             if item.section == "header" and not item.text.startswith("autocast "):
                 what = f"the header's `{item.text.split()[0]}` line was edited (the digest seals what the plan is for)"
             elif item.section != "header":
-                what = f"this line of the `{item.section}` section was edited (or one just above it was added or removed)"
+                what = (
+                    f"this line of the `{item.section}` section was edited (or one just above it was added or removed)"
+                )
             raise PlanError(f"{what}: the graph sections no longer match the plan's digest", span=where, hint=RERUN)
     last = plan.section_span("forward")
     if len(hashes) > len(items):
         raise PlanError(
-            f"{len(hashes) - len(items)} line(s) of the graph sections were removed: they no longer match the plan's digest",
-            span=last, hint=RERUN,
+            f"{len(hashes) - len(items)} line(s) of the graph sections were removed: they no longer match the plan's"
+            " digest",
+            span=last,
+            hint=RERUN,
         )
     raise PlanError("the graph sections no longer match the plan's digest", span=stored.span, hint=RERUN)
 
@@ -184,7 +189,8 @@ def _check_size(decl, dtype: str, shape: tuple[int, ...], nbytes: int | None) ->
         close = difflib.get_close_matches(dtype, list(DTYPE_ITEMSIZE), n=1)
         raise PlanError(
             f"unknown dtype `{dtype}` of '{decl.name}'", span=decl.span, word=dtype,
-            hint=(f"did you mean `{close[0]}`? " if close else "") + "dtypes are torch's names: float32, bfloat16, int64, bool ...",
+            hint=(f"did you mean `{close[0]}`? " if close else "")
+            + "dtypes are torch's names: float32, bfloat16, int64, bool ...",
         )  # fmt: skip
     numel = 1
     for dim in shape:
@@ -208,8 +214,8 @@ def check_operators(graph: ir.Graph, outputs_span: ir.Span | None = None) -> Non
     for constant in graph.constants:
         if not _is_plain(constant.value):
             raise PlanError(
-                f"the argument `{constant.name}` is given as {_shown(constant.value)}; a forward argument that is not a "
-                "tensor is a constant: None, True, False, a number or a string",
+                f"the argument `{constant.name}` is given as {_shown(constant.value)}; "
+                "a forward argument that is not a tensor is a constant: None, True, False, a number or a string",
                 span=constant.span, hint=RERUN,
             )  # fmt: skip
     for op in graph.ops:
@@ -219,7 +225,11 @@ def check_operators(graph: ir.Graph, outputs_span: ir.Span | None = None) -> Non
             returns = len(overload._schema.returns)
             extra = [t for t in op.outputs if int(t.rpartition(":")[2] if ":" in t else 0) >= returns]
             if extra:
-                raise PlanError(f"'{op.name}' declares output '{extra[0]}', but {op.target} returns {returns} value(s)", span=op.span, hint=RERUN)
+                raise PlanError(
+                    f"'{op.name}' declares output '{extra[0]}', but {op.target} returns {returns} value(s)",
+                    span=op.span,
+                    hint=RERUN,
+                )
         for arg in (*op.args, *(v for _, v in op.kwargs)):
             _check_inline(arg, op.span)
     _check_outputs(graph.outputs, outputs_span)
@@ -271,14 +281,18 @@ def _check_outputs(arg: ir.Arg, span: ir.Span | None) -> None:
     if isinstance(arg, (ir.ListArg, ir.TupleArg)):
         for item in arg.items:
             _check_outputs(item, span)
-    elif ir.is_structure(arg):
+    elif isinstance(arg, ir.Call) and ir.is_structure(arg):
         parts = arg.target.split(".")
         if arg.target != "dict" and (len(parts) < 2 or not all(part.isidentifier() for part in parts)):
-            raise PlanError(f"the output class `{_shown(arg.target)}` is not a dotted path (module.Class)", span=span, hint=RERUN)
+            raise PlanError(
+                f"the output class `{_shown(arg.target)}` is not a dotted path (module.Class)", span=span, hint=RERUN
+            )
         for _, item in arg.kwargs:
             _check_outputs(item, span)
     elif arg is not None and not isinstance(arg, (ir.Ref, ir.Call)):
-        raise PlanError(f"the model's output holds the constant {_shown(arg)}; outputs are tensors", span=span, hint=RERUN)
+        raise PlanError(
+            f"the model's output holds the constant {_shown(arg)}; outputs are tensors", span=span, hint=RERUN
+        )
     else:
         _check_inline(arg, span)
 
@@ -300,18 +314,28 @@ def _check_inline(arg: ir.Arg, span: ir.Span | None) -> None:
     if isinstance(arg, ir.Sym) and arg.name not in torch_constants():
         raise PlanError(
             f"`{_shown(arg.name)[:80]}` is not a torch dtype, layout or memory format", span=span,
-            hint="constants in arguments are torch's dtypes (torch.float32), layouts (torch.strided) and memory formats "
-            "(torch.contiguous_format); " + RERUN,
+            hint="constants in arguments are torch's dtypes (torch.float32), layouts (torch.strided) "
+            "and memory formats (torch.contiguous_format); " + RERUN,
         )  # fmt: skip
     if isinstance(arg, ir.Call):
         if arg.target == "operator.getitem" and not (
-            len(arg.args) == 2 and not arg.kwargs and isinstance(arg.args[0], (ir.Call, ir.Ref)) and type(arg.args[1]) is int
+            len(arg.args) == 2
+            and not arg.kwargs
+            and isinstance(arg.args[0], (ir.Call, ir.Ref))
+            and type(arg.args[1]) is int
         ):
-            raise PlanError("`operator.getitem` takes a value and an integer index", span=span, word=arg.target, hint=RERUN)
+            raise PlanError(
+                "`operator.getitem` takes a value and an integer index", span=span, word=arg.target, hint=RERUN
+            )
         if arg.target == "torch.device" and not (
-            len(arg.args) == 1 and not arg.kwargs and isinstance(arg.args[0], str) and re.fullmatch(r"[a-z]+", arg.args[0])
+            len(arg.args) == 1
+            and not arg.kwargs
+            and isinstance(arg.args[0], str)
+            and re.fullmatch(r"[a-z]+", arg.args[0])
         ):
-            raise PlanError("`torch.device` takes one device kind, such as \"cpu\"", span=span, word=arg.target, hint=RERUN)
+            raise PlanError(
+                '`torch.device` takes one device kind, such as "cpu"', span=span, word=arg.target, hint=RERUN
+            )
         if arg.target not in INLINE_TARGETS:
             overload = _overload(arg.target, span, arg.target)
             if not is_view(overload):
@@ -348,7 +372,8 @@ def _overload(target: str, span: ir.Span | None, word: str):
         raise PlanError(
             f"unknown operator `{target}`",
             span=span, word=word,
-            hint="operators are torch's `aten.NAME.OVERLOAD` (e.g. aten.mm.default) as `remat plan` wrote them; " + RERUN,
+            hint="operators are torch's `aten.NAME.OVERLOAD` (e.g. aten.mm.default) "
+            "as `remat plan` wrote them; " + RERUN,
         )  # fmt: skip
     return overload
 
@@ -358,7 +383,12 @@ def _check_binding(overload, target: str, args: tuple, kwargs: tuple, span: ir.S
     names = [a.name for a in schema.arguments]
     positional = [a for a in schema.arguments if not a.kwarg_only]
     if len(args) > len(positional):
-        raise PlanError(f"`{target}` takes at most {len(positional)} positional arguments, the plan gives {len(args)}", span=span, word=target, hint=RERUN)
+        raise PlanError(
+            f"`{target}` takes at most {len(positional)} positional arguments, the plan gives {len(args)}",
+            span=span,
+            word=target,
+            hint=RERUN,
+        )
     for key, _ in kwargs:
         if key not in names:
             raise PlanError(f"`{target}` has no argument `{key}`", span=span, word=target, hint=RERUN)

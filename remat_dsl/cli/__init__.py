@@ -104,6 +104,7 @@ def program() -> NoReturn:
     for number in TERMINATING:
         if signal.getsignal(number) is not signal.SIG_IGN:  # `nohup remat ...` keeps SIGHUP ignored
             signal.signal(number, _terminate)
+    code: str | int | None
     try:
         code = main()
     except SystemExit as exc:  # argparse: --help, a usage error
@@ -132,7 +133,9 @@ def program() -> NoReturn:
 
 def parser() -> argparse.ArgumentParser:
     """The `remat` argument parser with every command's subparser."""
-    top = argparse.ArgumentParser(prog="remat", description="Plan, check and compile rematerialization plans for PyTorch training.")
+    top = argparse.ArgumentParser(
+        prog="remat", description="Plan, check and compile rematerialization plans for PyTorch training."
+    )
     sub = top.add_subparsers(required=True, metavar="COMMAND")
     for command in COMMANDS:
         command.register(sub)

@@ -6,7 +6,15 @@ from __future__ import annotations
 def register(subparsers) -> None:
     check = subparsers.add_parser("check", help="validate a plan and report its predicted peak memory and time")
     check.add_argument("plan")
-    check.add_argument("--model", nargs="?", const="", help="also check the plan against a model file (default: the one in its header): its inputs, parameters and captured graph")
+    check.add_argument(
+        "--model",
+        nargs="?",
+        const="",
+        help=(
+            "also check the plan against a model file (default: the one in its header): its inputs, parameters and"
+            " captured graph"
+        ),
+    )
     check.set_defaults(run=run)
 
 

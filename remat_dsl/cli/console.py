@@ -46,9 +46,12 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from remat_dsl.plan.errors import RematError
+
+if TYPE_CHECKING:
+    from rich.progress import Progress as RichProgress
 
 PLAIN_PROGRESS_SECONDS = 10.0  # a plain progress line at most this often when stderr is not a terminal
 
@@ -171,19 +174,28 @@ def check_writable(path: str | Path, what: str = "output", *, inputs: tuple = ()
         _check_not_an_input(path, what, inputs)
         _check_written_by_tool(path, what)
     if target.is_dir():
-        raise RematError(f"{path}: error: cannot write the {what}: it is a directory", hint="give a file name, e.g. out/model.plan")
+        raise RematError(
+            f"{path}: error: cannot write the {what}: it is a directory", hint="give a file name, e.g. out/model.plan"
+        )
     directory = target.parent
     if not directory.is_dir():
         reason = "does not exist" if not directory.exists() else "is not a directory"
-        raise RematError(f"{path}: error: cannot write the {what}: {directory} {reason}", hint=f"create it first (mkdir -p {directory}) or write elsewhere")
+        raise RematError(
+            f"{path}: error: cannot write the {what}: {directory} {reason}",
+            hint=f"create it first (mkdir -p {directory}) or write elsewhere",
+        )
     try:
         fd, probe = tempfile.mkstemp(dir=directory, prefix=f".{target.name}.", suffix=".tmp")
     except OSError as exc:
-        raise RematError(f"{path}: error: cannot write the {what}: {exc.strerror or exc}", hint="choose a path you can write") from None
+        raise RematError(
+            f"{path}: error: cannot write the {what}: {exc.strerror or exc}", hint="choose a path you can write"
+        ) from None
     os.close(fd)
     os.unlink(probe)
     if target.exists() and not os.access(target, os.W_OK):
-        raise RematError(f"{path}: error: cannot write the {what}: permission denied", hint="choose a path you can write")
+        raise RematError(
+            f"{path}: error: cannot write the {what}: permission denied", hint="choose a path you can write"
+        )
     return target
 
 
@@ -283,7 +295,7 @@ class Progress:
         self.description, self.unit = description, unit
         self.total: int | None = None
         self.done = 0
-        self.bar = None
+        self.bar: RichProgress | None = None
         self.began = self.last = time.monotonic()
 
     def __enter__(self) -> Progress:
@@ -292,7 +304,13 @@ class Progress:
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
             from rich.progress import Progress as RichProgress
 
-            self.bar = RichProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True))
+            self.bar = RichProgress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+            )
             self.bar.start()
             self.task = self.bar.add_task(self.description, total=None)
         else:

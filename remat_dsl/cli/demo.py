@@ -47,11 +47,22 @@ def main() -> int:
     print(f"remat-dsl demo: {MODEL} ({h.solver}, {h.status})")
     print(f"  budget            {format_bytes(h.budget):>12}  (50% of the autograd plan's peak)")
     print(f"  predicted peak    {format_bytes(h.peak_bytes):>12}  at {h.peak_at}")
-    print(f"  measured peak     {format_bytes(measured):>12}  ({100 * measured / h.peak_bytes:.2f}% of predicted; eager {format_bytes(eager_peak)})")
+    print(
+        f"  measured peak     {format_bytes(measured):>12}  ({100 * measured / h.peak_bytes:.2f}% of predicted; eager"
+        f" {format_bytes(eager_peak)})"
+    )
     print(f"  predicted time    {h.time_us / 1000:>9.3f} ms  (recompute {h.recompute_us / 1000:.3f} ms)")
-    print(f"  measured time     {fast_s * 1000:>9.3f} ms  (eager {eager_s * 1000:.3f} ms, ratio {fast_s / eager_s:.2f})")
-    print(f"  losses identical  {'yes' if comparison.losses_equal else 'NO'}  over {comparison.steps} SGD steps, dropout on")
-    print(f"  gradients identical {'yes' if comparison.gradients_equal and comparison.parameters_equal else 'NO'}  (torch.equal on every parameter gradient)")
+    print(
+        f"  measured time     {fast_s * 1000:>9.3f} ms  (eager {eager_s * 1000:.3f} ms, ratio {fast_s / eager_s:.2f})"
+    )
+    print(
+        f"  losses identical  {'yes' if comparison.losses_equal else 'NO'}  over {comparison.steps} SGD steps,"
+        " dropout on"
+    )
+    print(
+        f"  gradients identical {'yes' if comparison.gradients_equal and comparison.parameters_equal else 'NO'} "
+        " (torch.equal on every parameter gradient)"
+    )
     if not comparison.identical:
         print("  mismatches: " + ", ".join(comparison.mismatched[:5]))
         return 1

@@ -9,7 +9,9 @@ def register(subparsers) -> None:
     diff = subparsers.add_parser("diff", help="semantic summary and line diff of two plans")
     diff.add_argument("old", help="the plan before (/dev/null: none)")
     diff.add_argument("new", help="the plan after (/dev/null: none)")
-    diff.add_argument("--exit-code", action="store_true", help="exit 1 when the canonical texts differ (the solve time aside)")
+    diff.add_argument(
+        "--exit-code", action="store_true", help="exit 1 when the canonical texts differ (the solve time aside)"
+    )
     diff.set_defaults(run=run)
 
 

@@ -18,7 +18,9 @@ def register(subparsers) -> None:
         "target is rewritten (keeping its permissions) and the link stays a link.",
     )
     fmt.add_argument("files", nargs="+", metavar="FILE", help="plan files to rewrite in place")
-    fmt.add_argument("--check", action="store_true", help="change nothing; list the files that would change and exit 1 if any")
+    fmt.add_argument(
+        "--check", action="store_true", help="change nothing; list the files that would change and exit 1 if any"
+    )
     fmt.set_defaults(run=run)
 
 
@@ -37,5 +39,8 @@ def run(args) -> int:
     for path, new in changed:
         write_atomically(Path(path), new)
         status(f"rewrote {path} in place")
-    status(f"{len(changed)} of {len(files)} plan file(s) rewritten in place" + ("" if changed else ": all were canonical already"))
+    status(
+        f"{len(changed)} of {len(files)} plan file(s) rewritten in place"
+        + ("" if changed else ": all were canonical already")
+    )
     return 0

@@ -11,9 +11,13 @@ import os
 
 
 def register(subparsers) -> None:
-    git = subparsers.add_parser("git-diff", help="git's external diff driver (diff.remat.command); GIT_EXTERNAL_DIFF arguments")
+    git = subparsers.add_parser(
+        "git-diff", help="git's external diff driver (diff.remat.command); GIT_EXTERNAL_DIFF arguments"
+    )
     git.add_argument("path", help="the path in the repository")
-    git.add_argument("rest", nargs="*", help="old-file old-hex old-mode new-file new-hex new-mode [new-path rename-info]")
+    git.add_argument(
+        "rest", nargs="*", help="old-file old-hex old-mode new-file new-hex new-mode [new-path rename-info]"
+    )
     git.set_defaults(run=run_git_diff)
     conv = subparsers.add_parser("textconv", help="a plan's summary header and canonical text (diff.remat.textconv)")
     conv.add_argument("file")

@@ -17,9 +17,15 @@ import math
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from remat_dsl.cli.console import Progress, check_writable, positive_int, report_noisy_timing, status, write_atomically
 from remat_dsl.plan.errors import RematError
+
+if TYPE_CHECKING:
+    from remat_dsl.capture.cost import DeviceModel
+    from remat_dsl.capture.profile_file import ProfileFile
+    from remat_dsl.plan import ir
 
 
 def seconds(text: str) -> float:
@@ -29,7 +35,9 @@ def seconds(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, e.g. 60 or 2.5, got '{text}'") from None
     if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got '{text}' (leave the option out for no limit)")
+        raise argparse.ArgumentTypeError(
+            f"expected a number of seconds > 0, got '{text}' (leave the option out for no limit)"
+        )
     return value
 
 
@@ -45,7 +53,10 @@ def autocast_dtype(text: str):
     if text.lower() not in AUTOCAST_FLAGS:
         raise RematError(
             f"error: unknown --autocast dtype '{text}'",
-            hint="torch.autocast runs in bf16 (torch.bfloat16) or fp16 (torch.float16); pass --autocast bf16, fp16 or none",
+            hint=(
+                "torch.autocast runs in bf16 (torch.bfloat16) or fp16 (torch.float16); pass --autocast bf16, fp16 or"
+                " none"
+            ),
         )
     return getattr(torch, AUTOCAST_FLAGS[text.lower()])
 
@@ -60,8 +71,12 @@ def register(subparsers) -> None:
         help="a size with its unit (1.5GiB, 800MB, 65536B) or a percentage of the autograd peak (50%%); a number "
         "without a unit is refused; default: the constraints' budget (not needed with --solver autograd)",
     )
-    plan.add_argument("--constraints", help="a file of constraint lines: keep/recompute/offload/no-offload \"GLOB\", budget SIZE")
-    plan.add_argument("--strict", action="store_true", help="a constraint pattern that matches no tensor is an error, not a warning")
+    plan.add_argument(
+        "--constraints", help='a file of constraint lines: keep/recompute/offload/no-offload "GLOB", budget SIZE'
+    )
+    plan.add_argument(
+        "--strict", action="store_true", help="a constraint pattern that matches no tensor is an error, not a warning"
+    )
     plan.add_argument("--from", dest="from_plan", help="re-solve with this plan's constraints and budget")
     plan.add_argument(
         "--solver",
@@ -74,11 +89,28 @@ def register(subparsers) -> None:
     plan.add_argument(
         "--device",
         metavar="NAME|FILE",
-        help="plan for this device with costs predicted from op shapes (roofline): a100, h100 (= h100-sxm), h100-pcie, l4, "
-        "cpu (this machine kind), or a device-description .toml file (docs/devices.md); default: measure every op here",
+        help=(
+            "plan for this device with costs predicted from op shapes (roofline): a100, h100 (= h100-sxm), h100-pcie,"
+            " l4, cpu (this machine kind), or a device-description .toml file (docs/devices.md); default: measure every"
+            " op here"
+        ),
     )
-    plan.add_argument("--fake", action="store_true", help="capture with fake tensors (a FakeTensorMode): no weights or activations are allocated, costs come from --device (default cpu); automatic when the model would not fit in host memory")
-    plan.add_argument("--autocast", metavar="bf16|fp16|none", help="capture and plan the step under torch.autocast(device, dtype) (bf16: torch.bfloat16, fp16: torch.float16); default: the model file's `autocast`, else none")
+    plan.add_argument(
+        "--fake",
+        action="store_true",
+        help=(
+            "capture with fake tensors (a FakeTensorMode): no weights or activations are allocated, costs come from"
+            " --device (default cpu); automatic when the model would not fit in host memory"
+        ),
+    )
+    plan.add_argument(
+        "--autocast",
+        metavar="bf16|fp16|none",
+        help=(
+            "capture and plan the step under torch.autocast(device, dtype) (bf16: torch.bfloat16, fp16: torch.float16);"
+            " default: the model file's `autocast`, else none"
+        ),
+    )
     plan.add_argument(
         "--bandwidth",
         help="host<->device bandwidth per second, with its unit (12GB, 12GB/s; default: the --device's host link, "
@@ -90,12 +122,53 @@ def register(subparsers) -> None:
         help="host memory the offloaded activations may take, with its unit (offmate; 8GiB, 500MB, 0); "
         "default: unlimited",
     )
-    plan.add_argument("--repeats", type=positive_int, default=5, help="timed runs per operation, split over two timing passes; the least counts (default 5)")
-    plan.add_argument("--time-limit", type=seconds, metavar="SECONDS", help="stop the solver after this many seconds (MILP solvers: the best plan found so far, status `feasible` with its gap); default: no limit (moccasin: 570 s per budget)")
-    plan.add_argument("--jobs", type=positive_int, metavar="N", help="worker processes that may solve a block's ILPs at once when they are slow; the plan is the same for any N (default: the cores this process may use)")
-    plan.add_argument("--record-solve-time", action="store_true", help="write the solver's run time into the header (`solve-time`); off by default so that plans are byte-identical from run to run")
-    plan.add_argument("--profile", help="take every operation's time and temporary memory from this profile file (see `remat profile`) instead of measuring")
-    plan.add_argument("--no-cache", action="store_true", help="neither read nor write the cache of measured op times and block solutions ($REMAT_CACHE_DIR, else ~/.cache/remat-dsl); it makes another budget for the same model take seconds")
+    plan.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=5,
+        help="timed runs per operation, split over two timing passes; the least counts (default 5)",
+    )
+    plan.add_argument(
+        "--time-limit",
+        type=seconds,
+        metavar="SECONDS",
+        help=(
+            "stop the solver after this many seconds (MILP solvers: the best plan found so far, status `feasible` with"
+            " its gap); default: no limit (moccasin: 570 s per budget)"
+        ),
+    )
+    plan.add_argument(
+        "--jobs",
+        type=positive_int,
+        metavar="N",
+        help=(
+            "worker processes that may solve a block's ILPs at once when they are slow; the plan is the same for any N"
+            " (default: the cores this process may use)"
+        ),
+    )
+    plan.add_argument(
+        "--record-solve-time",
+        action="store_true",
+        help=(
+            "write the solver's run time into the header (`solve-time`); off by default so that plans are"
+            " byte-identical from run to run"
+        ),
+    )
+    plan.add_argument(
+        "--profile",
+        help=(
+            "take every operation's time and temporary memory from this profile file (see `remat profile`) instead of"
+            " measuring"
+        ),
+    )
+    plan.add_argument(
+        "--no-cache",
+        action="store_true",
+        help=(
+            "neither read nor write the cache of measured op times and block solutions ($REMAT_CACHE_DIR, else"
+            " ~/.cache/remat-dsl); it makes another budget for the same model take seconds"
+        ),
+    )
     plan.add_argument("-o", "--output", help="write the plan here instead of stdout")
     plan.add_argument(
         "--force",
@@ -119,10 +192,10 @@ class PlanRequest:
     budget: int | float | None
     budget_is_percent: bool
     bandwidth: int
-    constraints: tuple
-    profile: object | None
+    constraints: tuple[ir.Constraint, ...]
+    profile: ProfileFile | None
     output: Path | None
-    device_model: object | None = None
+    device_model: DeviceModel | None = None
     host_link: bool = False
     host_budget: int | None = None
 
@@ -173,14 +246,21 @@ def read_request(args) -> PlanRequest:
     else:
         bandwidth = _quantity(parse_bandwidth, args.bandwidth, "bandwidth", exact=False)
     if bandwidth <= 0:
-        raise RematError(f"error: the bandwidth must be more than 0 bytes per second, got '{args.bandwidth}'", hint="pass e.g. --bandwidth 12GB")
+        raise RematError(
+            f"error: the bandwidth must be more than 0 bytes per second, got '{args.bandwidth}'",
+            hint="pass e.g. --bandwidth 12GB",
+        )
     host_link = args.bandwidth is not None or (device_model is not None and device_model.kind == "cuda")
     host_budget = None
     if getattr(args, "host_budget", None) is not None:
         host_budget = _quantity(parse_size, args.host_budget, "host budget", exact=False)
         if host_budget < 0:
-            raise RematError(f"error: the host budget must be 0 or more, got '{args.host_budget}'", hint="pass e.g. --host-budget 8GiB")
-    constraints, from_budget = (), None
+            raise RematError(
+                f"error: the host budget must be 0 or more, got '{args.host_budget}'",
+                hint="pass e.g. --host-budget 8GiB",
+            )
+    constraints: tuple[ir.Constraint, ...] = ()
+    from_budget = None
     if args.from_plan:
         old = parse_file(args.from_plan)
         constraints, from_budget = located(old.constraints, args.from_plan), old.header.budget
@@ -188,7 +268,10 @@ def read_request(args) -> PlanRequest:
         constraints += read_constraints(args.constraints)
     profile = None
     if args.profile and device_model is not None:
-        raise RematError("error: --profile and --device both give the op costs", hint="pass --profile to use measured costs, or --device to predict them")
+        raise RematError(
+            "error: --profile and --device both give the op costs",
+            hint="pass --profile to use measured costs, or --device to predict them",
+        )
     if args.profile:
         from remat_dsl.capture.profile_file import load_profile
 
@@ -197,13 +280,21 @@ def read_request(args) -> PlanRequest:
     text = args.budget or (None if fallback is None else str(fallback))
     if text is None:
         if args.solver == "autograd":
-            return PlanRequest(None, False, bandwidth, constraints, profile, output, device_model, host_link, host_budget)
-        raise RematError("error: no budget given", hint="pass --budget (2GiB, 50%), or a `budget SIZE` constraint, or --from PLAN")
+            return PlanRequest(
+                None, False, bandwidth, constraints, profile, output, device_model, host_link, host_budget
+            )
+        raise RematError(
+            "error: no budget given", hint="pass --budget (2GiB, 50%), or a `budget SIZE` constraint, or --from PLAN"
+        )
     percent = parse_percent(text)
     budget = percent if percent is not None else _quantity(parse_size, text, "budget", exact=False)
     if budget <= 0:
-        raise RematError(f"error: the budget must be more than 0, got '{text}'", hint="pass e.g. --budget 50% or --budget 2GiB")
-    return PlanRequest(budget, percent is not None, bandwidth, constraints, profile, output, device_model, host_link, host_budget)
+        raise RematError(
+            f"error: the budget must be more than 0, got '{text}'", hint="pass e.g. --budget 50% or --budget 2GiB"
+        )
+    return PlanRequest(
+        budget, percent is not None, bandwidth, constraints, profile, output, device_model, host_link, host_budget
+    )
 
 
 def run(args) -> int:
@@ -237,7 +328,10 @@ def run(args) -> int:
     else:
         args.out.write(text)
     h = replace(plan.header, solve_seconds=seconds)
-    status(f"predicted peak {format_bytes(h.peak_bytes)} at {h.peak_at}, time {format_duration(h.time_us)}; {solver_status(h)}")
+    status(
+        f"predicted peak {format_bytes(h.peak_bytes)} at {h.peak_at}, time {format_duration(h.time_us)};"
+        f" {solver_status(h)}"
+    )
     return 0
 
 
@@ -291,8 +385,8 @@ def _captured(model_file, args, request: PlanRequest):
         sizes = too_large_for_host(model_file)
         if sizes is not None:
             status(
-                f"the model's parameters and buffers take {format_bytes(sizes[0])}, too much of the {format_bytes(sizes[1])} "
-                "of host memory available: capturing it with fake tensors"
+                f"the model's parameters and buffers take {format_bytes(sizes[0])}, too much of the"
+                f" {format_bytes(sizes[1])} of host memory available: capturing it with fake tensors"
             )
             fake = True
     if fake and device_model is None:
@@ -303,16 +397,32 @@ def _captured(model_file, args, request: PlanRequest):
     if request.profile is None:
         verb = "capturing" if device_model is not None else "profiling"
         with Progress(f"{verb} {model_file.spec}" + (" with fake tensors" if fake else "")) as progress:
-            captured = capture_graph(model_file, args.repeats, progress, device_model=device_model, fake=fake, cache=_cache(args), check_eager=True)
+            captured = capture_graph(
+                model_file,
+                args.repeats,
+                progress,
+                device_model=device_model,
+                fake=fake,
+                cache=_cache(args),
+                check_eager=True,
+            )
         report_noisy_timing(captured)
         if captured.cached:
-            status("op times from the cache: measured on this machine in an earlier run (--no-cache measures them again)")
+            status(
+                "op times from the cache: measured on this machine in an earlier run (--no-cache measures them again)"
+            )
         return captured.graph, captured.device, captured.costs, captured.eager
     from remat_dsl.capture.profile_file import apply_profile
 
     with Progress(f"capturing {model_file.spec}") as progress:
         captured = capture_graph(
-            model_file, args.repeats, progress, measure_time=False, device_model=device_model, fake=fake, check_eager=True
+            model_file,
+            args.repeats,
+            progress,
+            measure_time=False,
+            device_model=device_model,
+            fake=fake,
+            check_eager=True,
         )
     status(f"costs from {args.profile}")
     return apply_profile(captured.graph, request.profile, model=model_file.spec), captured.device, None, captured.eager
@@ -327,7 +437,8 @@ def _cache(args):
 
 
 def solver_status(header) -> str:
-    """`status optimal`, or with what the header records of the solve: `status feasible, gap 1.23%, solve time 2.4 s`."""
+    """`status optimal`, or with what the header records of the solve:
+    `status feasible, gap 1.23%, solve time 2.4 s`."""
     from remat_dsl.plan.units import format_gap, format_seconds
 
     parts = [f"status {header.status}"]

@@ -6,7 +6,9 @@ from remat_dsl.cli.console import Progress, check_writable, positive_int, report
 
 
 def register(subparsers) -> None:
-    profile = subparsers.add_parser("profile", help="measure every operation of a model and write the costs as a text file")
+    profile = subparsers.add_parser(
+        "profile", help="measure every operation of a model and write the costs as a text file"
+    )
     profile.add_argument("model", help="model file, optionally path.py:factory")
     profile.add_argument("-o", "--output", required=True, help="the profile file to write (e.g. model.profile)")
     profile.add_argument(
@@ -14,7 +16,12 @@ def register(subparsers) -> None:
         action="store_true",
         help="replace the output even when it is the model file or a file that is not a profile remat wrote",
     )
-    profile.add_argument("--repeats", type=positive_int, default=5, help="timed runs per operation, split over two timing passes; the least counts (default 5)")
+    profile.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=5,
+        help="timed runs per operation, split over two timing passes; the least counts (default 5)",
+    )
     profile.set_defaults(run=run)
 
 

@@ -35,6 +35,7 @@ def load_generated(path: str | Path):
     path = Path(path)
     name = f"remat_generated_{path.stem}_{abs(hash(str(path.resolve())))}"
     spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None  # a path to a .py file has both
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)

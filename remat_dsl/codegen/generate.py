@@ -189,7 +189,8 @@ class _Namespace:
         self.used: set[str] = set()
         self.attrs: set[str] = set()
         self.var: dict[str, str] = {}
-        for value in (*graph.inputs, *graph.tangents, *graph.tensors):
+        named: tuple[ir.ValueDecl | ir.TensorDecl, ...] = (*graph.inputs, *graph.tangents, *graph.tensors)
+        for value in named:
             self.var[value.name] = self._fresh(value.name, self.used)
         for prefix, group in (("_p", graph.parameters), ("_b", graph.buffers)):
             for value in group:
@@ -718,7 +719,7 @@ class _Renderer:
                         if use[2 * section] is None:
                             use[2 * section] = offset + number
                         use[2 * section + 1] = offset + number
-            marks = {use[2 * section] for use in uses} | {use[2 * section + 1] + 1 for use in uses if use[2 * section + 1]}
+            marks = {use[2 * section] for use in uses} | {end + 1 for use in uses if (end := use[2 * section + 1])}
             for mark in sorted(m for m in marks if m is not None and m - offset <= len(instructions)):
                 points[section][mark - offset] = [f"_shards(_sharded, {mark})  # NOTE: [FSDP2]"]
             offset += len(instructions)
@@ -738,7 +739,7 @@ class _Renderer:
         steps = op_steps(self.plan.graph, (instructions[i - 1].target for i in runs))
         last_use: dict[str, int] = {}  # tensor -> the last run that makes or reads it (NOTE: [Liveness])
         for iv in live_intervals(steps, resident=self.tensors):
-            if iv.end >= 0:
+            if iv.end is not None and iv.end >= 0:  # None: never freed (nothing is pinned here)
                 last_use[iv.tensor] = max(last_use.get(iv.tensor, 0), runs[iv.end])
         index = {p.name: k for k, p in enumerate(self.plan.graph.parameters)}
         finished: dict[int, list[tuple[int, ir.Gradient]]] = {}
@@ -809,7 +810,7 @@ def _leaves(arg: ir.Arg) -> list[ir.Arg]:
     """The output's tensor leaves in pytree order."""
     if isinstance(arg, (ir.TupleArg, ir.ListArg)):
         return [x for a in arg.items for x in _leaves(a)]
-    if ir.is_structure(arg):
+    if isinstance(arg, ir.Call) and ir.is_structure(arg):
         return [x for _, a in arg.kwargs for x in _leaves(a)]
     return [] if arg is None else [arg]
 

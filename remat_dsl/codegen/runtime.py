@@ -90,8 +90,8 @@ def _streamed(device):
 
 
 _LOCK = threading.Lock()  # for the two caches below: backwards may run on other threads
-_STREAMS = {}  # (name, device) -> side stream; `device` has its index (tensor.device)
-_FREE_BUFFERS = {}  # device -> host buffers given back by finished steps (all of one size: POOL_BYTES)
+_STREAMS: dict[tuple[str, torch.device], torch.cuda.Stream] = {}  # (name, device) -> side stream; `device` has its index (tensor.device)
+_FREE_BUFFERS: dict[torch.device, list[torch.Tensor]] = {}  # device -> host buffers given back (one size: POOL_BYTES)
 
 
 def _side_stream(name, device):
@@ -223,7 +223,7 @@ def _set_rng_state(state, device):
 # compiled graph reuses its buffers as its own passes decide.  Neither is an op written in
 # place when the backward keeps the graph (retain_graph=True): the input it would take over
 # may be one the forward left, which the next backward reads again (NOTE: [Autograd nodes]).
-_LAYOUT_WARNED = set()
+_LAYOUT_WARNED: set[object] = set()  # the ops warned about
 
 
 def _into(step, out_op, op, keyword, into, *args, **kwargs):

@@ -92,6 +92,7 @@ class Cache:
     def _path(self, kind: str, key: str) -> Path:
         if kind not in KINDS or not KEY.fullmatch(key):  # a file name, never a path
             raise ValueError(f"not a cache entry: {kind!r} {key!r}")
+        assert self.root is not None  # get and put return early without a cache
         return self.root / kind / key[:2] / f"{key}.json"
 
     def get(self, kind: str, key: str):
@@ -122,6 +123,7 @@ class Cache:
         """Write `data` to `path` atomically (a temporary file, 0o600, renamed), making the
         directories owner-only; a cache that cannot be written is skipped silently, and leaves
         no temporary."""
+        assert self.root is not None  # put returns early without a cache
         temporary = None
         try:
             _owner_only_dirs(self.root, path.parent)

@@ -29,6 +29,7 @@ import difflib
 import fnmatch
 import functools
 from dataclasses import replace
+from typing import Any
 
 from lark import Token
 
@@ -80,16 +81,38 @@ def _syntax_error(error, text: str, path: str) -> PlanError:
     words = line.split("#")[0].split()
     kind = words[0] if words else ""
     col = line.index(kind) + 1 if kind else error.column
-    where = dict(path=path, source=text)
+    where: dict[str, Any] = dict(path=path, source=text)
     if kind and kind not in ir.CONSTRAINT_KINDS:
         close = difflib.get_close_matches(kind, ir.CONSTRAINT_KINDS, n=1)
         guess = f"did you mean `{close[0]}`? " if close else ""
-        return PlanError(f"unknown constraint `{kind}`", span=ir.Span(error.line, col), length=len(kind), hint=f"{guess}expected keep, recompute, offload, no-offload or budget", **where)
+        return PlanError(
+            f"unknown constraint `{kind}`",
+            span=ir.Span(error.line, col),
+            length=len(kind),
+            hint=f"{guess}expected keep, recompute, offload, no-offload or budget",
+            **where,
+        )
     if kind == "budget":
-        return PlanError("`budget` takes a size", span=ir.Span(error.line, error.column), hint="write for example `budget 2 GiB`", **where)
+        return PlanError(
+            "`budget` takes a size",
+            span=ir.Span(error.line, error.column),
+            hint="write for example `budget 2 GiB`",
+            **where,
+        )
     if kind:
-        return PlanError(f"`{kind}` takes a quoted glob pattern", span=ir.Span(error.line, col), length=len(kind), hint=f'write for example `{kind} "transformer.h.*.attn.*"`', **where)
-    return PlanError("expected a constraint", span=ir.Span(error.line, error.column), hint='one a line: keep, recompute, offload or no-offload "GLOB", or budget SIZE', **where)
+        return PlanError(
+            f"`{kind}` takes a quoted glob pattern",
+            span=ir.Span(error.line, col),
+            length=len(kind),
+            hint=f'write for example `{kind} "transformer.h.*.attn.*"`',
+            **where,
+        )
+    return PlanError(
+        "expected a constraint",
+        span=ir.Span(error.line, error.column),
+        hint='one a line: keep, recompute, offload or no-offload "GLOB", or budget SIZE',
+        **where,
+    )
 
 
 def located(constraints: tuple[ir.Constraint, ...], path: str) -> tuple[ir.Constraint, ...]:
@@ -174,14 +197,18 @@ def check_plan(plan: ir.Plan) -> None:
         if ins.verb == "recompute" and ins.target in kept_ops:
             c = kept_ops[ins.target]
             raise PlanError(
-                f"'{ins.target}' is recomputed, but the constraint `keep \"{c.pattern}\"` (line {c.span.line if c.span else '?'}) says its output is never recomputed",
-                span=ins.span, hint="delete this recompute and the delete before it, or narrow the keep pattern",
+                f"'{ins.target}' is recomputed, but the constraint `keep \"{c.pattern}\"` (line"
+                f" {c.span.line if c.span else '?'}) says its output is never recomputed",
+                span=ins.span,
+                hint="delete this recompute and the delete before it, or narrow the keep pattern",
                 length=len(ins.verb),
             )
         if ins.verb == "offload" and ins.target in no_offload:
             c = no_offload[ins.target]
             raise PlanError(
-                f"'{ins.target}' is offloaded, but the constraint `no-offload \"{c.pattern}\"` (line {c.span.line if c.span else '?'}) forbids it",
-                span=ins.span, hint="remove this offload with its wait, delete, prefetch and wait, or narrow the pattern",
+                f"'{ins.target}' is offloaded, but the constraint `no-offload \"{c.pattern}\"` (line"
+                f" {c.span.line if c.span else '?'}) forbids it",
+                span=ins.span,
+                hint="remove this offload with its wait, delete, prefetch and wait, or narrow the pattern",
                 length=len(ins.verb),
             )

@@ -72,8 +72,8 @@ def whole_tensor(arg: ir.Arg, tensors: dict) -> tuple[str, tuple[int, ...]] | No
     inner, shape = arg.args
     if not (isinstance(inner, ir.Ref) and inner.name in tensors and isinstance(shape, ir.ListArg)):
         return None
-    dims = shape.items
-    if not all(isinstance(d, int) and not isinstance(d, bool) for d in dims) or sum(d == -1 for d in dims) > 1:
+    dims = tuple(d for d in shape.items if isinstance(d, int) and not isinstance(d, bool))
+    if len(dims) != len(shape.items) or sum(d == -1 for d in dims) > 1:  # a dim that is not a literal int
         return None
     numel = 1
     for d in tensors[inner.name].shape:

@@ -88,10 +88,12 @@ def live_intervals(
         if t in pinned:
             end = None
         else:
-            end = made[j] if last[j] is None else max(made[j], last[j])
+            read = last[j]
+            end_at = made[j] if read is None else max(made[j], read)
             floor = held.get(t)
             if floor is not None and made[j] <= floor:
-                end = max(end, floor)
+                end_at = max(end_at, floor)
+            end = end_at
         result.append(Interval(t, made[j], last[j], end))
     return result
 

@@ -54,7 +54,8 @@ The grammar is grammar/plan.lark (LALR(1), contextual lexer).  A plan looks like
 (The `# ...` annotations after header values, tensor rows and section names above are
 for this docstring only: the format keeps trailing comments on instructions alone.)
 Section names start at column 1 and items are indented.  buffers, tangents and updates
-may be left out, and so may the header's `gap` and `solve-time` lines (ir.Header).  Arguments: `%name` references, `torch.NAME` constants, ints, floats
+may be left out, and so may the header's `gap` and `solve-time` lines (ir.Header).
+Arguments: `%name` references, `torch.NAME` constants, ints, floats
 (`inf`, `-inf`, `nan`), "strings", None/True/False, `[lists]`, `(tuples,)` and calls
 `target(args, key=value)`.  Units: see remat_dsl.plan.printer (NOTE: [Units]); the canonical
 layout is the printer's.
@@ -85,14 +86,24 @@ from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from lark import Lark, Token, Transformer
+from lark import Lark, Token, Transformer, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
 from lark.lexer import PatternStr
 
 from remat_dsl.plan import ir, tables
 from remat_dsl.plan.errors import PlanError
 from remat_dsl.plan.resources import data_path
-from remat_dsl.plan.printer import FORMAT_VERSION, OP_HEADING, PEAK_AT_RE, PHASES, SOLVE_TIME_UNIT, STATUSES, SYM_PREFIX, TENSOR_HEADING, TENSOR_HEADING_V1
+from remat_dsl.plan.printer import (
+    FORMAT_VERSION,
+    OP_HEADING,
+    PEAK_AT_RE,
+    PHASES,
+    SOLVE_TIME_UNIT,
+    STATUSES,
+    SYM_PREFIX,
+    TENSOR_HEADING,
+    TENSOR_HEADING_V1,
+)
 from remat_dsl.plan.units import (
     BANDWIDTH_UNITS,
     DURATION_UNITS,
@@ -179,7 +190,9 @@ def parse_file(path: str | Path) -> ir.Plan:
 def _section_spans(text: str) -> tuple[tuple[str, ir.Span], ...]:
     """(name, span) of every section name line (section names stand alone at column 1)."""
     names = set(SECTIONS)
-    return tuple((line, ir.Span(number, 1)) for number, line in enumerate(text.split("\n"), 1) if line.rstrip("\r") in names)
+    return tuple(
+        (line, ir.Span(number, 1)) for number, line in enumerate(text.split("\n"), 1) if line.rstrip("\r") in names
+    )
 
 
 def _check_nesting(text: str, path: str | None) -> None:
@@ -238,6 +251,7 @@ class _Kwarg:
 
 
 def _span(token: Token) -> ir.Span:
+    assert token.line is not None and token.column is not None  # the parser keeps every token's position
     return ir.Span(token.line, token.column)
 
 
@@ -256,6 +270,7 @@ def _comment_text(token: Token) -> str:
 
 
 def _comment_error(message: str, token: Token, hint: str) -> PlanError:
+    assert token.line is not None  # the parser keeps every token's position
     col = (token.end_column or 1) - len(_comment_line(token))
     span = ir.Span(token.end_line or token.line, col)
     return PlanError(message, span=span, hint=hint, length=len(_comment_line(token).rstrip()))
@@ -290,7 +305,7 @@ def _amount(number: Token, unit: Token, units: dict[str, int], what: str) -> int
     """An integer quantity written as NUMBER UNIT, e.g. `1.5 MiB` -> 1572864."""
     value = scaled(number.value, units[_choose(unit, list(units), f"{what} unit")])
     if value is None:
-        smallest = min(units, key=units.get)
+        smallest = min(units, key=units.__getitem__)
         raise _error(
             f"`{number} {unit}` is not a whole number of {smallest}",
             number,
@@ -387,11 +402,15 @@ def constraint_of(kind: Token, value, comments: tuple[str, ...] = ()) -> ir.Cons
     if word == "budget" and is_pattern:
         raise _error("`budget` takes a size", value, "write for example `budget 2 GiB`")
     if word != "budget" and not is_pattern:
-        raise _error(f"`{word}` takes a quoted glob pattern", kind, f'write for example `{word} "transformer.h.*.attn.*"`')
+        raise _error(
+            f"`{word}` takes a quoted glob pattern", kind, f'write for example `{word} "transformer.h.*.attn.*"`'
+        )
     if is_pattern:
         return ir.Constraint(word, json.loads(value.value), None, comments, _span(kind))
     number, unit = value  # a size: NUMBER and its UNIT (bytes when a constraints file gives none)
-    return ir.Constraint(word, None, _amount(number, unit or Token("UNIT", "B"), SIZE_UNITS, "size"), comments, _span(kind))
+    return ir.Constraint(
+        word, None, _amount(number, unit or Token("UNIT", "B"), SIZE_UNITS, "size"), comments, _span(kind)
+    )
 
 
 @dataclass(frozen=True)
@@ -467,7 +486,8 @@ class _Builder(Transformer):
 
     def budget(self, c: list) -> dict:
         if len(c) == 1:
-            return {"budget": _amount(*c[0], SIZE_UNITS, "size")}
+            number, unit = c[0]
+            return {"budget": _amount(number, unit, SIZE_UNITS, "size")}
         return {"budget": _agreeing(c[0], c[1], "budget")}
 
     def exact(self, c: list) -> tuple[Token, int]:
@@ -488,7 +508,8 @@ class _Builder(Transformer):
             raise _error(
                 f"gap `{number}%` has more than {GAP_PERCENT_DECIMALS} decimals",
                 number,
-                f"gaps are stored to {GAP_STEP} (see ir.Header); write e.g. `{_rounded(number.value, GAP_PERCENT_DECIMALS)}%`",
+                f"gaps are stored to {GAP_STEP} (see ir.Header); write e.g."
+                f" `{_rounded(number.value, GAP_PERCENT_DECIMALS)}%`",
             )
         return {"gap": float(Decimal(number.value).scaleb(-2))}
 
@@ -504,7 +525,8 @@ class _Builder(Transformer):
             raise _error(
                 f"solve time `{number} {unit}` has more than {SECONDS_DECIMALS} decimal",
                 number,
-                f"solve times are stored to 0.1 s (see ir.Header); write e.g. `{_rounded(number.value, SECONDS_DECIMALS)} s`",
+                "solve times are stored to 0.1 s (see ir.Header); write e.g."
+                f" `{_rounded(number.value, SECONDS_DECIMALS)} s`",
             )
         return {"solve_seconds": float(number.value)}
 
@@ -514,7 +536,9 @@ class _Builder(Transformer):
             raise _error(
                 f"bad peak position `{where}`", where, "write `forward:K` or `backward:K` (K: instruction number)"
             )
-        nbytes = _agreeing((number, unit), exact[0], "peak") if exact else _amount(number, unit, EXACT_SIZE_UNITS, "size")
+        nbytes = (
+            _agreeing((number, unit), exact[0], "peak") if exact else _amount(number, unit, EXACT_SIZE_UNITS, "size")
+        )
         return {"peak_bytes": nbytes, "peak_at": where.value}
 
     def time(self, c: list) -> dict:
@@ -584,7 +608,7 @@ class _Builder(Transformer):
 
     def tensor_decl(self, c: list) -> ir.TensorDecl:
         comments, (name, shape, dtype, size, *producer) = _split_comments(c)
-        nbytes = _amount(*size, EXACT_SIZE_UNITS, "size")
+        nbytes = _amount(size[0], size[1], EXACT_SIZE_UNITS, "size")
         op, colon, index = (producer[0] if producer else name).value.rpartition(":")
         op, index = (op, int(index)) if colon else (index, 0)
         return ir.TensorDecl(name.value, shape, dtype.value, nbytes, op, index, comments, _span(name))
@@ -594,7 +618,7 @@ class _Builder(Transformer):
 
     def op(self, c: list) -> ir.Op:
         comments, (name, call, time_us, size, phase, *random) = _split_comments(c)
-        temp = _amount(*size, EXACT_SIZE_UNITS, "size")
+        temp = _amount(size[0], size[1], EXACT_SIZE_UNITS, "size")
         return ir.Op(
             name.value, _choose(phase, PHASES, "phase"), call.target, call.args, call.kwargs, (), time_us, temp,
             bool(random), comments, _span(name),
@@ -709,10 +733,13 @@ class _Builder(Transformer):
         if stream is not None and stream.value not in ir.STREAMS:
             raise _error(
                 f"unknown stream `{stream}`", stream,
-                f"`{verb_text}` runs on `{right}`: write `{verb_text} {target}` (the streams are {_one_of(ir.STREAMS)})",
+                f"`{verb_text}` runs on `{right}`: write `{verb_text} {target}` "
+                f"(the streams are {_one_of(ir.STREAMS)})",
             )  # fmt: skip
         if stream is not None and stream.value != right:
-            raise _error(f"`{verb_text}` runs on stream `{right}`, not `{stream}`", stream, f"write `{verb_text} {target}`")
+            raise _error(
+                f"`{verb_text}` runs on stream `{right}`, not `{stream}`", stream, f"write `{verb_text} {target}`"
+            )
         text = _comment_text(rest[0]) if rest else None
         return ir.Instruction(verb_text, target.value, right, comments, text, _span(verb))
 
@@ -757,33 +784,40 @@ EXAMPLES = {
         _EXAMPLE_HEAD.replace("optimal\n", f"optimal\n{gap}  solve-time 1\n") for gap in ("", "  gap 1%\n")
     ],
     "one-tuple": [_EXAMPLE_HEAD + "outputs\n  (%a)\n"],
-    "negative": [
-        _EXAMPLE_HEAD + f"{comment}  o = f({args})  {time}  {temp}  forward\n"
-        for comment in ("", "  # c\n")
-        for args in ("", "%a", "%a, 1")
-        for time, temp in (("-0.010 ms", "0 B"), ("0.010 ms", "-4 B"))
-    ] + [
-        _EXAMPLE_HEAD.replace("tensors\n", f"tensors\n{comment}  t  [1]  float32  -4 B  t\n") for comment in ("", "  # c\n")
-    ] + [
-        _EXAMPLE_HEAD.replace("time 0.000 ms", "time -0.001 ms"),
-        _EXAMPLE_HEAD.replace("budget 1 KiB", "budget -1 KiB"),
-    ],
-    "after-size": [
-        _EXAMPLE_HEAD.replace("tensors\n", "tensors\n" + lines)
-        for lines in (
-            "  t  [1]  float32  4 B\n",
-            "  t  [1]  float32  4 B\n  u  [1]  float32  4 B  u\n",
-            "  # c\n  t  [1]  float32  4 B\n  u  [1]  float32  4 B  u\n",
-        )
-    ]
-    + [
-        _EXAMPLE_HEAD + lines
-        for lines in (
-            "  o = f()  0.010 ms  0 B\n",
-            "  o = f()  0.010 ms  0 B\n  p = f()  0.010 ms  0 B  forward\n",
-            "  # c\n  o = f()  0.010 ms  0 B\n  p = f()  0.010 ms  0 B  forward\n",
-        )
-    ],
+    "negative": (
+        [
+            _EXAMPLE_HEAD + f"{comment}  o = f({args})  {time}  {temp}  forward\n"
+            for comment in ("", "  # c\n")
+            for args in ("", "%a", "%a, 1")
+            for time, temp in (("-0.010 ms", "0 B"), ("0.010 ms", "-4 B"))
+        ]
+        + [
+            _EXAMPLE_HEAD.replace("tensors\n", f"tensors\n{comment}  t  [1]  float32  -4 B  t\n")
+            for comment in ("", "  # c\n")
+        ]
+        + [
+            _EXAMPLE_HEAD.replace("time 0.000 ms", "time -0.001 ms"),
+            _EXAMPLE_HEAD.replace("budget 1 KiB", "budget -1 KiB"),
+        ]
+    ),
+    "after-size": (
+        [
+            _EXAMPLE_HEAD.replace("tensors\n", "tensors\n" + lines)
+            for lines in (
+                "  t  [1]  float32  4 B\n",
+                "  t  [1]  float32  4 B\n  u  [1]  float32  4 B  u\n",
+                "  # c\n  t  [1]  float32  4 B\n  u  [1]  float32  4 B  u\n",
+            )
+        ]
+        + [
+            _EXAMPLE_HEAD + lines
+            for lines in (
+                "  o = f()  0.010 ms  0 B\n",
+                "  o = f()  0.010 ms  0 B\n  p = f()  0.010 ms  0 B  forward\n",
+                "  # c\n  o = f()  0.010 ms  0 B\n  p = f()  0.010 ms  0 B  forward\n",
+            )
+        ]
+    ),
 }
 
 
@@ -791,7 +825,10 @@ def _missing_on(line: str) -> tuple[str, str]:
     words = line.split("#")[0].split()
     stream = ir.VERB_STREAM.get(words[0]) if words else None
     if stream and len(words) >= 2:
-        return "expected the end of the instruction or `on STREAM`", f"write `{words[0]} {words[1]}` (its stream, `{stream}`, is implied)"
+        return (
+            "expected the end of the instruction or `on STREAM`",
+            f"write `{words[0]} {words[1]}` (its stream, `{stream}`, is implied)",
+        )
     return "expected the end of the instruction or `on STREAM`", "write `VERB TARGET`, e.g. `compute fc1`"
 
 
@@ -844,7 +881,10 @@ EXAMPLE_MESSAGES: dict[str, Callable[[str], tuple[str, str] | None]] = {
     "duration-unit": lambda line: ("a duration needs a unit", "write milliseconds, e.g. `0.120 ms` (or us, s)"),
     "bandwidth-unit": lambda line: ("a bandwidth needs a unit", "write e.g. `12 GB/s` or `12000000000 B/s`"),
     "one-tuple": lambda line: ("a one-element tuple needs a trailing comma", "write `(x,)`"),
-    "negative": lambda line: ("durations and sizes cannot be negative", "times and sizes are measured, >= 0: re-run `remat plan` (or `remat profile`)"),
+    "negative": lambda line: (
+        "durations and sizes cannot be negative",
+        "times and sizes are measured, >= 0: re-run `remat plan` (or `remat profile`)",
+    ),
     "gap-value": _gap_value,
     "gap-unit": _gap_value,
     "solve-time-value": _solve_time_value,
@@ -877,9 +917,9 @@ def _position_only(state: Any) -> Any:
     return getattr(state, "position", state)
 
 
-def _parse_example(text: str) -> None:
+def _parse_example(text: str) -> Tree:
     try:
-        _lark().parse(text)
+        return _lark().parse(text)
     except UnexpectedInput as error:
         error.state = _position_only(error.state)
         raise
@@ -965,7 +1005,11 @@ def _token_hint(token: Token, expected: set[str], order: tuple[str, ...] = SECTI
         return "the file ends early; a plan has the sections " + ", ".join(s for s in order if s != "constraints")
     is_section = set(keywords) & set(SECTIONS)
     if token.value in HEADER_KEYS and keywords and set(keywords) <= set(HEADER_KEYS):
-        return "the header's lines come once each, in this order: " + ", ".join(HEADER_KEYS) + " (autocast, costs, gap and solve-time may be left out)"
+        return (
+            "the header's lines come once each, in this order: "
+            + ", ".join(HEADER_KEYS)
+            + " (autocast, costs, gap and solve-time may be left out)"
+        )
     if token.value in SECTIONS and is_section:
         return "sections come in this order: " + ", ".join(order)
     guess = _suggest(token.value, keywords) if token.value[:1].isalpha() else None
@@ -990,7 +1034,9 @@ def _describe(error: UnexpectedInput, order: tuple[str, ...]) -> tuple[str, str 
         expected = set(error.expected)
         return _token_message(error.token, expected), _token_hint(error.token, expected, order)
     char = error.char if isinstance(error, UnexpectedCharacters) else "?"
-    return f"unexpected character `{char}`, expected {_expected_words(set(error.allowed or ()))}", None
+    # LALR raises UnexpectedToken or UnexpectedCharacters, which has `allowed`
+    allowed = error.allowed  # type: ignore[attr-defined]
+    return f"unexpected character `{char}`, expected {_expected_words(set(allowed or ()))}", None
 
 
 def _end_of_text(text: str) -> tuple[int, int]:
@@ -1049,6 +1095,7 @@ def _syntax_error(error: UnexpectedInput, text: str, path: str | None) -> PlanEr
     source_line = text.split("\n")[line - 1] if 0 < line <= text.count("\n") + 1 else ""
     order = _section_order(text)
     column_one = _column_one_word(error, source_line, col, order)
+    hint: str | None
     if column_one is not None and not label:
         message, hint, length = column_one
         return PlanError(message, span=ir.Span(line, 1), hint=hint, path=path, source=text, length=length)
@@ -1056,6 +1103,7 @@ def _syntax_error(error: UnexpectedInput, text: str, path: str | None) -> PlanEr
         length = 1  # point at where `on` belongs
     elif label and label.startswith(HEADER_VALUE_LABELS) and _header_value(source_line):
         value = re.match(r"\s*\S+\s+", source_line)  # underline the whole value
+        assert value is not None  # _header_value found a value after the key
         col, length = value.end() + 1, len(_header_value(source_line))
     elif label and label.endswith("-unit"):
         col, length = _number_before(source_line, col) or (col, length)  # the number lacking a unit

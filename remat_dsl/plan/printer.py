@@ -218,7 +218,8 @@ def _table(
     if not rows:
         return []
     cap = cap or {}
-    widths = [min(max(len(row[i]) for row in rows), cap.get(i, math.inf)) for i in range(len(rows[0]))]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    widths = [min(w, cap[i]) if i in cap else w for i, w in enumerate(widths)]
     lines = []
     for row in rows:
         cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
@@ -288,7 +289,7 @@ def _producer(t: ir.TensorDecl) -> str:
 def _tensors(tensors: Sequence[ir.TensorDecl]) -> list[str]:
     rows = [[_name(t.name), _shape(t.shape), _dtype(t.dtype), *size_parts(t.nbytes), _producer(t)] for t in tensors]
     heading = TENSOR_HEADING_V1 if any(row[-1] for row in rows) else TENSOR_HEADING + ("",)
-    lines = _table([heading] + rows, right=frozenset({3}), tight=frozenset({4}))
+    lines = _table([heading, *rows], right=frozenset({3}), tight=frozenset({4}))
     return ["tensors"] + (lines[:1] + _with_comments(tensors, lines[1:]) if tensors else [])
 
 
@@ -388,7 +389,11 @@ def _schedule(title: str, instructions: Sequence[ir.Instruction]) -> list[str]:
 def _constraint_row(c: ir.Constraint) -> list[str]:
     if c.kind not in ir.CONSTRAINT_KINDS:
         raise ValueError(f"cannot print constraint kind {c.kind!r}")
-    return [c.kind, format_size(c.size) if c.kind == "budget" else _string(c.pattern)]
+    if c.kind == "budget":
+        assert c.size is not None  # a budget constraint has its size in bytes
+        return [c.kind, format_size(c.size)]
+    assert c.pattern is not None  # every other kind has a pattern
+    return [c.kind, _string(c.pattern)]
 
 
 def _check_outputs(graph: ir.Graph) -> None:

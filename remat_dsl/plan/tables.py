@@ -36,7 +36,7 @@ from lark.lexer import TerminalDef
 from remat_dsl.plan.resources import data_path
 
 FORMAT = 1
-GRAMMARS = {  # grammar/NAME.lark -> the options of its Lark parser
+GRAMMARS: dict[str, dict[str, Any]] = {  # grammar/NAME.lark -> the options of its Lark parser
     "plan": dict(parser="lalr", lexer="contextual", propagate_positions=True, maybe_placeholders=False),
     "constraints": dict(parser="lalr", lexer="contextual", propagate_positions=True),
     "profile": dict(parser="lalr", lexer="contextual", propagate_positions=True),

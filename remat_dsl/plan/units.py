@@ -84,12 +84,14 @@ def _quantity(text: str, units: dict[str, int], default: str | None, what: str, 
     if not match or (unit not in units and not (unit == "" and default)):
         expected = ", ".join(units)
         raise UnitError(f"cannot read {what} '{text}'", f"write a number and a unit ({expected}), e.g. {example}")
-    factor = units[unit or default]
+    key = unit or default
+    assert key is not None  # a number without a unit was refused above unless there is a default
+    factor = units[key]
     value = scaled(match.group(1), factor)
     if value is None and not exact:
         return math.floor(Decimal(match.group(1)) * factor)
     if value is None:
-        smallest = min(units, key=units.get)
+        smallest = min(units, key=units.__getitem__)
         raise UnitError(f"{what} '{text}' is not a whole number of {smallest}", f"{what}s are whole {smallest}; round it")
     return value
 

@@ -201,7 +201,9 @@ def section_changes(section: str, old: tuple[ir.Instruction, ...], new: tuple[ir
 
 def operation_changes(old: ir.Plan, new: ir.Plan) -> list[OpChange]:
     """Added, removed and moved instructions, forward section first."""
-    return section_changes(ir.FORWARD, old.forward, new.forward) + section_changes(ir.BACKWARD, old.backward, new.backward)
+    return section_changes(ir.FORWARD, old.forward, new.forward) + section_changes(
+        ir.BACKWARD, old.backward, new.backward
+    )
 
 
 def policy_changes(old: ir.Plan, new: ir.Plan) -> list[tuple[str, str, str]]:
@@ -275,7 +277,10 @@ def _solve_time_note(old: ir.Plan, new: ir.Plan) -> str | None:
     if a == b:
         return None
     show = [NO_SOLVE_TIME if t is None else format_seconds(t) for t in (a, b)]
-    return f"  note: solve time {show[0]} -> {show[1]} (how long the solver ran, not a change of the plan; not in the line diff)"
+    return (
+        f"  note: solve time {show[0]} -> {show[1]} (how long the solver ran, not a change of the plan; not in the line"
+        " diff)"
+    )
 
 
 def _figure_rows(old: Figures | None, new: Figures | None) -> list[list[str]]:
@@ -304,7 +309,11 @@ def _capped(lines: list[str], indent: str = "  ") -> list[str]:
 
 
 def _op_line(c: OpChange) -> list[str]:
-    where = {"+": f"{c.section}:{c.new_pos}", "-": f"{c.section}:{c.old_pos}", "~": f"{c.section}:{c.old_pos} -> {c.section}:{c.new_pos}"}[c.kind]
+    where = {
+        "+": f"{c.section}:{c.new_pos}",
+        "-": f"{c.section}:{c.old_pos}",
+        "~": f"{c.section}:{c.old_pos} -> {c.section}:{c.new_pos}",
+    }[c.kind]
     return [c.kind, where, c.verb, c.target]
 
 
@@ -386,7 +395,11 @@ def textconv(side: Side) -> str:
         lines.append(f"#   not a valid plan: {(side.error or 'empty file').splitlines()[0]}")
         return "\n".join(lines) + "\n" + side.text
     fig = figures(side.plan)
-    rows = [["budget", _size(fig.budget)], ["predicted peak", f"{_size(fig.peak_bytes)} at {fig.peak_at}"], ["predicted time", _ms(fig.time_us)]]
+    rows = [
+        ["budget", _size(fig.budget)],
+        ["predicted peak", f"{_size(fig.peak_bytes)} at {fig.peak_at}"],
+        ["predicted time", _ms(fig.time_us)],
+    ]
     h = side.plan.header
     rows.append(["status", h.status if h.gap is None else f"{h.status}, gap {_gap(h)}"])
     per_tensor = policies(side.plan)

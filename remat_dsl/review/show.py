@@ -201,7 +201,14 @@ def draw_png(verified) -> bytes:
         bottom = top
     budget = plan.header.budget
     if budget:
-        ax.axhline(budget / unit_bytes, color="#C44E52", linestyle="--", linewidth=1.4, zorder=4, label=f"budget {format_bytes(budget)}")
+        ax.axhline(
+            budget / unit_bytes,
+            color="#C44E52",
+            linestyle="--",
+            linewidth=1.4,
+            zorder=4,
+            label=f"budget {format_bytes(budget)}",
+        )
     y_top = max(sim.peak_bytes, budget) / unit_bytes * 1.2 or 1.0
     ax.set_ylim(0, y_top)
     ax.set_xlim(0.5, n + 0.5 if n else 1.5)
@@ -237,7 +244,14 @@ def draw_png(verified) -> bytes:
     ax.grid(axis="y", color="#dddddd", linewidth=0.6)
     ax.set_axisbelow(True)
     ax.tick_params(labelbottom=False)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False, title="at each instruction's peak", title_fontsize=9)
+    ax.legend(
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        fontsize=9,
+        frameon=False,
+        title="at each instruction's peak",
+        title_fontsize=9,
+    )
 
     rows = [(verb, color) for verb, color in RUG.items() if color is not None]
     for y, (verb, color) in enumerate(reversed(rows)):
@@ -348,7 +362,12 @@ def _live_table(timeline: CategoryTimeline, sim, limit: int = 10) -> str:
         table.add_row(name, category, human_bytes(nbytes), f"{100 * nbytes / total:.1f}%")
     rest = timeline.peak_live[limit:]
     if rest:
-        table.add_row(f"… {len(rest)} more", "", human_bytes(sum(n for _, n, _ in rest)), f"{100 * sum(n for _, n, _ in rest) / total:.1f}%")
+        table.add_row(
+            f"… {len(rest)} more",
+            "",
+            human_bytes(sum(n for _, n, _ in rest)),
+            f"{100 * sum(n for _, n, _ in rest) / total:.1f}%",
+        )
     by_category = ", ".join(
         f"{name} {human_bytes(peak.peak[c])}" for c, name in enumerate(CATEGORIES) if peak.peak[c]
     )

@@ -39,11 +39,14 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Iterable
+from typing import TYPE_CHECKING, Callable, ClassVar, Iterable
 
 from remat_dsl.plan import ir
 from remat_dsl.plan.errors import RematError
 from remat_dsl.plan.units import format_bytes
+
+if TYPE_CHECKING:
+    from remat_dsl.plan.cache import Cache
 from remat_dsl.solve.lowering import DEFAULT_BANDWIDTH
 
 
@@ -74,7 +77,7 @@ class Problem:
     bandwidth: int = DEFAULT_BANDWIDTH  # host<->device bytes per second (offload, prefetch)
     host_link: bool = False  # the user gave --bandwidth, or a --device with a host link: offload may pay
     host_budget: int | None = None  # bytes of host memory offloaded copies may take; None: unlimited
-    cache: object = field(default=None, compare=False)  # a remat_dsl.plan.cache.Cache for block solutions, or None
+    cache: Cache | None = field(default=None, compare=False)  # for block solutions
     jobs: int = field(default=1, compare=False)  # processes that may solve independent ILPs at once (NOTE: [Parallel grid])
 
 
@@ -152,7 +155,7 @@ class Solver:
     Subclasses set `name` and `info` (a SolverInfo, a class attribute, an attribute set in
     `__init__(problem)` or a property) and define `solve(target)` and `floor()`."""
 
-    name: ClassVar[str]
+    name: str
     auto_rank: ClassVar[int | None] = None  # the order in which `auto` asks; None: never
     optimizes: ClassVar[bool] = False  # minimizes time: the driver tries store-all first
     cheap_targets: ClassVar[bool] = False  # another target costs little (NOTE: [Budget correction])

@@ -13,7 +13,7 @@ class FixedOrder(Solver):
     """A solver whose order does not depend on the budget (a baseline or a rule): it
     fits any budget at or above the exact peak of its plan, and no other."""
 
-    name: ClassVar[str]
+    name: str
     status: ClassVar[Status]
     auto_rank: ClassVar[int | None] = None
     optimizes: ClassVar[bool] = False  # no store-all shortcut: its plan is its plan
@@ -46,7 +46,7 @@ class FixedOrder(Solver):
         return simulated_peak(p.graph, self._order, p.constraints, p.device)
 
     @property
-    def info(self) -> SolverInfo:
+    def info(self) -> SolverInfo:  # type: ignore[override]  # read-only: the driver only reads it
         return SolverInfo(self.status)
 
     def solve(self, target: int) -> SolverResult:

@@ -263,6 +263,7 @@ class Planner:
         """The cache key of `solver`'s smallest budget: everything it depends on (NOTE:
         [Budgets below the bound])."""
         p = self.problem
+        assert p.cache is not None  # asked only with a cache
         constraints = tuple((c.kind, c.pattern) for c in p.constraints if c.kind != "budget")
         graph = digest.graph_hash(digest.items(p.graph, costs=True))
         return p.cache.key(SMALLEST_KIND, graph, p.device, solver, constraints, p.bandwidth, p.host_link, p.host_budget)
@@ -271,7 +272,8 @@ class Planner:
         """The plan of the first candidate that fits, polished, or a near miss of it or of
         the candidates before it repaired, whichever is fastest (NOTE: [Polish and
         repair]), and how its solves went."""
-        smallest, near = [], []
+        smallest: list[int] = []
+        near: list[ir.Plan] = []
         for candidate in self._candidates(solver):
             try:
                 plan, info = self._fit(candidate, budget, near)
@@ -288,7 +290,7 @@ class Planner:
         """The fastest of `plan` polished and the fastest near misses repaired and
         polished, and whether it is a repaired one."""
         options = [polish(plan, budget)]
-        seen = set()
+        seen: set[tuple[int, int]] = set()
         for miss in sorted(near, key=lambda p: (p.header.time_us, p.header.peak_bytes)):
             key = (miss.header.time_us, miss.header.peak_bytes)
             if key in seen or miss.header.peak_bytes > budget * (1 + REPAIR_REACH):

@@ -106,7 +106,7 @@ def add_transfers(graph: ir.Graph, forward, backward, order: list[str], transfer
         ]
         before[back, ir.BACKWARD].append(ir.Instruction("prefetch", t, ir.H2D_STREAM))
         before[use, ir.BACKWARD].append(ir.Instruction("wait", t, ir.COMPUTE_STREAM))
-    result = {ir.FORWARD: [], ir.BACKWARD: []}
+    result: dict[str, list[ir.Instruction]] = {ir.FORWARD: [], ir.BACKWARD: []}
     for index, ins in enumerate(instructions + [None]):
         for section in (ir.FORWARD, ir.BACKWARD):  # at len(forward): the forward's end, then the backward's start
             result[section] += before.get((index, section), [])
@@ -182,7 +182,7 @@ def _deletes(graph: ir.Graph, order) -> dict[int, list[str]]:
     pinned = pinned_tensors(graph)
     result: dict[int, list[str]] = defaultdict(list)
     for iv in live_intervals(op_steps(graph, order), pinned=pinned):
-        if iv.tensor not in pinned:
+        if iv.end is not None:  # None: pinned, never deleted
             result[iv.end].append(iv.tensor)
     key = _declaration_order(graph.op_by_name)
     return {step: sorted(names, key=key) for step, names in result.items()}

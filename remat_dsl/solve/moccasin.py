@@ -126,6 +126,7 @@ import functools
 import math
 import time
 from collections import defaultdict
+from typing import TYPE_CHECKING, Any
 
 from remat_dsl.plan import ir
 from remat_dsl.plan.constraints import matching
@@ -135,6 +136,9 @@ from remat_dsl.plan.ir import op_predecessors, op_uses, pinned_tensors
 from remat_dsl.plan.liveness import live_intervals
 from remat_dsl.plan.units import format_bytes
 from remat_dsl.solve.api import BudgetError, Decision, Problem, Solver, SolverInfo, SolverResult, Status, refuse_above
+
+if TYPE_CHECKING:
+    from remat_dsl.solve.stage_relaxation import MomentRelaxation, StageRelaxation
 
 NUM_WORKERS = 1  # CP-SAT workers: one, so that a proven solve is deterministic
 RANDOM_SEED = 0
@@ -208,8 +212,8 @@ class Moccasin(Solver):
         self._rockmate_capacities: set[int] = set()
         self._floor_proven = False
         self.used_intervals = self.intervals
-        self._stage = None  # NOTE: [Stage bound], built on first use
-        self._moments: dict[int, object] = {}  # moments -> MomentRelaxation (NOTE: [Moment relaxation])
+        self._stage: StageRelaxation | None = None  # NOTE: [Stage bound], built on first use
+        self._moments: dict[int, MomentRelaxation] = {}  # NOTE: [Moment relaxation]
 
     def describe(self) -> str:
         return f"ops={len(self.ops)} intervals={self.used_intervals}"
@@ -322,7 +326,7 @@ class Moccasin(Solver):
         }  # fmt: skip
         return model, cp_model, variables, objective, peak
 
-    def _rng_states(self, model, starts, present, H: int) -> list:
+    def _rng_states(self, model, starts, present, H: int) -> tuple[list, tuple]:
         """NOTE: [RNG states] A random op that is recomputed saves its RNG state at its
         first run and frees it after its last recomputation, and sets the generator's
         state aside while it is recomputed (NOTE: [Memory model] in
@@ -354,7 +358,7 @@ class Moccasin(Solver):
         the rest.  A solution of the model satisfies them with each Boolean at its true
         value; they leave out what else may be resident (inputs of recomputations), so
         they only relax.  Returns the Booleans by (name, u, i, output k, t_b)."""
-        booleans = {}
+        booleans: dict[tuple[str, int, int, int | None, int], Any] = {}
         steps = [(self.reads[v], self.ops[v].outputs) for v in self.backward]  # stage b: backward op b
         made_forward = [t for v in self.forward for t in self.ops[v].outputs]
         last_reader = {  # output -> the last backward stage that reads it (NOTE: [Liveness])
@@ -468,7 +472,8 @@ class Moccasin(Solver):
         recomputation in the forward section, or one that no later stage needs, is left
         out (the output of the run before is then held longer).  NOTE: [Hints]"""
         names = [self.index[name] for name in order]
-        stage, stages = None, [None] * len(names)
+        stage: int | None = None
+        stages: list[int | None] = [None] * len(names)
         for k in range(len(names) - 1, -1, -1):  # the backward stage each run precedes
             if names[k] not in self.slot:
                 stage = self.backward.index(names[k])
@@ -479,7 +484,8 @@ class Moccasin(Solver):
             if not runs[v]:
                 runs[v].append(self.first_start(v))
                 continue
-            later = [b for b in self.useful.get(v, []) if stages[k] is not None and b >= stages[k]]
+            at_stage = stages[k]
+            later = [b for b in self.useful.get(v, []) if at_stage is not None and b >= at_stage]
             if later and F + later[0] * (F + 1) + self.slot[v] not in runs[v]:
                 runs[v].append(F + later[0] * (F + 1) + self.slot[v])
         for times in runs.values():
@@ -703,9 +709,9 @@ class Moccasin(Solver):
             self._status.append(status)
             self._schedules.append((self._peak(runs), self._time(runs), runs))
         elif incumbent is not None:  # CP-SAT found nothing in the time left: the best hint, with the relaxation's gap
-            gap = None if stage.bound is None else _gap(self._time(incumbent), stage.bound)
-            result = (self._order(incumbent), self._time(incumbent), Status.FEASIBLE, gap)
-            self._status.append((Status.FEASIBLE, gap))
+            hint_gap = None if stage.bound is None else _gap(self._time(incumbent), stage.bound)
+            result = (self._order(incumbent), self._time(incumbent), Status.FEASIBLE, hint_gap)
+            self._status.append((Status.FEASIBLE, hint_gap))
         self._solved[target] = result
         return result
 
@@ -790,12 +796,13 @@ class Moccasin(Solver):
         return [self.floor()]
 
     @property
-    def info(self) -> SolverInfo:
+    def info(self) -> SolverInfo:  # type: ignore[override]  # read-only: the driver only reads it
         if not self._status:
             return SolverInfo(Status.OPTIMAL, None, self.seconds)
         feasible = [gap for status, gap in self._status if status != Status.OPTIMAL]
         if feasible:  # a gap of None: no bound was proven for that solve
-            return SolverInfo(Status.FEASIBLE, None if None in feasible else max(feasible), self.seconds)
+            gaps = [gap for gap in feasible if gap is not None]
+            return SolverInfo(Status.FEASIBLE, None if len(gaps) < len(feasible) else max(gaps), self.seconds)
         return SolverInfo(Status.OPTIMAL, max(gap or 0.0 for _, gap in self._status), self.seconds)
 
     def solve(self, target: int) -> SolverResult:

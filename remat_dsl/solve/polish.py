@@ -351,7 +351,8 @@ def _last_reads(index: _Index, order: list[str]) -> list[set[str]]:
 
 def _order_of(instructions) -> tuple[list[str], list[Decision]]:
     """The op order of a plan's runs, and its comments as decisions at their positions."""
-    order, decisions = [], []
+    order: list[str] = []
+    decisions: list[Decision] = []
     for ins in instructions:
         if ins.runs_op:
             decisions += [Decision(len(order), text) for text in ins.comments]
@@ -409,7 +410,7 @@ def _drops(index: _Index, order: list[str], timeline, budget: int, wanted: set[s
     for _, i, extend in sorted(candidates, key=lambda c: (c[0], c[1])):
         # two runs of an op in a row dropped: the growths add up when every output read from
         # the later copy is read from the earlier one too (the merged copy lives over both)
-        j, k = before.get(i), after.get(i)
+        j, k = before.get(i, -1), after.get(i, -1)  # -1: no such run, never dropped
         if (j in drops and not read(i) <= read(j)) or (k in drops and not read(k) <= read(i)):
             continue
         if extend:
@@ -443,7 +444,7 @@ def _without_dead_runs(index: _Index, order: list[str], keep: list[bool]) -> lis
     makes it again (or an output is pinned).  Runs after a position are decided before
     it, so one pass removes what removing dead runs until none is left would."""
     keep = list(keep)
-    first = {}
+    first: dict[str, int] = {}
     for i, name in enumerate(order):
         first.setdefault(name, i)
     needed: set[str] = set()  # tensors a later kept run reads from the copy current here

@@ -53,6 +53,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import pulp
 
@@ -87,7 +88,7 @@ class _Facts:
     tensors, pinned outputs) and at each t_b (`at_stage`: that, plus the backward op's
     outputs and temporaries)."""
 
-    m: object
+    m: Any  # the Moccasin solver whose model this reads (its module imports this one)
     producer: dict[str, int]
     size: dict[str, int]
     stage: dict[int, int]
@@ -109,8 +110,8 @@ class _Facts:
             for t, n in m.outs[v]:
                 producer[t], size[t] = v, n
         stage = {v: b for b, v in enumerate(m.backward)}
-        read_in = {t: [] for t in producer}  # backward stages reading t
-        read_fwd = {t: [] for t in producer}  # forward ops reading t
+        read_in: dict[str, list[int]] = {t: [] for t in producer}  # backward stages reading t
+        read_fwd: dict[str, list[int]] = {t: [] for t in producer}  # forward ops reading t
         for v in range(len(ops)):
             for t in m.reads[v]:
                 if t in producer:
@@ -240,8 +241,8 @@ class StageRelaxation:
         self.across = facts.across  # per stage: bytes alive across it besides forward outputs
         for b in range(len(m.backward)):  # memory at t_b
             self._row([(y[t, b], size[t]) for t in ftens if (t, b) in y], facts.at_stage[b])
-        self._held: dict[int, dict[str, object]] = {}  # stage -> tensor -> h
-        self._extra: dict[tuple[int, int, str], object] = {}  # (stage, slot, tensor) -> e
+        self._held: dict[int, dict[str, pulp.LpVariable]] = {}  # stage -> tensor -> h
+        self._extra: dict[tuple[int, int, str], pulp.LpVariable] = {}  # (stage, slot, tensor) -> e
         self._slot_rows: set[tuple[int, int]] = set()
         self.results: list[milp.MilpResult] = []
 

@@ -131,7 +131,8 @@ def _shrunk(bags: list[frozenset[int]], edges: list[tuple[int, int]]) -> TreeDec
             root[small] = big
     kept = sorted({find(i) for i in range(len(bags))})
     index = {r: j for j, r in enumerate(kept)}
-    tree_edges = sorted({tuple(sorted((index[find(a)], index[find(b)]))) for a, b in edges if find(a) != find(b)})
+    pairs = ((index[find(a)], index[find(b)]) for a, b in edges if find(a) != find(b))
+    tree_edges = sorted({(min(x, y), max(x, y)) for x, y in pairs})
     return TreeDecomposition(tuple(content[r] for r in kept), tuple(tree_edges))
 
 
@@ -342,7 +343,7 @@ class TWRemat(Solver):
         return [self.floor()]
 
     @property
-    def info(self) -> SolverInfo:
+    def info(self) -> SolverInfo:  # type: ignore[override]  # read-only: the driver only reads it
         return SolverInfo(Status.HEURISTIC)
 
     def solve(self, target: int) -> SolverResult:

@@ -51,11 +51,20 @@ def model_of(model: Any, inputs: Any = None, loss_fn: Callable[[Any], Any] | Non
     if not isinstance(model, torch.nn.Module):
         raise RematError(f"error: the model is a {type(model).__name__}, not a torch.nn.Module or a model file path")
     if inputs is None:
-        raise RematError("error: no inputs given for the model", hint="pass the arguments of its forward: a tuple, a dict, or (args, kwargs)")
+        raise RematError(
+            "error: no inputs given for the model",
+            hint="pass the arguments of its forward: a tuple, a dict, or (args, kwargs)",
+        )
     if loss_fn is not None and not callable(loss_fn):
-        raise RematError(f"error: loss_fn is a {type(loss_fn).__name__}, not a function", hint="pass loss_fn=lambda output: ... or None")
+        raise RematError(
+            f"error: loss_fn is a {type(loss_fn).__name__}, not a function",
+            hint="pass loss_fn=lambda output: ... or None",
+        )
     if autocast not in (None, torch.bfloat16, torch.float16):
-        raise RematError(f"error: autocast is {autocast!r}, not torch.bfloat16 or torch.float16", hint="pass autocast=torch.bfloat16 or None")
+        raise RematError(
+            f"error: autocast is {autocast!r}, not torch.bfloat16 or torch.float16",
+            hint="pass autocast=torch.bfloat16 or None",
+        )
     name = type(model).__qualname__
     if not name.isidentifier():  # a class made inside a function: `f.<locals>.Net`
         name = type(model).__name__
@@ -106,7 +115,7 @@ def plan_model(
     device_model = load_device(device) if device is not None else None
     rules = read_constraints(str(constraints)) if constraints is not None else ()
     captured = capture_model(model_file, device=device, repeats=repeats)
-    options = {"bandwidth": int(device_model.host_to_device)} if device_model is not None else {}
+    options: dict[str, Any] = {"bandwidth": int(device_model.host_to_device)} if device_model is not None else {}
     plan = solve_captured(
         captured.graph, amount, solver, percent=percent, model=model_file.spec, device=captured.device,
         costs=captured.costs, eager=captured.eager, constraints=rules, report=report, time_limit=time_limit,
@@ -181,7 +190,10 @@ def solve_captured(
     refuse_custom_operators(graph)  # NOTE: [Custom operators] in remat_dsl/check/verify.py
     for warning in unmatched(graph, constraints):
         if strict:
-            raise RematError(warning.replace("warning:", "error:", 1), hint="fix the pattern or remove the line (without --strict this is a warning)")
+            raise RematError(
+                warning.replace("warning:", "error:", 1),
+                hint="fix the pattern or remove the line (without --strict this is a warning)",
+            )
         if report:
             report(warning)
     planner = Planner(graph, model=model, device=device, constraints=constraints, report=report, **planner_options)
@@ -192,7 +204,10 @@ def solve_captured(
     planner.refuse_below_bound(budget, solver)  # NOTE: [Budgets below the bound] in remat_dsl/solve/driver.py
     if report:
         limit = planner_options.get("time_limit")
-        report(f"solving with {solver} for a budget of {format_bytes(budget)}" + (f", time limit {limit:g} s" if limit is not None else ""))
+        report(
+            f"solving with {solver} for a budget of {format_bytes(budget)}"
+            + (f", time limit {limit:g} s" if limit is not None else "")
+        )
     try:
         plan = planner.plan(budget, solver)
     finally:
@@ -238,7 +253,9 @@ def read_plan(path: str | Path) -> ir.Plan:
     return parse_file(str(path))
 
 
-def check_plan(plan: ir.Plan | str | Path, model: Any = None, inputs: Any = None, loss_fn: Callable[[Any], Any] | None = None) -> ir.Plan:
+def check_plan(
+    plan: ir.Plan | str | Path, model: Any = None, inputs: Any = None, loss_fn: Callable[[Any], Any] | None = None
+) -> ir.Plan:
     """Verify a plan (an ir.Plan, or the path of a plan file) as `remat check` does: its
     digest, declarations and operators, and a simulation within its budget; with `model`
     (and its inputs, as `model_of` takes them), also against what the model is.  Returns

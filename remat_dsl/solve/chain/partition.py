@@ -15,6 +15,7 @@ several times]), lowered where needed so that B_L, ..., B_1 runs it after its pr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from remat_dsl.plan import ir
@@ -137,7 +138,7 @@ def _skip_tensors(ops: list[ir.Op], separators: list[int]) -> set[str]:
     return {t for i in separators for t in ops[i].outputs}
 
 
-def _choose_cuts(ops, separators: list[int], max_blocks: int, refine: int = 0, strict: list[int] = ()) -> list[int]:
+def _choose_cuts(ops, separators: list[int], max_blocks: int, refine: int = 0, strict: Sequence[int] = ()) -> list[int]:
     """Cuts at the deepest module depth giving at most `max_blocks` blocks.  With refine,
     `refine` levels deeper, among the `strict` separators only (no skip tensor crosses
     them, so the chain model sees every tensor alive between blocks)."""
@@ -164,7 +165,8 @@ def _merge_small_blocks(cuts: list[int], min_ops: int) -> list[int]:
     The first block is kept whatever its size: it is the embedding of a transformer,
     which joined to the first layer made that layer unlike the others (Llama-2-7B: a
     130-op block class of its own, 30 s of ILPs, where the 31 others are solved once)."""
-    kept, start = [], 0
+    kept: list[int] = []
+    start = 0
     for cut in cuts:
         if cut - start + 1 >= min_ops or not kept:
             kept.append(cut)
@@ -268,16 +270,16 @@ def _assign_backward(backward: list[ir.Op], fw_blocks: list[list[ir.Op]]) -> lis
         made = min((made_by[t] for t in op_uses(op, made_by.keys())), default=last)
         reads = [made_in[t] for t in op_uses(op, made_in.keys())]
         if not held:
-            block = min(last, made)
+            chosen = min(last, made)
         elif held[-1] - held[0] + 1 == len(held):  # one run (or runs side by side): its last block
-            block = min(held[-1], made)
+            chosen = min(held[-1], made)
         elif reads:
-            block = min(made, next((i for i in held if i >= max(reads)), held[-1]))
+            chosen = min(made, next((i for i in held if i >= max(reads)), held[-1]))
         else:
-            block = next((i for i in reversed(held) if i <= made), made)
+            chosen = next((i for i in reversed(held) if i <= made), made)
         for t in op.outputs:
-            made_by[t] = block
-        result[block].append(op)
+            made_by[t] = chosen
+        result[chosen].append(op)
     return result
 
 
@@ -408,10 +410,10 @@ def block_name(part: ChainPartition, l: int, children: int = 3) -> str:
         return forward[0]
     paths = [op.split(".") for op in forward]
     common: list[str] = []
-    for parts in zip(*paths):
-        if len(set(parts)) != 1:
+    for at_depth in zip(*paths):
+        if len(set(at_depth)) != 1:
             break
-        common.append(parts[0])
+        common.append(at_depth[0])
     if common:
         prefix = ".".join(common) + "."
         elsewhere = [op for k, b in enumerate(part.blocks) if k != l - 1 for op in b.forward] + list(part.prelude)

@@ -38,7 +38,7 @@ def _option_sizes(chain: Chain, budget: int, slots: int):
     def rounded(x: int) -> int:
         return -((-x * slots) // budget) if budget > 0 else (0 if x == 0 else slots + 1)
 
-    table = [[]]
+    table: list[list[tuple[int, int, int, int]]] = [[]]
     for block in chain.blocks:
         rows = []
         for o in range(len(block.options) + 1):

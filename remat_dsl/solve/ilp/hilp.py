@@ -44,6 +44,7 @@ import functools
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import ClassVar
 
 import pulp
 
@@ -381,7 +382,8 @@ class HILP:
         result = self.last_result = milp.solve(self.problem, time_limit, changed=rows)
         if not result.has_solution:
             return None
-        steps, boundary_step = [], None
+        steps: list[tuple[int, int]] = []
+        boundary_step = None
         for t in range(self.T):
             if t == self.tb:
                 boundary_step = len(steps)
@@ -408,7 +410,7 @@ class TargetSolver(Solver):
     the store-all plan (FLOOR_STEPS solves), and `floor_targets()` are the feasible
     targets that bisection met, whose plans the driver compares for the smallest budget."""
 
-    auto_rank = None
+    auto_rank: ClassVar[int | None] = None
     optimizes = True
     FLOOR_STEPS = 7
 
@@ -429,7 +431,7 @@ class TargetSolver(Solver):
         return self._solved[target]
 
     @property
-    def info(self) -> SolverInfo:
+    def info(self) -> SolverInfo:  # type: ignore[override]  # read-only: the driver only reads it
         status, gap = milp.status_of(self.results)
         return SolverInfo(Status(status), gap, self.seconds)
 

@@ -71,7 +71,7 @@ class Hierarchy:
     def __init__(self, graph: ir.Graph, part: ChainPartition, rc: RockmateChain, time_limit: float | None = None):
         self.graph, self.part, self.time_limit = graph, part, time_limit
         self.results: list[milp.MilpResult] = list(rc.results)
-        self._solved: dict[str, list[tuple[str, ...]]] = {}  # key -> option sequences, by position
+        self._solved: dict[str, list[tuple[int, ...]]] = {}  # key -> option sequences, by position
         blocks = [
             Child(b.forward, b.backward, rc.options[l].backward, _digest(repr(rc_key)))
             for l, (b, rc_key) in enumerate(zip(part.blocks, rc.keys))
@@ -134,7 +134,7 @@ class Hiremate(Solver):
 
     def __init__(self, problem: Problem):
         if is_small_chain(problem.graph):
-            self.inner = Rockmate(problem, label="levels=2 root=rk-rotor", name=self.name)
+            self.inner: Rockmate | _Root = Rockmate(problem, label="levels=2 root=rk-rotor", name=self.name)
         else:
             self.inner = _Root(problem)
 
@@ -143,7 +143,7 @@ class Hiremate(Solver):
         return True  # any graph
 
     @property
-    def info(self) -> SolverInfo:
+    def info(self) -> SolverInfo:  # type: ignore[override]  # read-only: the driver only reads it
         return self.inner.info
 
     def describe(self) -> str:
@@ -267,11 +267,11 @@ def _level_graph(graph: ir.Graph, singles: list[tuple[str, ...]], children: list
         j = C - 1 - i
         k = S + C + i
         made = sum(v.size for v in values if v.producer == k)
-        options = tuple(
+        bwd_options = tuple(
             Option(bwd_us, max(0, bwd_peak - xbar - made), 0, seq)
             for (xbar, _, _, bwd_us, bwd_peak), seq in zip(costs[j][1:], child.options)
         )
-        nodes.append(CNode(f"B:{j}", True, options, tuple(index[t] for t in reads[k]), pair=S + j))
+        nodes.append(CNode(f"B:{j}", True, bwd_options, tuple(index[t] for t in reads[k]), pair=S + j))
     return HGraph(tuple(nodes), values)
 
 

@@ -408,7 +408,7 @@ class _Merger:
         q, limit = self.q, self.max_size
         current = set(units)
         while True:
-            grown = set()
+            grown: set[int] = set()
             for i in current:
                 grown.update(self.part_units[self.part_of[i]])
             if len(grown) > limit:
@@ -484,7 +484,7 @@ class _Merger:
             if common:
                 a = common.bit_length() - 1  # the common ancestor that comes last
                 interval = q.desc[a] & q.anc[x]
-                ends = (a, x)
+                ends: tuple[int, ...] = (a, x)
             else:
                 interval = q.anc[x]  # paths from the virtual global source
                 ends = (x,)

@@ -33,7 +33,7 @@ import pulp
 try:
     import highspy
 except ImportError:  # CBC only: _HiGHS is never used
-    highspy = None
+    highspy = None  # type: ignore[assignment]  # an optional dependency: None when not installed
 
 OPTIMAL, FEASIBLE, INFEASIBLE, NO_SOLUTION = "optimal", "feasible", "infeasible", "no-solution"
 

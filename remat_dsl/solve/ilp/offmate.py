@@ -201,7 +201,7 @@ def recompute_schedule(hg: HGraph, recomputable) -> tuple[int, ...]:
 def cheap_ops(hg: HGraph, bandwidth: int) -> set[int]:
     """Forward nodes whose time is below the time to offload and prefetch their outputs
     at `bandwidth` bytes/s (section 4.4, option 3: Megatron-LM's selective recomputation)."""
-    made = defaultdict(int)
+    made: defaultdict[int, int] = defaultdict(int)
     for value in hg.values:
         made[value.producer] += value.size
     return {k for k in range(hg.boundary) if hg.nodes[k].options[0].time_us < 2 * transfer_us(made[k], bandwidth)}
@@ -555,11 +555,11 @@ def shaved(
         at = _order_positions(instructions, order)
         if at is None:
             break
-        before = max((at[k] for k in range(peak + 1) if at[k] is not None), default=-1)  # the op at or before the peak
+        before = max((a for a in at[: peak + 1] if a is not None), default=-1)  # the op at or before the peak
         running = at[peak]  # the op the peak instruction runs, or None
         in_backward = peak >= len(plan.forward)
         moved = {t.tensor: k for k, t in enumerate(transfers)}
-        best = None
+        best: tuple[tuple[bool, int, str], Transfer, int | None] | None = None
         for name, _ in sim.timeline[peak].live:
             if name in moved and in_backward and name not in excluded:  # a prefetch before the peak: later
                 old = transfers[moved[name]]
@@ -634,12 +634,13 @@ def _latest_fetch(order, ops, start: int, limit: int, copy: int) -> tuple[int, i
 def _order_positions(instructions, order) -> list[int | None] | None:
     """For each instruction, the position in `order` of the op it runs (None for other
     verbs); None when a run is not in `order` (the constraints edited it)."""
-    position, count = {}, defaultdict(int)
+    position: dict[tuple[str, int], int] = {}
+    count: dict[str, int] = defaultdict(int)
     for i, name in enumerate(order):
         position[name, count[name]] = i
         count[name] += 1
     seen: dict[str, int] = defaultdict(int)
-    result = []
+    result: list[int | None] = []
     for ins in instructions:
         if ins.runs_op:
             at = position.get((ins.target, seen[ins.target]))
@@ -710,7 +711,7 @@ class Offmate(Solver):
         return f"{finer}blocks={len(self.part.blocks)} options={options} host-budget={host}"
 
     @property
-    def info(self) -> SolverInfo:
+    def info(self) -> SolverInfo:  # type: ignore[override]  # read-only: the driver only reads it
         status, gap = milp.status_of(list(self.rc.results) + self.oilp.results)
         return SolverInfo(Status(status), gap, self.seconds + sum(r.seconds for r in self.oilp.results))
 
@@ -835,9 +836,9 @@ class Offmate(Solver):
             for entry in simulate(self._simulated(order, ())).timeline:
                 ins = entry.instruction
                 if ins.runs_op:
-                    at = runs.get((ins.target, seen[ins.target]))
+                    run = runs.get((ins.target, seen[ins.target]))
                     seen[ins.target] += 1
-                    step = step_of[at] if at is not None else step
+                    step = step_of[run] if run is not None else step
                 exact[step] = max(exact.get(step, 0), entry.mem_peak)
             model = self.oilp.memory(column)
             for (kind, l), nbytes in model.items():

@@ -38,6 +38,7 @@ import itertools
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from remat_dsl.plan import ir
 from remat_dsl.plan.liveness import Interval, live_intervals, memory_profile
@@ -111,7 +112,7 @@ def block_signature(graph: ir.Graph, forward: tuple[str, ...], backward: tuple[s
     decls = {d.name: (d.shape, d.dtype) for group in (graph.inputs, graph.parameters, graph.buffers, graph.tangents) for d in group}
     decls.update({t.name: (t.shape, t.dtype) for t in graph.tensors})
     local: dict[str, int] = {}
-    result = []
+    result: list[tuple | None] = []
     for name in forward + backward:
         op = ops[name]
         result.append((op.phase, op.target, _canon(op.args, local, decls), _canon(op.kwargs, local, decls)))
@@ -347,7 +348,7 @@ class OverBlocks(Solver):
     `solve(target)` runs RK-Rotor with the chain budget `target` (bytes).  `label` goes
     in front of the settings in the plan header (HiRemate's chain root says what it is)."""
 
-    auto_rank = None
+    auto_rank: ClassVar[int | None] = None
     optimizes = True
     cheap_targets = True  # another target runs the chain DP only (NOTE: [Budget correction] in remat_dsl.solve.driver)
 
