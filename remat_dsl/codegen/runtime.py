@@ -90,8 +90,10 @@ def _streamed(device):
 
 
 _LOCK = threading.Lock()  # for the two caches below: backwards may run on other threads
-_STREAMS: dict[tuple[str, torch.device], torch.cuda.Stream] = {}  # (name, device) -> side stream; `device` has its index (tensor.device)
-_FREE_BUFFERS: dict[torch.device, list[torch.Tensor]] = {}  # device -> host buffers given back (one size: POOL_BYTES)
+# (name, device) -> side stream; `device` has its index (tensor.device)
+_STREAMS: dict[tuple[str, torch.device], torch.cuda.Stream] = {}
+# device -> host buffers given back by finished steps (all of one size: POOL_BYTES)
+_FREE_BUFFERS: dict[torch.device, list[torch.Tensor]] = {}
 
 
 def _side_stream(name, device):
