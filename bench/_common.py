@@ -54,7 +54,9 @@ def replace_section(text: str, script: str, title: str, body: str) -> str:
     if counts == (0, 0):
         return text.rstrip("\n") + f"\n\n## {title}\n\n{begin}\n{body}{end}\n"
     if counts != (1, 1):
-        raise ValueError(f"{script}: expected one '{begin}' line and one '{end}' line, found {counts[0]} and {counts[1]}")
+        raise ValueError(
+            f"{script}: expected one '{begin}' line and one '{end}' line, found {counts[0]} and {counts[1]}"
+        )
     start = text.index(begin + "\n") + len(begin) + 1
     stop = text.index(end, start)
     return text[:start] + body + text[stop:]

@@ -83,7 +83,10 @@ def main() -> int:
             try:
                 plan = planner.plan(planner.autograd_peak * percent // 100, "auto")
             except remat_dsl.BudgetError as error:  # below the default solver's smallest budget: plan at it
-                report.line(f"{percent}%: {error.args[0]}; planned at the smallest ({error.smallest / planner.autograd_peak:.1%})")
+                report.line(
+                    f"{percent}%: {error.args[0]}; planned at the smallest"
+                    f" ({error.smallest / planner.autograd_peak:.1%})"
+                )
                 plan = planner.plan(error.smallest, "auto")
             name = f"{plan.header.solver} {percent}%"
             modules[name] = fast_module(plan, Path(workdir) / f"fast_{percent}.py", model_file.build_model())
@@ -95,10 +98,12 @@ def main() -> int:
     ratios = {name: [t / e for t, e in zip(values, samples["eager"])] for name, values in samples.items()}
     eager_peak = step_peak(eager, inputs)
     report.line(
-        f"{Path(args.model).name}, one thread, {args.rounds} interleaved rounds; eager step {times['eager'] * 1000:.1f} ms, peak {human_bytes(eager_peak)}"
+        f"{Path(args.model).name}, one thread, {args.rounds} interleaved rounds; eager step {times['eager'] * 1000:.1f}"
+        f" ms, peak {human_bytes(eager_peak)}"
     )
     report.line(
-        f"{'module':<44} {'time / eager':>12} {'per round: median [q1, q3]':>27} {'peak / eager':>12} {'predicted time (over every op once)':>36}"
+        f"{'module':<44} {'time / eager':>12} {'per round: median [q1, q3]':>27} {'peak / eager':>12}"
+        f" {'predicted time (over every op once)':>36}"
     )
     for name, module in modules.items():
         peak = step_peak(module, inputs)
@@ -108,7 +113,9 @@ def main() -> int:
         )
         q1, q2, q3 = statistics.quantiles(ratios[name], n=4) if len(ratios[name]) > 1 else ratios[name] * 3
         spread = f"{q2:.3f} [{q1:.3f}, {q3:.3f}]"
-        report.line(f"{name:<44} {times[name] / times['eager']:>12.3f} {spread:>27} {peak / eager_peak:>12.3f} {guess:>36}")
+        report.line(
+            f"{name:<44} {times[name] / times['eager']:>12.3f} {spread:>27} {peak / eager_peak:>12.3f} {guess:>36}"
+        )
     report.write(args)
     return 0
 

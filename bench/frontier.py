@@ -130,7 +130,9 @@ class ModelSpec:
 MODELS = {
     "gpt2-6l": ModelSpec("examples/gpt2.py:build_gpt2_6l", ("transformer.h.*",)),
     "gpt2-12l": ModelSpec("examples/gpt2.py:build_gpt2_12l", ("transformer.h.*",)),
-    "transformer": ModelSpec("examples/transformer.py", ("transformer.encoder.layers.*", "transformer.decoder.layers.*")),
+    "transformer": ModelSpec(
+        "examples/transformer.py", ("transformer.encoder.layers.*", "transformer.decoder.layers.*")
+    ),
     "resnet": ModelSpec("examples/resnet.py", ("layer*",)),
     "unet": ModelSpec("examples/unet.py", ("enc*", "bottleneck", "dec*")),
 }
@@ -257,14 +259,22 @@ class Planner:
         """(plan, seconds) or raises BudgetError / another error."""
         start = time.perf_counter()
         plan = make_plan(
-            self.captured.graph, model=self.model_file.spec, device=self.captured.device, budget=budget, solver=solver,
+            self.captured.graph,
+            model=self.model_file.spec,
+            device=self.captured.device,
+            budget=budget,
+            solver=solver,
             **({"time_limit": self.time_limit} if self.time_limit is not None else {}),
         )
         return plan, time.perf_counter() - start
 
     def module_key(self, plan) -> object:
         """The key of the module that runs `plan`'s schedule (generated once per schedule)."""
-        key = tuple((i.verb, i.target) for i in plan.forward) + (("--", "--"),) + tuple((i.verb, i.target) for i in plan.backward)
+        key = (
+            tuple((i.verb, i.target) for i in plan.forward)
+            + (("--", "--"),)
+            + tuple((i.verb, i.target) for i in plan.backward)
+        )
         if key not in self.modules:
             path = self.workdir / f"fast_{len(self.modules)}.py"
             path.write_text(generate(verify(plan, within_budget=False)))  # NOTE: [Plans above their budget]
@@ -422,19 +432,42 @@ def bench_model(name: str, args, workdir: Path, captures: dict) -> ModelResult:
 
     compile_values = QUICK_COMPILE_BUDGETS if args.quick else COMPILE_BUDGETS
     for value in compile_values:
-        rows += compile_phase(name, model_file, inputs, value, eager, eager_peak, planner, matched, do_match, budget50, matched_solvers, args.rounds)
+        rows += compile_phase(
+            name,
+            model_file,
+            inputs,
+            value,
+            eager,
+            eager_peak,
+            planner,
+            matched,
+            do_match,
+            budget50,
+            matched_solvers,
+            args.rounds,
+        )
     torch._dynamo.reset()
 
     # Drop module references (memory) but keep the numbers.
     for row in rows:
         row.key = None
-    return ModelResult(name, rows, matched, autograd, eager_peak, planner.smallest, capture_seconds, len(captured.graph.ops))
+    return ModelResult(
+        name, rows, matched, autograd, eager_peak, planner.smallest, capture_seconds, len(captured.graph.ops)
+    )
 
 
 def match_peer(planner: Planner, peer: Row, peer_peak: int, budget50: int, solvers, rows, name) -> list[Matched]:
     result = []
     if not solvers:
-        return [Matched(peer, "rockmate/hiremate", min(budget50, peer_peak), None, "skipped: not in remat_dsl.solve.registry.NAMES (yet)")]
+        return [
+            Matched(
+                peer,
+                "rockmate/hiremate",
+                min(budget50, peer_peak),
+                None,
+                "skipped: not in remat_dsl.solve.registry.NAMES (yet)",
+            )
+        ]
     for solver in solvers:
         budget = min(budget50, peer_peak)
         row = planner.row(name, solver, f"matched {peer.method} {peer.setting}", budget)
@@ -443,7 +476,9 @@ def match_peer(planner: Planner, peer: Row, peer_peak: int, budget50: int, solve
     return result
 
 
-def compile_phase(name, model_file, inputs, value, eager, eager_peak, planner, matched, do_match, budget50, solvers, rounds) -> list[Row]:
+def compile_phase(
+    name, model_file, inputs, value, eager, eager_peak, planner, matched, do_match, budget50, solvers, rounds
+) -> list[Row]:
     """torch.compile at one activation_memory_budget, timed against eager (and the matched
     plans) in its own rounds."""
     import torch._functorch.config as functorch_config
@@ -522,7 +557,11 @@ def bench_scaling(layers_list, captures: dict, time_limit: float | None, solvers
             captured, capture_seconds, model_file = reused
             log(f"[scaling] gpt2 {layers} layers: capture from the frontier run ({capture_seconds:.1f} s)")
         else:
-            model_file = replace(gpt2, spec=f"examples/gpt2.py:build_model(n_layer={layers})", build=lambda n=layers: gpt2.module.build_model(n_layer=n))
+            model_file = replace(
+                gpt2,
+                spec=f"examples/gpt2.py:build_model(n_layer={layers})",
+                build=lambda n=layers: gpt2.module.build_model(n_layer=n),
+            )
             log(f"[scaling] gpt2 {layers} layers: capture + profile")
             start = time.perf_counter()
             captured = capture_model(model_file)
@@ -530,7 +569,11 @@ def bench_scaling(layers_list, captures: dict, time_limit: float | None, solvers
         budget = autograd_peak(captured.graph, captured.device) * MATCHED_FRACTION // 100
         for solver in solvers:
             if not available(solver):
-                rows.append(ScalingRow(layers, len(captured.graph.ops), capture_seconds, solver, None, "skipped: not in SOLVERS"))
+                rows.append(
+                    ScalingRow(
+                        layers, len(captured.graph.ops), capture_seconds, solver, None, "skipped: not in SOLVERS"
+                    )
+                )
                 continue
             log(f"[scaling] gpt2 {layers} layers: {solver} at {MATCHED_FRACTION}%")
             clear_solver_caches()
@@ -539,20 +582,36 @@ def bench_scaling(layers_list, captures: dict, time_limit: float | None, solvers
             note = ""
             try:
                 make_plan(
-                    captured.graph, model=model_file.spec, device=captured.device, budget=budget, solver=solver,
+                    captured.graph,
+                    model=model_file.spec,
+                    device=captured.device,
+                    budget=budget,
+                    solver=solver,
                     **({"time_limit": time_limit} if time_limit is not None else {}),
                 )
             except BudgetError as error:
                 note = f"infeasible (smallest {mib(error.smallest)})"
             except Exception as error:
                 note = f"error: {type(error).__name__}: {str(error).splitlines()[0][:80]}"
-            rows.append(ScalingRow(layers, len(captured.graph.ops), capture_seconds, solver, time.perf_counter() - start, note))
+            rows.append(
+                ScalingRow(layers, len(captured.graph.ops), capture_seconds, solver, time.perf_counter() - start, note)
+            )
     return rows
 
 
 # --- output -------------------------------------------------------------------
 
-COLUMNS = ["method", "setting", "budget", "predicted peak", "measured peak", "peak/eager", "time/eager", "solve/compile s", "note"]
+COLUMNS = [
+    "method",
+    "setting",
+    "budget",
+    "predicted peak",
+    "measured peak",
+    "peak/eager",
+    "time/eager",
+    "solve/compile s",
+    "note",
+]
 
 
 def row_cells(r: Row) -> list[str]:
@@ -580,19 +639,28 @@ def print_model(con, result: ModelResult) -> None:
 
     eager = result.rows[0]
     table = Table(
-        title=f"{result.name}: eager peak {mib(result.eager_peak)}, eager step {eager.seconds * 1000:.1f} ms (main phase), "
-        f"autograd plan peak {mib(result.autograd)}, {result.ops} ops, capture+profile {result.capture_seconds:.1f} s",
+        title=(
+            f"{result.name}: eager peak {mib(result.eager_peak)}, eager step {eager.seconds * 1000:.1f} ms (main"
+            f" phase), autograd plan peak {mib(result.autograd)}, {result.ops} ops, capture+profile"
+            f" {result.capture_seconds:.1f} s"
+        ),
         title_justify="left",
     )
     for column in COLUMNS:
-        table.add_column(column, justify="left" if column in ("method", "setting", "note") else "right", overflow="fold")
+        table.add_column(
+            column, justify="left" if column in ("method", "setting", "note") else "right", overflow="fold"
+        )
     for r in result.rows:
         if r.setting.startswith("matched"):
             continue
         table.add_row(*row_cells(r))
     con.print(table)
     smallest = ", ".join(
-        f"{s} {mib(result.smallest[s])} ({result.smallest[s] / result.autograd:.0%} of autograd)" if result.smallest.get(s) else f"{s} -"
+        (
+            f"{s} {mib(result.smallest[s])} ({result.smallest[s] / result.autograd:.0%} of autograd)"
+            if result.smallest.get(s)
+            else f"{s} -"
+        )
         for s in SWEEP_SOLVERS
         if available(s)
     )
@@ -605,16 +673,24 @@ def print_model(con, result: ModelResult) -> None:
 
 def matched_lines(result: ModelResult) -> list[str]:
     budget50 = result.autograd * MATCHED_FRACTION // 100
-    lines = [f"matched-memory comparison, {result.name}, at {MATCHED_FRACTION}% of the autograd peak ({mib(budget50)}):"]
+    lines = [
+        f"matched-memory comparison, {result.name}, at {MATCHED_FRACTION}% of the autograd peak ({mib(budget50)}):"
+    ]
     if not result.matched:
         lines.append("  (no peer point was measured)")
     peer = None
     for m in result.matched:
         if m.peer is not peer:
             peer = m.peer
-            lines.append(f"  peer {peer.method} {peer.setting}: measured peak {mib(peer.measured)}, time {fmt_time(peer)} ({peer.phase} phase)")
+            lines.append(
+                f"  peer {peer.method} {peer.setting}: measured peak {mib(peer.measured)}, time {fmt_time(peer)}"
+                f" ({peer.phase} phase)"
+            )
         if m.ours is None or not m.ours.ok:
-            lines.append(f"    {m.solver} at budget {mib(m.budget)}: {m.note or 'not measured'}; faster at equal or lower memory: no")
+            lines.append(
+                f"    {m.solver} at budget {mib(m.budget)}: {m.note or 'not measured'}; faster at equal or lower"
+                " memory: no"
+            )
             continue
         o = m.ours
         lines.append(
@@ -636,7 +712,9 @@ def scaling_lines(rows: list[ScalingRow]) -> list[str]:
     for r in rows:
         solve_s = "-" if r.solve_seconds is None else f"{r.solve_seconds:.2f}"
         total = "-" if r.total is None else f"{r.total:.2f}"
-        lines.append(f"  {r.layers:>6} {r.ops:>6} {r.capture_seconds:>16.2f} {r.solver:<10} {solve_s:>9} {total:>9}  {r.note}")
+        lines.append(
+            f"  {r.layers:>6} {r.ops:>6} {r.capture_seconds:>16.2f} {r.solver:<10} {solve_s:>9} {total:>9}  {r.note}"
+        )
     by = {(r.layers, r.solver): r for r in rows}
     for solver in SWEEP_SOLVERS:
         parts = []
@@ -656,25 +734,67 @@ def write_outputs(out: Path, results: list[ModelResult], scaling: list[ScalingRo
     if results:
         with open(out / "frontier.csv", "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["model", "method", "setting", "budget_bytes", "predicted_bytes", "measured_bytes", "eager_peak_bytes", "peak_ratio",
-                        "seconds", "eager_seconds", "time_ratio", "solve_seconds", "phase", "note"])
+            w.writerow(
+                [
+                    "model",
+                    "method",
+                    "setting",
+                    "budget_bytes",
+                    "predicted_bytes",
+                    "measured_bytes",
+                    "eager_peak_bytes",
+                    "peak_ratio",
+                    "seconds",
+                    "eager_seconds",
+                    "time_ratio",
+                    "solve_seconds",
+                    "phase",
+                    "note",
+                ]
+            )
             for res in results:
                 for r in res.rows:
-                    w.writerow([res.name, r.method, r.setting, r.budget, r.predicted, r.measured, r.eager_peak,
-                                f"{r.peak_ratio:.4f}" if r.peak_ratio else "", f"{r.seconds:.6f}" if r.seconds else "",
-                                f"{r.eager_seconds:.6f}" if r.eager_seconds else "", f"{r.time_ratio:.4f}" if r.time_ratio else "",
-                                f"{r.solve_seconds:.3f}" if r.solve_seconds is not None else "", r.phase, r.note])
+                    w.writerow(
+                        [
+                            res.name,
+                            r.method,
+                            r.setting,
+                            r.budget,
+                            r.predicted,
+                            r.measured,
+                            r.eager_peak,
+                            f"{r.peak_ratio:.4f}" if r.peak_ratio else "",
+                            f"{r.seconds:.6f}" if r.seconds else "",
+                            f"{r.eager_seconds:.6f}" if r.eager_seconds else "",
+                            f"{r.time_ratio:.4f}" if r.time_ratio else "",
+                            f"{r.solve_seconds:.3f}" if r.solve_seconds is not None else "",
+                            r.phase,
+                            r.note,
+                        ]
+                    )
     if scaling:
         with open(out / "scaling.csv", "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["layers", "ops", "capture_seconds", "solver", "solve_seconds", "total_seconds", "note"])
             for r in scaling:
-                w.writerow([r.layers, r.ops, f"{r.capture_seconds:.3f}", r.solver,
-                            "" if r.solve_seconds is None else f"{r.solve_seconds:.3f}", "" if r.total is None else f"{r.total:.3f}", r.note])
+                w.writerow(
+                    [
+                        r.layers,
+                        r.ops,
+                        f"{r.capture_seconds:.3f}",
+                        r.solver,
+                        "" if r.solve_seconds is None else f"{r.solve_seconds:.3f}",
+                        "" if r.total is None else f"{r.total:.3f}",
+                        r.note,
+                    ]
+                )
     md = [f"# Memory/time frontier\n\n{header}\n"]
     for res in results:
         md.append(f"## {res.name}\n")
-        md.append(f"eager peak {mib(res.eager_peak)}, eager step {res.rows[0].seconds * 1000:.1f} ms (main phase), autograd plan peak {mib(res.autograd)}\n")
+        md.append(
+            f"eager peak {mib(res.eager_peak)}, eager step {res.rows[0].seconds * 1000:.1f} ms (main phase), autograd"
+            f" plan peak {mib(res.autograd)}\n"
+        )
         md.append("| " + " | ".join(COLUMNS) + " |")
         md.append("|" + "---|" * len(COLUMNS))
         for r in res.rows:
@@ -698,10 +818,22 @@ def plot(result: ModelResult, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(9, 6))
-    markers = {"autograd": "s", "checkpoint-sqrt": "D", "rotor": "o", "rockmate": "^", "hiremate": "v", "torch checkpoint": "P", "torch.compile": "X"}
+    markers = {
+        "autograd": "s",
+        "checkpoint-sqrt": "D",
+        "rotor": "o",
+        "rockmate": "^",
+        "hiremate": "v",
+        "torch checkpoint": "P",
+        "torch.compile": "X",
+    }
     for method, marker in markers.items():
         points = sorted(
-            {(r.measured / MiB, r.time_ratio, r.setting) for r in result.rows if r.method == method and r.ok and not r.setting.startswith("matched")}
+            {
+                (r.measured / MiB, r.time_ratio, r.setting)
+                for r in result.rows
+                if r.method == method and r.ok and not r.setting.startswith("matched")
+            }
         )
         if not points:
             continue
@@ -709,11 +841,29 @@ def plot(result: ModelResult, path: Path) -> None:
         line = "-" if method in ("rotor", "rockmate", "hiremate", "torch.compile") and len(points) > 1 else ""
         ax.plot(xs, ys, marker=marker, linestyle=line, label=method, alpha=0.85)
         for x, y, label in points:
-            ax.annotate(label.split(" (")[0].replace("budget=", ""), (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
-    matched = sorted({(r.measured / MiB, r.time_ratio, r.method) for r in result.rows if r.setting.startswith("matched") and r.ok})
+            ax.annotate(
+                label.split(" (")[0].replace("budget=", ""),
+                (x, y),
+                fontsize=6,
+                xytext=(3, 3),
+                textcoords="offset points",
+            )
+    matched = sorted(
+        {(r.measured / MiB, r.time_ratio, r.method) for r in result.rows if r.setting.startswith("matched") and r.ok}
+    )
     if matched:
-        ax.scatter([m[0] for m in matched], [m[1] for m in matched], marker="*", s=60, c="k", label="rockmate/hiremate matched", zorder=3)
-    ax.plot([result.eager_peak / MiB], [1.0], marker="*", markersize=14, color="red", linestyle="", label="eager", zorder=4)
+        ax.scatter(
+            [m[0] for m in matched],
+            [m[1] for m in matched],
+            marker="*",
+            s=60,
+            c="k",
+            label="rockmate/hiremate matched",
+            zorder=3,
+        )
+    ax.plot(
+        [result.eager_peak / MiB], [1.0], marker="*", markersize=14, color="red", linestyle="", label="eager", zorder=4
+    )
     ax.axhline(1.0, color="grey", linewidth=0.5)
     ax.set_xlabel("measured peak (MiB above parameters and inputs)")
     ax.set_ylabel("step time / eager step time (same rounds)")
@@ -733,19 +883,60 @@ def log(message: str) -> None:
 
 
 def main(argv=None) -> int:
-    parser = add_write_flag(argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter))
-    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS), metavar="NAME", help=f"subset of: {', '.join(MODELS)}")
+    parser = add_write_flag(
+        argparse.ArgumentParser(
+            description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        )
+    )
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        choices=list(MODELS),
+        default=list(MODELS),
+        metavar="NAME",
+        help=f"subset of: {', '.join(MODELS)}",
+    )
     parser.add_argument("--rounds", type=int, default=None, help="timing rounds per phase (default 10, --quick 3)")
-    parser.add_argument("--quick", action="store_true", help="budgets 100%%/50%%/min, torch.compile 1.0/0.5/0.1, 3 rounds, scaling 6/12 layers, --time-limit 5")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="directory for frontier.csv/.md and the PNGs")
-    parser.add_argument("--matched-model", default="gpt2-12l", choices=list(MODELS), help="model of the matched-memory comparison")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="budgets 100%%/50%%/min, torch.compile 1.0/0.5/0.1, 3 rounds, scaling 6/12 layers, --time-limit 5",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "bench" / "results", help="directory for frontier.csv/.md and the PNGs"
+    )
+    parser.add_argument(
+        "--matched-model", default="gpt2-12l", choices=list(MODELS), help="model of the matched-memory comparison"
+    )
     parser.add_argument("--scaling-only", action="store_true", help="only the solve-time scaling section")
     parser.add_argument("--no-scaling", action="store_true", help="skip the solve-time scaling section")
-    parser.add_argument("--scaling-layers", type=int, nargs="+", default=None, help="GPT-2 depths for the scaling (default 6 12 24, --quick 6 12)")
-    parser.add_argument("--solvers", nargs="+", default=list(SWEEP_SOLVERS), choices=list(SWEEP_SOLVERS), metavar="NAME",
-                        help=f"budget-sweep solvers (default: {' '.join(SWEEP_SOLVERS)}); autograd and checkpoint-sqrt always run")
-    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for everything, capture included (default 1: see the docstring)")
-    parser.add_argument("--time-limit", type=float, default=None, help="time_limit (s) passed to make_plan (MILP solvers); default none, --quick 5")
+    parser.add_argument(
+        "--scaling-layers",
+        type=int,
+        nargs="+",
+        default=None,
+        help="GPT-2 depths for the scaling (default 6 12 24, --quick 6 12)",
+    )
+    parser.add_argument(
+        "--solvers",
+        nargs="+",
+        default=list(SWEEP_SOLVERS),
+        choices=list(SWEEP_SOLVERS),
+        metavar="NAME",
+        help=f"budget-sweep solvers (default: {' '.join(SWEEP_SOLVERS)}); autograd and checkpoint-sqrt always run",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch.set_num_threads for everything, capture included (default 1: see the docstring)",
+    )
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        help="time_limit (s) passed to make_plan (MILP solvers); default none, --quick 5",
+    )
     args = parser.parse_args(argv)
     args.rounds = args.rounds or (3 if args.quick else 10)
     if args.quick and args.time_limit is None:
@@ -756,15 +947,17 @@ def main(argv=None) -> int:
     report = Report("bench/frontier.py", "Rockmate and HiRemate against rotor and PyTorch's own tools", ABOUT)
     started = time.perf_counter()
     header = (
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU; solvers in remat_dsl.solve.registry.NAMES: {', '.join(NAMES)}; "
-        f"rounds {args.rounds}{' (quick)' if args.quick else ''}; make_plan time_limit {args.time_limit if args.time_limit is not None else 'none'}; "
-        f"{time.strftime('%Y-%m-%d %H:%M')}"
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU; solvers in remat_dsl.solve.registry.NAMES:"
+        f" {', '.join(NAMES)}; rounds {args.rounds}{' (quick)' if args.quick else ''}; make_plan time_limit"
+        f" {args.time_limit if args.time_limit is not None else 'none'}; {time.strftime('%Y-%m-%d %H:%M')}"
     )
     con = console()
     con.print(header)
     for s in SWEEP_SOLVERS:
         if not available(s):
-            con.print(f"note: solver {s} is not in remat_dsl.solve.registry.NAMES: its points are skipped, not estimated")
+            con.print(
+                f"note: solver {s} is not in remat_dsl.solve.registry.NAMES: its points are skipped, not estimated"
+            )
     results: list[ModelResult] = []
     captures: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -783,17 +976,23 @@ def main(argv=None) -> int:
     if results:
         con.print("smallest feasible budgets:")
         for r in results:
-            con.print(f"  {r.name:<12} autograd {mib(r.autograd):>12}  " + "  ".join(
-                f"{s} {mib(r.smallest.get(s))}" + (f" ({r.smallest[s] / r.autograd:.0%})" if r.smallest.get(s) else "")
-                for s in SWEEP_SOLVERS if available(s)))
+            con.print(
+                f"  {r.name:<12} autograd {mib(r.autograd):>12}  "
+                + "  ".join(
+                    f"{s} {mib(r.smallest.get(s))}"
+                    + (f" ({r.smallest[s] / r.autograd:.0%})" if r.smallest.get(s) else "")
+                    for s in SWEEP_SOLVERS
+                    if available(s)
+                )
+            )
         con.print()
     scaling: list[ScalingRow] = []
     if args.scaling_only or not args.no_scaling:
         scaling = bench_scaling(scaling_layers, captures, args.time_limit, args.solvers)
         con.print("\n".join(scaling_lines(scaling)))
     tables = write_outputs(args.out, results, scaling, header)
-    con.print(f"\nwrote {args.out}/frontier.csv, frontier.md{', scaling.csv' if scaling else ''}"
-              f"{', ' + ', '.join(f'frontier_{r.name}.png' for r in results) if results else ''}; {time.perf_counter() - started:.0f} s in all")
+    written = ["frontier.csv", "frontier.md", *(["scaling.csv"] if scaling else []), *(f"frontier_{r.name}.png" for r in results)]
+    con.print(f"\nwrote {args.out}/{', '.join(written)}; {time.perf_counter() - started:.0f} s in all")
     report.write(args, markdown=f"{header}\n\n{tables}")
     return 0
 

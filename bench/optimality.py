@@ -89,7 +89,10 @@ def bench(report: Report, model: str, time_limit: float, fractions=FRACTIONS, so
     captured = capture_model(model_file, repeats=3)
     planner = Planner(captured.graph, model=model_file.spec, device=captured.device, time_limit=time_limit)
     peak = planner.autograd_peak
-    report.line(f"\n== {relative(model)}: {len(captured.graph.ops)} ops, autograd peak {peak} B (capture {time.perf_counter() - start:.0f} s)")
+    report.line(
+        f"\n== {relative(model)}: {len(captured.graph.ops)} ops, autograd peak {peak} B (capture"
+        f" {time.perf_counter() - start:.0f} s)"
+    )
     budgets = [(f"{f:.0%}", int(peak * f)) for f in fractions]
     for solver in [*solvers, "moccasin"] if smallest else ():
         try:
@@ -130,8 +133,12 @@ def main() -> int:
     )
     parser.add_argument("--time-limit", type=float, default=600.0, help="seconds per CP-SAT solve")
     parser.add_argument("--max-ops", type=int, default=None, help="lift moccasin's size limit to this many ops")
-    parser.add_argument("--fractions", default=",".join(map(str, FRACTIONS)), help="budgets, fractions of the autograd peak")
-    parser.add_argument("--solvers", default=",".join(SOLVERS[:-1]), help="solvers compared with moccasin (auto allowed)")
+    parser.add_argument(
+        "--fractions", default=",".join(map(str, FRACTIONS)), help="budgets, fractions of the autograd peak"
+    )
+    parser.add_argument(
+        "--solvers", default=",".join(SOLVERS[:-1]), help="solvers compared with moccasin (auto allowed)"
+    )
     parser.add_argument("--no-smallest", action="store_true", help="skip each solver's smallest budget")
     parser.add_argument("--bound-time", type=float, default=None, help="seconds for the stage relaxation's bound alone")
     parser.add_argument("--moment-time", type=float, default=None, help="seconds for the moment relaxation's bound")
@@ -142,7 +149,9 @@ def main() -> int:
     solvers = tuple(s for s in args.solvers.split(",") if s and s != "moccasin")
     report = Report("bench/optimality.py", "Moccasin against the default solver", ABOUT)
     for model in args.models:
-        bench(report, model, args.time_limit, fractions, solvers, not args.no_smallest, args.bound_time, args.moment_time)
+        bench(
+            report, model, args.time_limit, fractions, solvers, not args.no_smallest, args.bound_time, args.moment_time
+        )
     report.write(args)
     return 0
 

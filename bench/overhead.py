@@ -48,7 +48,9 @@ def bench_example(path: str, rounds: int, workdir: Path) -> list[tuple]:
     inputs = model_file.sample_inputs()
     rows = []
     for fraction in FRACTIONS:
-        plan = solve_captured(captured.graph, fraction, "rotor", percent=True, model=model_file.spec, device=captured.device)
+        plan = solve_captured(
+            captured.graph, fraction, "rotor", percent=True, model=model_file.spec, device=captured.device
+        )
         eager = model_file.build_model()
         fast = fast_module(plan, workdir / f"fast_{Path(path).stem}_{fraction}.py", model_file.build_model())
         checkpointed = checkpoint_every_block(model_file.build_model())
@@ -80,11 +82,15 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as workdir:
         for path in args.models:
             rows += bench_example(str(ROOT / path), args.rounds, Path(workdir))
-    report.line(f"{'model':<8} {'budget':>6} {'vs eager':>9} {'vs ckpt':>8} {'measured peak':>14} {'predicted':>11} {'eager peak':>11} {'ckpt peak':>11} {'eager step':>11}")
+    report.line(
+        f"{'model':<8} {'budget':>6} {'vs eager':>9} {'vs ckpt':>8} {'measured peak':>14} {'predicted':>11}"
+        f" {'eager peak':>11} {'ckpt peak':>11} {'eager step':>11}"
+    )
     for name, label, vs_eager, vs_ckpt, measured, predicted, eager_peak, ckpt_peak, eager_s in rows:
         report.line(
-            f"{name:<8} {label:>6} {vs_eager:>9.3f} {vs_ckpt:>8.3f} {human_bytes(measured):>14} {human_bytes(predicted):>11} "
-            f"{human_bytes(eager_peak):>11} {human_bytes(ckpt_peak):>11} {eager_s * 1000:>8.1f} ms"
+            f"{name:<8} {label:>6} {vs_eager:>9.3f} {vs_ckpt:>8.3f} {human_bytes(measured):>14}"
+            f" {human_bytes(predicted):>11} {human_bytes(eager_peak):>11} {human_bytes(ckpt_peak):>11}"
+            f" {eager_s * 1000:>8.1f} ms"
         )
     at_full = [r[2] for r in rows if r[1] == "100%"]
     report.line(f"time ratio vs eager at 100%: {', '.join(f'{x:.3f}' for x in at_full)} (goal <= 1.05)")

@@ -50,9 +50,14 @@ def main() -> int:
             "REMAT_CACHE_DIR": f"{cwd}/cache",
             "HF_HUB_OFFLINE": "1",
         }
-        runs = [("cold 60%", "60%", "cold.plan", ""), ("warm 70%", "70%", "warm70.plan", ""), ("warm 60%", "60%", "warm.plan", ""),
-                ("warm 30%", "30%", "warm30.plan", ""), ("warm 40%", "40%", "warm40.plan", ""),
-                ("--no-cache 60%", "60%", "nocache.plan", "--no-cache")]  # fmt: skip
+        runs = [
+            ("cold 60%", "60%", "cold.plan", ""),
+            ("warm 70%", "70%", "warm70.plan", ""),
+            ("warm 60%", "60%", "warm.plan", ""),
+            ("warm 30%", "30%", "warm30.plan", ""),
+            ("warm 40%", "40%", "warm40.plan", ""),
+            ("--no-cache 60%", "60%", "nocache.plan", "--no-cache"),
+        ]
         for label, budget, out, extra in runs:
             start = time.perf_counter()
             result = subprocess.run(
@@ -70,7 +75,8 @@ def main() -> int:
                 return 1
             cached = "op times from the cache" in result.stderr
             noisy = "did not settle" in result.stderr
-            report.line(f"{label:>15}: {seconds:6.1f} s  op times from the cache: {cached}{'  refused (exit 2)' if refused else ''}{'  (some timings did not settle)' if noisy else ''}")
+            marks = ("  refused (exit 2)" if refused else "") + ("  (some timings did not settle)" if noisy else "")
+            report.line(f"{label:>15}: {seconds:6.1f} s  op times from the cache: {cached}{marks}")
         same = (Path(cwd) / "cold.plan").read_bytes() == (Path(cwd) / "warm.plan").read_bytes()
         report.line(f"warm 60% plan byte-identical to the cold one: {same}")
     report.write(args)

@@ -64,7 +64,8 @@ def main() -> int:
     )
     report = Report("bench/planning_time.py", "Large blocks and planning time", ABOUT)
     report.line(
-        f"{'model':<28} {'smallest':>12} {'refusal':>8} {'100%':>8} {'110% min':>9} {'cold':>8}  solver at 110% of the smallest"
+        f"{'model':<28} {'smallest':>12} {'refusal':>8} {'100%':>8} {'110% min':>9} {'cold':>8}  solver at 110% of the"
+        " smallest"
     )
     for model in models:
         with tempfile.TemporaryDirectory() as cwd:
@@ -85,8 +86,8 @@ def main() -> int:
                 continue
             plan = (Path(cwd) / "near.plan").read_text()
             report.line(
-                f"{Path(model).stem:<28} {smallest / 2**20:>8.2f} MiB {refusal_s:>7.1f}s {full_s:>7.1f}s {min_s:>8.1f}s {cold_s:>7.1f}s  "
-                f"{header(plan, 'solver')}"
+                f"{Path(model).stem:<28} {smallest / 2**20:>8.2f} MiB {refusal_s:>7.1f}s {full_s:>7.1f}s {min_s:>8.1f}s"
+                f" {cold_s:>7.1f}s  {header(plan, 'solver')}"
             )
     report.write(args)
     return 0

@@ -57,7 +57,9 @@ def unimproved(planner: Planner, budget: int, solver: str):
 
 
 def main() -> None:
-    parser = add_write_flag(argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
+    parser = add_write_flag(
+        argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    )
     parser.add_argument("models", nargs="*", default=MODELS)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--solvers", default="auto,twremat")

@@ -42,7 +42,9 @@ def main() -> int:
         junit = Path(where) / "junit.xml"
         start = time.perf_counter()
         result = subprocess.run(
-            [sys.executable, *PYTEST, f"--junitxml={junit}", *extra], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}
+            [sys.executable, *PYTEST, f"--junitxml={junit}", *extra],
+            cwd=ROOT,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
         )
         seconds = time.perf_counter() - start
         if not junit.exists():

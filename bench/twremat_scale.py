@@ -56,7 +56,8 @@ def main() -> int:
     candidates = solver.candidates
     t2 = time.perf_counter()
     report.line(
-        f"{len(graph.ops)} ops, layers of {width}: {solver.describe()}; decomposition {t1 - t0:.1f} s, candidates {t2 - t1:.1f} s"
+        f"{len(graph.ops)} ops, layers of {width}: {solver.describe()}; decomposition {t1 - t0:.1f} s, candidates"
+        f" {t2 - t1:.1f} s"
     )
     for c in candidates:
         report.line(f"  k={c.leaf_bags:>6}  {len(c.order):>7} ops  estimated peak {c.peak / store_all:6.1%}")
@@ -71,7 +72,8 @@ def main() -> int:
         h = plan.header
         base = len(graph.ops) * 10  # every op is 10 us in the synthetic graph
         report.line(
-            f"  {label:>8}: plan in {time.perf_counter() - t:5.1f} s, peak {h.peak_bytes / store_all:6.1%} of store-all, time x{h.time_us / base:.2f}"
+            f"  {label:>8}: plan in {time.perf_counter() - t:5.1f} s, peak {h.peak_bytes / store_all:6.1%} of"
+            f" store-all, time x{h.time_us / base:.2f}"
         )
     report.line(f"total {time.perf_counter() - start:.1f} s")
     report.write(args)

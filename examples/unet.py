@@ -43,7 +43,10 @@ class DoubleConv(nn.Module):
 
 
 class UNet(nn.Module):
-    def __init__(self, in_ch: int = IN_CH, widths: tuple[int, int, int, int] = WIDTHS, num_classes: int = NUM_CLASSES) -> None:
+
+    def __init__(
+        self, in_ch: int = IN_CH, widths: tuple[int, int, int, int] = WIDTHS, num_classes: int = NUM_CLASSES
+    ) -> None:
         super().__init__()
         w1, w2, w3, w4 = widths
         self.enc1 = DoubleConv(in_ch, w1)

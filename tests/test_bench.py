@@ -43,7 +43,9 @@ def test_replacing_one_section_leaves_the_rest_byte_identical():
     before, after = DOC.split("old two\n```\ntable\n```\n")
     assert new == before + "`python bench/two.py` on a machine, today.\n\nnew two\n" + after
     assert replace_section(new, "bench/one.py", "One", "old one") == new  # the same body: the same bytes
-    assert replace_section(replace_section(DOC, "bench/one.py", "One", "x\n"), "bench/one.py", "One", "old one\n") == DOC
+    assert (
+        replace_section(replace_section(DOC, "bench/one.py", "One", "x\n"), "bench/one.py", "One", "old one\n") == DOC
+    )
 
 
 def test_a_missing_section_is_added_at_the_end_under_its_title():
@@ -79,7 +81,9 @@ def test_every_script_make_measurements_runs_has_its_markers():
     for script in scripts:
         assert (ROOT / script).exists(), script
         begin, end = markers(script)
-        assert doc.count(begin + "\n") == 1 and doc.count(end + "\n") == 1, f"{script}: no markers in docs/measurements.md"
+        assert (
+            doc.count(begin + "\n") == 1 and doc.count(end + "\n") == 1
+        ), f"{script}: no markers in docs/measurements.md"
         assert "--no-write" in (ROOT / script).read_text(), f"{script} has no --no-write"
     assert "make measurements" in doc.split("\n## ")[0], "the doc's head does not say how it is regenerated"
     assert sorted(set(scripts)) == sorted(

@@ -27,7 +27,9 @@ STAGE_TABLES = {
 def test_every_stage_has_every_verb_and_no_other(table):
     keys = set(STAGE_TABLES[table])
     assert keys >= set(ir.INSTRUCTIONS), f"{table} lacks {sorted(set(ir.INSTRUCTIONS) - keys)}"
-    assert keys <= set(ir.INSTRUCTIONS), f"{table} has verbs ir.INSTRUCTIONS does not declare: {sorted(keys - set(ir.INSTRUCTIONS))}"
+    assert keys <= set(
+        ir.INSTRUCTIONS
+    ), f"{table} has verbs ir.INSTRUCTIONS does not declare: {sorted(keys - set(ir.INSTRUCTIONS))}"
 
 
 def test_handlers_are_callable_methods_of_their_stage():
@@ -64,4 +66,3 @@ def test_instruction_queries_follow_the_table(verb):
 def test_an_unknown_verb_neither_runs_nor_transfers():
     ins = ir.Instruction("run", "x", ir.COMPUTE_STREAM)
     assert not ins.runs_op and not ins.is_transfer
-

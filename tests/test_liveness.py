@@ -40,7 +40,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_a_tensor_lives_to_its_last_read():
     steps = [((), ["a"]), (["a"], ["b"]), (["a", "b"], ["c"]), ((), ["d"])]
-    assert live_intervals(steps) == [Interval("a", 0, 2, 2), Interval("b", 1, 2, 2), Interval("c", 2, None, 2), Interval("d", 3, None, 3)]
+    assert live_intervals(steps) == [
+        Interval("a", 0, 2, 2),
+        Interval("b", 1, 2, 2),
+        Interval("c", 2, None, 2),
+        Interval("d", 3, None, 3),
+    ]
 
 
 def test_a_tensor_nobody_reads_dies_at_once():
@@ -54,7 +59,10 @@ def test_making_a_tensor_again_starts_a_new_copy():
 
 def test_a_step_reads_before_it_writes():
     # step 1 reads the old copy of `a` and makes a new one
-    assert live_intervals([((), ["a"]), (["a"], ["a"]), (["a"], ())]) == [Interval("a", 0, 1, 1), Interval("a", 1, 2, 2)]
+    assert live_intervals([((), ["a"]), (["a"], ["a"]), (["a"], ())]) == [
+        Interval("a", 0, 1, 1),
+        Interval("a", 1, 2, 2),
+    ]
 
 
 def test_a_pinned_tensor_is_never_freed_nor_a_copy_made_again():
@@ -76,11 +84,17 @@ def test_a_held_tensor_stays_through_its_step():
 def test_resident_tensors_start_before_the_first_step():
     intervals = live_intervals([(["w", "x"], ["y"]), (["x"], ())], resident=["w", "x", "z"])
     assert intervals[:3] == [Interval("w", -1, 0, 0), Interval("x", -1, 1, 1), Interval("z", -1, None, -1)]
-    assert memory_profile(intervals, {"w": 100, "x": 100, "z": 100, "y": 1}, [0, 0]) == ([1, 0], [0, 0])  # `y`, read by nobody, only
+    assert memory_profile(intervals, {"w": 100, "x": 100, "z": 100, "y": 1}, [0, 0]) == (
+        [1, 0],
+        [0, 0],
+    )  # `y`, read by nobody, only
 
 
 def test_a_read_of_a_tensor_no_step_made_is_no_copys_read():
-    assert live_intervals([(["input"], ["a"]), (["a", "later"], ["later"])]) == [Interval("a", 0, 1, 1), Interval("later", 1, None, 1)]
+    assert live_intervals([(["input"], ["a"]), (["a", "later"], ["later"])]) == [
+        Interval("a", 0, 1, 1),
+        Interval("later", 1, None, 1),
+    ]
 
 
 def test_memory_profile_counts_outputs_and_temporaries_during_a_step():
@@ -146,7 +160,11 @@ def random_order(graph: ir.Graph, rnd, recomputations: int) -> list[str]:
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(rnd=st.randoms(use_true_random=False), recomputations=st.integers(0, 12), name=st.sampled_from(["tiny_mlp", "tiny_cnn", "layered", "gpt2"]))
+@given(
+    rnd=st.randoms(use_true_random=False),
+    recomputations=st.integers(0, 12),
+    name=st.sampled_from(["tiny_mlp", "tiny_cnn", "layered", "gpt2"]),
+)
 def test_the_estimate_is_the_replays_peak(graphs, rnd, recomputations, name):
     graph = graphs[name]
     order = random_order(graph, rnd, recomputations)
@@ -155,7 +173,10 @@ def test_the_estimate_is_the_replays_peak(graphs, rnd, recomputations, name):
     estimate = estimated_peak(op_steps(graph, order), graph.nbytes, temp, pinned=pinned)
     exact = lowered_plan(graph, order, device="cuda", inplace=False).header.peak_bytes
     made_again = sum(
-        graph.nbytes[t] * (order.count(op) - 1) for op in set(order) for t in graph.op_by_name[op].outputs if t in pinned
+        graph.nbytes[t] * (order.count(op) - 1)
+        for op in set(order)
+        for t in graph.op_by_name[op].outputs
+        if t in pinned
     )
     assert exact <= estimate <= exact + made_again  # NOTE: [Estimate and replay]
     if not made_again:

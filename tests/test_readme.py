@@ -30,9 +30,14 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 # The docs whose `sh` blocks run after the README's, in this order: exactly the files of
 # docs/ that have one (test_every_doc_with_sh_blocks_is_listed).
-DOCS = tuple(ROOT / "docs" / name for name in ("commands.md", "profiles.md", "devices.md", "generated-module.md", "solvers.md", "plan-language.md"))
+DOCS = tuple(
+    ROOT / "docs" / name
+    for name in ("commands.md", "profiles.md", "devices.md", "generated-module.md", "solvers.md", "plan-language.md")
+)
 SKIPPED_LINES = {"make test"}  # the suite that runs this test
-COPY_IGNORED = shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis")
+COPY_IGNORED = shutil.ignore_patterns(
+    ".venv", ".git", "build", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis"
+)
 
 
 def sh_blocks(text: str) -> list[tuple[int, str]]:
@@ -45,7 +50,11 @@ def sh_blocks(text: str) -> list[tuple[int, str]]:
 
 def all_sh_blocks() -> list[tuple[str, int, str]]:
     """(file, line number, body) of every ```sh block of the README, then of DOCS, in order."""
-    return [(path.relative_to(ROOT).as_posix(), line, body) for path in (README, *DOCS) for line, body in sh_blocks(path.read_text())]
+    return [
+        (path.relative_to(ROOT).as_posix(), line, body)
+        for path in (README, *DOCS)
+        for line, body in sh_blocks(path.read_text())
+    ]
 
 
 def runnable(body: str) -> str:
@@ -57,11 +66,19 @@ def runnable(body: str) -> str:
 def workdir(tmp_path_factory) -> Path:
     stamp, project = ROOT / ".venv" / ".installed", ROOT / "pyproject.toml"
     if not stamp.exists() or stamp.stat().st_mtime < project.stat().st_mtime:
-        pytest.fail("the .venv is older than pyproject.toml: run `make venv` (the copy's `make demo` would reinstall it)")
+        pytest.fail(
+            "the .venv is older than pyproject.toml: run `make venv` (the copy's `make demo` would reinstall it)"
+        )
     work = tmp_path_factory.mktemp("readme") / "remat-dsl"
     shutil.copytree(ROOT, work, ignore=COPY_IGNORED)
     os.symlink(ROOT / ".venv", work / ".venv")
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    }
     for command in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "copy"]):
         subprocess.run(command, cwd=work, check=True, env=env)
     return work
@@ -77,7 +94,14 @@ def test_readme_has_the_blocks_a_user_runs():
     assert blocks[0].split("#")[0].strip() == "make demo", "the README starts with `make demo` and `make test`"
     assert "remat plan examples/gpt2.py --budget 50% > gpt2.plan" in blocks[1], "then the quickstart"
     text = "".join(body for _, _, body in all_sh_blocks())
-    for command in ("remat plan examples/gpt2.py --budget 50% > gpt2.plan", "remat codegen", "remat fmt", "remat diff", "git config diff.remat.command", "--constraints gpt2.constraints"):
+    for command in (
+        "remat plan examples/gpt2.py --budget 50% > gpt2.plan",
+        "remat codegen",
+        "remat fmt",
+        "remat diff",
+        "git config diff.remat.command",
+        "--constraints gpt2.constraints",
+    ):
         assert command in text, command
 
 
@@ -92,8 +116,13 @@ def test_every_sh_block_runs_as_written(workdir):
     }
     for name, line, body in all_sh_blocks():
         script = "set -euo pipefail\n" + runnable(body)
-        result = subprocess.run(["bash", "-c", script], cwd=workdir, env=env, capture_output=True, text=True, timeout=900)
-        assert result.returncode == 0, f"{name}:{line}: this block failed (exit {result.returncode}):\n{body}\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-3000:]}"
+        result = subprocess.run(
+            ["bash", "-c", script], cwd=workdir, env=env, capture_output=True, text=True, timeout=900
+        )
+        assert result.returncode == 0, (
+            f"{name}:{line}: this block failed (exit {result.returncode}):\n{body}\n---"
+            f" stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-3000:]}"
+        )
     plan = (workdir / "gpt2.plan").read_text()
     assert plan.startswith("remat-plan "), plan[:200]  # the redirected plan holds the plan and nothing else
     assert (workdir / "fast_gpt2.py").exists() and (workdir / "timeline.png").exists()

@@ -58,7 +58,9 @@ def test_the_generated_module_holds_the_runtime_verbatim():
     assert block.startswith(codegen.RUNTIME_BEGIN) and block.endswith(codegen.RUNTIME_END)
     assert block in source, "black would reformat the runtime: run black -l 120 on remat_dsl/codegen/runtime.py"
     assert '"""The runtime of a generated module' not in source
-    assert "remat_dsl" not in {a.name.partition(".")[0] for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Import) for a in n.names}
+    assert "remat_dsl" not in {
+        a.name.partition(".")[0] for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Import) for a in n.names
+    }
 
 
 # --- transfers (NOTE: [Streams]), on the CPU path -------------------------------
@@ -139,7 +141,9 @@ def test_into_leaves_the_input_alone_when_the_graph_is_kept_or_not_contiguous():
     b = torch.randn(4, 4).t()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        out = rt._into(types.SimpleNamespace(keep=False), torch.ops.aten.abs.out, torch.ops.aten.abs.default, "out", b, b)
+        out = rt._into(
+            types.SimpleNamespace(keep=False), torch.ops.aten.abs.out, torch.ops.aten.abs.default, "out", b, b
+        )
     assert out.data_ptr() != b.data_ptr() and torch.equal(out, b.abs())
     assert any("not written in place" in str(w.message) for w in caught)
 

@@ -400,7 +400,9 @@ class _Simulator:
             events: dict[str, Any] = dict(
                 at_peak=tuple(self._held), added=tuple(self._added), removed=removed, into=into
             )
-            self._record(Step(section, index, instr, before, max(peak, before, self.current), self.current, **events), extra)
+            self._record(
+                Step(section, index, instr, before, max(peak, before, self.current), self.current, **events), extra
+            )
 
     def end_forward(self, instructions: tuple[ir.Instruction, ...]) -> None:
         """Every forward op ran and every model output is resident; remember what is saved."""
@@ -480,7 +482,9 @@ class _Simulator:
             transfer_us=clocks.transfer_us,
             host_peak_bytes=self.host_peak,
             timeline=tuple(timeline),
-            crossing=dataclasses.replace(self.crossing, needed=tuple(n for n in self.crossing.saved if n in self.needed)),
+            crossing=dataclasses.replace(
+                self.crossing, needed=tuple(n for n in self.crossing.saved if n in self.needed)
+            ),
         )
 
     # -- helpers ------------------------------------------------------------
@@ -655,7 +659,9 @@ class _Simulator:
         extra = [(f"{name} (new copy)", n) for name, n in out_bytes if name in self.resident]
         extra += [(f"temporaries of {op.name}", op.temp_bytes)] if op.temp_bytes else []
         extra += [(f"rng state set aside while {op.name} replays its own", replay)] if replay else []
-        self._held += ([] if donor else out_bytes) + [(label, n) for label, n in extra if not label.endswith("(new copy)")]
+        self._held += ([] if donor else out_bytes) + [
+            (label, n) for label, n in extra if not label.endswith("(new copy)")
+        ]
         for name, nbytes in out_bytes:
             if name not in self.resident:
                 self._allocate(name, nbytes)

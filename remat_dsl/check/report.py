@@ -77,7 +77,14 @@ def check_report(path: str, verified) -> str:
     if plan.graph.autocast is not None:
         table.add_row("autocast", f"{plan.graph.autocast.dtype} (captured, and to be run, under torch.autocast)")
     table.add_row("budget", f"{format_bytes(budget)}")
-    table.add_row("predicted peak", f"{format_bytes(sim.peak_bytes)}, {100 * sim.peak_bytes / budget:.1f}% of budget" if budget else f"{sim.peak_bytes} B")
+    table.add_row(
+        "predicted peak",
+        (
+            f"{format_bytes(sim.peak_bytes)}, {100 * sim.peak_bytes / budget:.1f}% of budget"
+            if budget
+            else f"{sim.peak_bytes} B"
+        ),
+    )
     table.add_row("peak at", instruction_line(plan, sim.peak_at))
     table.add_row("predicted time", f"{sim.time_us / 1000:.3f} ms")
     table.add_row("compute / recompute", f"{sim.compute_us / 1000:.3f} ms / {sim.recompute_us / 1000:.3f} ms")

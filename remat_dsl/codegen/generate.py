@@ -99,7 +99,9 @@ def runtime_source() -> str:
     RUNTIME_BEGIN and RUNTIME_END markers (NOTE: [Runtime])."""
     text = RUNTIME.read_text(encoding="utf-8")
     first = ast.parse(text).body[0]
-    docstring = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
+    docstring = (
+        isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
+    )
     body = "\n".join(text.splitlines()[first.end_lineno if docstring else 0 :]).strip("\n")
     return f"{RUNTIME_BEGIN}\n{body}\n\n\n{RUNTIME_END}"
 
@@ -175,7 +177,11 @@ def _template_globals() -> frozenset[str]:
 
 
 RESERVED = (
-    frozenset(keyword.kwlist) | frozenset(keyword.softkwlist) | frozenset(dir(builtins)) | _template_globals() | runtime_globals()
+    frozenset(keyword.kwlist)
+    | frozenset(keyword.softkwlist)
+    | frozenset(dir(builtins))
+    | _template_globals()
+    | runtime_globals()
 )
 
 
@@ -238,14 +244,18 @@ def check_namespace(source: str, names: _Namespace) -> None:
     tree = ast.parse(source)
     module_names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
     module_names |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
-    module_names |= {a.asname or a.name for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+    module_names |= {
+        a.asname or a.name for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names
+    }
     plan = names.locals()
     clash = plan & (module_names | set(dir(builtins)) | set(keyword.kwlist))
     if clash:
         raise ValueError(f"generated names clash with the module's own: {sorted(clash)[:5]}")
     for function in (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in ("_forward", "_backward")):
         bound = {a.arg for a in function.args.args}
-        bound |= {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))}
+        bound |= {
+            n.id for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))
+        }
         stray = {n for n in bound if not n.startswith("_") and n not in plan and not n.startswith(DERIVED_PREFIXES)}
         if stray:
             raise ValueError(f"{function.name} binds names outside the plan's namespace: {sorted(stray)[:5]}")
@@ -417,10 +427,19 @@ class _Renderer:
             inputs=[(literal(v.name), _shape(v.shape), _dtype(v.dtype)) for v in graph.inputs],
             input_vars=[self.var[v.name] for v in graph.inputs],
             parameters=[
-                (literal(p.name), literal(self.names.attr(p.name)), _shape(p.shape), _dtype(p.dtype), literal(p.name in trainable))
+                (
+                    literal(p.name),
+                    literal(self.names.attr(p.name)),
+                    _shape(p.shape),
+                    _dtype(p.dtype),
+                    literal(p.name in trainable),
+                )
                 for p in graph.parameters
             ],
-            buffers=[(literal(b.name), literal(self.names.attr(b.name)), _shape(b.shape), _dtype(b.dtype)) for b in graph.buffers],
+            buffers=[
+                (literal(b.name), literal(self.names.attr(b.name)), _shape(b.shape), _dtype(b.dtype))
+                for b in graph.buffers
+            ],
             watched=[(literal(name), var) for name, var in self._watched()],
             forward_body=forward_body,
             saved=saved,
@@ -497,7 +516,11 @@ class _Renderer:
         rng = self.names.rng(op)
         lines = [f"{rng} = _rng_state(_device)"] if saves_rng else []
         lines += [self._call(op, step, (lambda call, _: f"_first_draw({rng}, {call})") if saves_rng else None)]
-        lines += [f"{self.var[self.updates[t]]}.copy_({self.var[t]})" for t in op.outputs if t in self.updates and op.phase == ir.FORWARD]
+        lines += [
+            f"{self.var[self.updates[t]]}.copy_({self.var[t]})"
+            for t in op.outputs
+            if t in self.updates and op.phase == ir.FORWARD
+        ]
         return [f"{code}  # {where}" for code in lines]
 
     def _recompute(self, name: str, step, where: str) -> list[str]:
@@ -505,7 +528,11 @@ class _Renderer:
         if not op.random:
             return [f"{self._call(op, step)}  # {where} (recompute)"]
         rng = self.names.rng(op)
-        lines = [self._call(op, step, lambda _, args: f"_replay({rng}, _device, {', '.join([callable_name(op.target), *args])})")]
+        lines = [
+            self._call(
+                op, step, lambda _, args: f"_replay({rng}, _device, {', '.join([callable_name(op.target), *args])})"
+            )
+        ]
         if any(key == f"rng state of {name}" for key, _ in step.removed):
             lines.append(f"del {rng}")
         return [f"{code}  # {where} (recompute)" for code in lines]
@@ -519,7 +546,9 @@ class _Renderer:
     def _call(self, op: ir.Op, step, wrap=None) -> str:
         """`OUTPUTS = aten_X(ARGS)`, assigning the outputs the step makes resident; `wrap(call,
         args)`, if given, is the expression that stands for the call (the RNG helpers)."""
-        args = [render_arg(a, self.var) for a in op.args] + [f"{_keyword(k)}={render_arg(v, self.var)}" for k, v in op.kwargs]
+        args = [render_arg(a, self.var) for a in op.args] + [
+            f"{_keyword(k)}={render_arg(v, self.var)}" for k, v in op.kwargs
+        ]
         absent = [self._absent(a) for a in op.args]
         if op.target == "aten.add.Tensor" and len(op.args) == 2 and not op.kwargs and absent != ["False", "False"]:
             any_layout = self._any_layout(op.outputs[0])  # NOTE: [Absent output gradients]
@@ -551,9 +580,14 @@ class _Renderer:
     def _into(self, op: ir.Op, tensor: str, args: list[str]) -> str:
         """`_into(_s, OVERLOAD, OP, KEYWORD, INTO, ARGS)`: `op` with its output written into
         `tensor`, as the argument that reads it whole reads it (NOTE: [In-place outputs])."""
-        reads = next(a for a in (*op.args, *(v for _, v in op.kwargs)) if (whole_tensor(a, self.tensors) or ("",))[0] == tensor)
+        reads = next(
+            a for a in (*op.args, *(v for _, v in op.kwargs)) if (whole_tensor(a, self.tensors) or ("",))[0] == tensor
+        )
         out, keyword = INPLACE_OUT[op.target]
-        return f"_into(_s, {callable_name(out)}, {callable_name(op.target)}, {literal(keyword)}, {render_arg(reads, self.var)}, {', '.join(args)})"
+        return (
+            f"_into(_s, {callable_name(out)}, {callable_name(op.target)}, {literal(keyword)},"
+            f" {render_arg(reads, self.var)}, {', '.join(args)})"
+        )
 
     def _inplace_targets(self) -> set[str]:
         """The overloads the in-place steps call (NOTE: [In-place outputs])."""
@@ -615,7 +649,11 @@ class _Renderer:
         layout (NOTE: [Output gradient layouts] in runtime.py)."""
         lines = []
         for i, tangent in enumerate(self.plan.graph.tangents):
-            var, absent, where = self.var[tangent.name], self.names.absent(tangent.name), self._section_where("tangents", i + 1)
+            var, absent, where = (
+                self.var[tangent.name],
+                self.names.absent(tangent.name),
+                self._section_where("tangents", i + 1),
+            )
             zeros = f"torch.empty({_shape(tangent.shape)}, dtype={_dtype(tangent.dtype)}, device='meta')"
             given = var
             if not self._any_layout(tangent.name):
@@ -695,7 +733,9 @@ class _Renderer:
         over: None for the released ones (NOTE: [Gradient release]: handed over earlier), for
         frozen parameters and for those the loss does not reach."""
         grads = {g.parameter: self._reached(g.value) for g in self.plan.graph.gradients}
-        params = ["None" if i in released else grads.get(p.name, "None") for i, p in enumerate(self.plan.graph.parameters)]
+        params = [
+            "None" if i in released else grads.get(p.name, "None") for i, p in enumerate(self.plan.graph.parameters)
+        ]
         return "(" + "".join(f"{g}, " for g in params) + ")"
 
     def _parameter_uses(self) -> tuple[list[tuple], tuple[dict[int, list[str]], dict[int, list[str]]]]:
@@ -783,8 +823,12 @@ EMITTERS = {
 
 # NOTE: [Absent output gradients]: views that need their input's traced strides, and ops
 # whose output layout does not follow their inputs' (so what reads it is not affected)
-STRIDED_VIEWS = frozenset({"aten.view.default", "aten._unsafe_view.default", "aten.as_strided.default", "aten.as_strided_scatter.default"})
-FRESH_LAYOUT = frozenset({"aten.mm.default", "aten.bmm.default", "aten.addmm.default", "aten.baddbmm.default", "aten.sum.default"})
+STRIDED_VIEWS = frozenset(
+    {"aten.view.default", "aten._unsafe_view.default", "aten.as_strided.default", "aten.as_strided_scatter.default"}
+)
+FRESH_LAYOUT = frozenset(
+    {"aten.mm.default", "aten.bmm.default", "aten.addmm.default", "aten.baddbmm.default", "aten.sum.default"}
+)
 
 
 def _refs_with_calls(arg: ir.Arg, path: list[str]):

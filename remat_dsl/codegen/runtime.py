@@ -238,7 +238,8 @@ def _into(step, out_op, op, keyword, into, *args, **kwargs):
     if op not in _LAYOUT_WARNED:
         _LAYOUT_WARNED.add(op)
         warnings.warn(
-            f"{op}: an operand is not contiguous, so its output is not written in place as the plan says: the step takes more memory than the plan predicts"
+            f"{op}: an operand is not contiguous, so its output is not written in place as the plan says: the step"
+            " takes more memory than the plan predicts"
         )
     return op(*args, **kwargs)
 
@@ -528,7 +529,8 @@ def _under_root_hooks(model, step, args, kwargs):
     root module run around it.  NOTE: [FSDP2]."""
     if torch.compiler.is_compiling():
         raise NotImplementedError(
-            "torch.compile of FastModel under FSDP2 (fully_shard) is not supported: compile FastModel without FSDP2, or run it uncompiled"
+            "torch.compile of FastModel under FSDP2 (fully_shard) is not supported: compile FastModel without FSDP2, or"
+            " run it uncompiled"
         )
     model.forward = step  # an attribute of this object only, deleted below: nn.Module.__call__ calls self.forward
     try:
@@ -639,7 +641,10 @@ def _shards(sharded, number):
 
 
 def _plan_again(reason):
-    return f"{reason}: this module runs a plan made for another model or other inputs; plan again (remat plan ...) and regenerate it"
+    return (
+        f"{reason}: this module runs a plan made for another model or other inputs; plan again (remat plan ...) and"
+        " regenerate it"
+    )
 
 
 def _plan_name(name):
@@ -697,12 +702,14 @@ def _device_of(params, kind):
     devices = {value.device for value in params}
     if len(devices) != 1:
         raise ValueError(
-            f"the model's parameters are on {len(devices)} devices ({', '.join(sorted(map(str, devices)))}); the plan runs on one"
+            f"the model's parameters are on {len(devices)} devices ({', '.join(sorted(map(str, devices)))}); the plan"
+            " runs on one"
         )
     (device,) = devices
     if device.type != kind:
         raise ValueError(
-            f"the model is on {device} but the plan was made for {kind}: move the model (model.to(...)) or plan again for {device.type}"
+            f"the model is on {device} but the plan was made for {kind}: move the model (model.to(...)) or plan again"
+            f" for {device.type}"
         )
     return device
 
@@ -820,7 +827,8 @@ def _check_input(name, value, shape, dtype, device):
         raise ValueError(f"input '{name}' is on {value.device} but the model is on {device}: move the input there")
     if value.requires_grad:
         raise ValueError(
-            f"input '{name}' requires grad, but the plan computes no gradient for inputs: plan a model that owns it as a parameter"
+            f"input '{name}' requires grad, but the plan computes no gradient for inputs: plan a model that owns it as"
+            " a parameter"
         )
 
 

@@ -83,7 +83,9 @@ def header_items(header: ir.Header) -> list[Item]:
     return [Item("header", f"{key} {json.dumps(value)}", None) for key, value in values.items() if value is not None]
 
 
-def items(graph: ir.Graph, outputs_span: ir.Span | None = None, *, costs: bool = True, header: ir.Header | None = None) -> list[Item]:
+def items(
+    graph: ir.Graph, outputs_span: ir.Span | None = None, *, costs: bool = True, header: ir.Header | None = None
+) -> list[Item]:
     """The graph's items in document order (see NOTE: [Graph digest]).
 
     costs: include each op's measured time and temporary bytes (False compares the
@@ -92,11 +94,19 @@ def items(graph: ir.Graph, outputs_span: ir.Span | None = None, *, costs: bool =
     """
     result = [Item("header", f"autocast {graph.autocast.dtype}", graph.autocast.span)] if graph.autocast else []
     result += header_items(header) if header is not None else []
-    for section, values in (("inputs", graph.inputs), ("parameters", graph.parameters), ("buffers", graph.buffers), ("tangents", graph.tangents)):
+    for section, values in (
+        ("inputs", graph.inputs),
+        ("parameters", graph.parameters),
+        ("buffers", graph.buffers),
+        ("tangents", graph.tangents),
+    ):
         result += [Item(section, f"{v.kind} {v.name} {v.dtype}{list(v.shape)}", v.span) for v in values]
         if section == "inputs":
             result += [Item(section, f"constant {c.name} = {canonical_arg(c.value)}", c.span) for c in graph.constants]
-    result += [Item("tensors", f"{t.name} {list(t.shape)} {t.dtype} {t.nbytes} {t.producer}:{t.index}", t.span) for t in graph.tensors]
+    result += [
+        Item("tensors", f"{t.name} {list(t.shape)} {t.dtype} {t.nbytes} {t.producer}:{t.index}", t.span)
+        for t in graph.tensors
+    ]
     for op in graph.ops:
         call = canonical_arg(ir.Call(op.target, op.args, op.kwargs))
         cost = f" {op.time_us}us {op.temp_bytes}B" if costs else ""

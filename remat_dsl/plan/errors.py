@@ -8,8 +8,8 @@
       hint: did you mean 'fc2'?
 
 The first line is `PATH:LINE:COL: error: MESSAGE` (`<plan>` when the path is unknown;
-without a span `PATH: error: MESSAGE`, or `error: MESSAGE` without a path either).  The source line and the carets are shown
-when both the span and the source text are known; `length` carets go under the culprit.
+without a span `PATH: error: MESSAGE`, or `error: MESSAGE` without a path either).  The source
+line and the carets are shown when both the span and the source text are known; `length` carets go under the culprit.
 Where the culprit is a word later on the line than the span (an instruction's target,
 say), `word` names it: once the source is known the column and carets move onto it.
 

@@ -110,7 +110,9 @@ def inplace_candidates(graph: ir.Graph) -> dict[str, tuple[str, ...]]:
     return found
 
 
-def _contiguous_inputs(op: ir.Op, out: ir.TensorDecl, tensors: dict, values: dict, contiguous: set[str]) -> tuple[str, ...] | None:
+def _contiguous_inputs(
+    op: ir.Op, out: ir.TensorDecl, tensors: dict, values: dict, contiguous: set[str]
+) -> tuple[str, ...] | None:
     """The tensors `op` reads whole with its output's shape, when every tensor it reads is
     known contiguous and every parameter, buffer or input it reads is broadcast (of
     another shape, read as it is); else None: eager's output may be laid out otherwise."""

@@ -175,7 +175,9 @@ def is_structure(arg: "Arg") -> bool:
     """A Call in `outputs` that builds the model's output object from keyword fields:
     `dict(loss=%a, logits=%b)` or `transformers.modeling_outputs.CausalLMOutput(...)`
     (a view call has positional arguments and an operator target)."""
-    return isinstance(arg, Call) and not arg.args and not arg.target.startswith(("aten.", "torch.", "prims.", "operator."))
+    return (
+        isinstance(arg, Call) and not arg.args and not arg.target.startswith(("aten.", "torch.", "prims.", "operator."))
+    )
 
 
 # int, float (inf, -inf, nan allowed), bool, None and str are plain Python constants.
@@ -604,7 +606,9 @@ def with_gradient_zeros(graph: Graph, sign: int = 1) -> Graph:
     """`graph` with each op's temp_bytes raised by `gradient_zeros` (sign -1: lowered, to
     write the measured costs alone to a profile file)."""
     zeros = gradient_zeros(graph)
-    ops = tuple(replace(op, temp_bytes=op.temp_bytes + sign * zeros[op.name]) if op.name in zeros else op for op in graph.ops)
+    ops = tuple(
+        replace(op, temp_bytes=op.temp_bytes + sign * zeros[op.name]) if op.name in zeros else op for op in graph.ops
+    )
     return replace(graph, ops=ops)
 
 

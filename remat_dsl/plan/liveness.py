@@ -98,7 +98,9 @@ def live_intervals(
     return result
 
 
-def memory_profile(intervals: Iterable[Interval[K]], sizes: Mapping[K, int], temp: Sequence[int]) -> tuple[list[int], list[int]]:
+def memory_profile(
+    intervals: Iterable[Interval[K]], sizes: Mapping[K, int], temp: Sequence[int]
+) -> tuple[list[int], list[int]]:
     """The memory of the steps whose `intervals` these are (bytes), per step: (during,
     after).  during[i]: what is alive before step i, plus every copy it makes, plus
     temp[i] (its temporaries); after[i]: alive right after it, its frees done.

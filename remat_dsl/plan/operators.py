@@ -41,4 +41,6 @@ def torch_constants() -> frozenset[str]:
     import torch
 
     kinds = (torch.dtype, torch.layout, torch.memory_format)
-    return frozenset(f"torch.{name}" for name, value in vars(torch).items() if isinstance(value, kinds) and name.isidentifier())
+    return frozenset(
+        f"torch.{name}" for name, value in vars(torch).items() if isinstance(value, kinds) and name.isidentifier()
+    )

@@ -53,7 +53,15 @@ from collections.abc import Iterable, Sequence
 
 from remat_dsl.plan import ir
 from remat_dsl.plan.digest import digest_of
-from remat_dsl.plan.units import format_bandwidth, format_bytes, format_duration, format_gap, format_seconds, format_size, size_parts
+from remat_dsl.plan.units import (
+    format_bandwidth,
+    format_bytes,
+    format_duration,
+    format_gap,
+    format_seconds,
+    format_size,
+    size_parts,
+)
 
 FORMAT_VERSION = 2
 HEADER_KEY_WIDTH = 12
@@ -308,7 +316,10 @@ def _ops(ops: Sequence[ir.Op]) -> list[str]:
     width = max(len(line) for line in costs)
     heads = [f"{_plain_name(op.name, 'op name')} = " for op in ops]
     calls = [ir.Call(op.target, op.args, op.kwargs) for op in ops]
-    column = min(max((len(h) + len(format_arg(c)) for h, c in zip(heads, calls)), default=0), LINE_WIDTH - len(INDENT) - len(GAP) - width)
+    column = min(
+        max((len(h) + len(format_arg(c)) for h, c in zip(heads, calls)), default=0),
+        LINE_WIDTH - len(INDENT) - len(GAP) - width,
+    )
     column = max(column, len(OP_HEADING[0]))
     out = [(INDENT + OP_HEADING[0].ljust(column) + GAP + costs[0]).rstrip()] if ops else []
     for op, head, call, cost in zip(ops, heads, calls, costs[1:]):
@@ -413,10 +424,14 @@ def _sections(plan: ir.Plan) -> list[list[str]]:
     g = plan.graph
     sections = [_header(plan.header, g.autocast)]
     if plan.constraints:
-        sections.append(["constraints"] + _with_comments(plan.constraints, _table([_constraint_row(c) for c in plan.constraints])))
+        sections.append(
+            ["constraints"] + _with_comments(plan.constraints, _table([_constraint_row(c) for c in plan.constraints]))
+        )
     sections += [_schedule(ir.FORWARD, plan.forward), _schedule(ir.BACKWARD, plan.backward)]
     sections += [_values("inputs", g.inputs) + _constants(g.constants), _values("parameters", g.parameters)]
-    sections += [_values(title, values) for title, values in (("buffers", g.buffers), ("tangents", g.tangents)) if values]
+    sections += [
+        _values(title, values) for title, values in (("buffers", g.buffers), ("tangents", g.tangents)) if values
+    ]
     sections += [_tensors(g.tensors), _ops(g.ops), ["outputs"] + layout(g.outputs, INDENT, "", len(INDENT), LINE_WIDTH)]
     sections.append(_assignments("gradients", [(gr.parameter, gr.value) for gr in g.gradients]))
     if g.updates:

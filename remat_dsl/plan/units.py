@@ -73,7 +73,9 @@ def scaled(number: str, factor: int) -> int | None:
     return int(value) if value == value.to_integral_value() else None
 
 
-def _quantity(text: str, units: dict[str, int], default: str | None, what: str, example: str, exact: bool = True) -> int:
+def _quantity(
+    text: str, units: dict[str, int], default: str | None, what: str, example: str, exact: bool = True
+) -> int:
     """An integer quantity from NUMBER[ ]UNIT (units matched without regard to case).
 
     exact: refuse a value that is not a whole number of the smallest unit; else round down
@@ -92,7 +94,9 @@ def _quantity(text: str, units: dict[str, int], default: str | None, what: str, 
         return math.floor(Decimal(match.group(1)) * factor)
     if value is None:
         smallest = min(units, key=units.__getitem__)
-        raise UnitError(f"{what} '{text}' is not a whole number of {smallest}", f"{what}s are whole {smallest}; round it")
+        raise UnitError(
+            f"{what} '{text}' is not a whole number of {smallest}", f"{what}s are whole {smallest}; round it"
+        )
     return value
 
 
@@ -103,7 +107,9 @@ def parse_size(text: str, what: str = "size", *, exact: bool = True, units: dict
     units: the units accepted; with EXACT_SIZE_UNITS (the plan's tables) a unit is
     required.  Raises UnitError."""
     bare = None if units is EXACT_SIZE_UNITS else "B"
-    return _quantity(text, units, bare, what, "4 KiB, 1.5 MiB or 4096 B" if bare is None else "2GiB, 800 MB or 65536", exact)
+    return _quantity(
+        text, units, bare, what, "4 KiB, 1.5 MiB or 4096 B" if bare is None else "2GiB, 800 MB or 65536", exact
+    )
 
 
 def parse_bandwidth(text: str, what: str = "bandwidth", *, exact: bool = True) -> int:

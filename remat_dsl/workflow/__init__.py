@@ -153,7 +153,9 @@ def capture_model(
     model_file = model if isinstance(model, ModelFile) else model_of(model, inputs, loss_fn, autocast)
     device_model = load_device(device) if device is not None else None
     store = default_cache() if cache else None
-    return capture_graph(model_file, repeats, device_model=device_model, cache=store, check_eager=True)  # as `remat plan`
+    return capture_graph(
+        model_file, repeats, device_model=device_model, cache=store, check_eager=True
+    )  # as `remat plan`
 
 
 def solve_captured(

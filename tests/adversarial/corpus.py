@@ -81,7 +81,11 @@ def resealed(text: str) -> str:
     plan = parse(text)
     seal = digest.digest_of(plan.graph, plan.header)
     head = text[: text.index("\ndigest\n")]
-    return head + "\ndigest\n" + "".join(f"  {line}\n" for line in [f"graph  {seal.graph}", *(f"items  {c}" for c in seal.items)])
+    return (
+        head
+        + "\ndigest\n"
+        + "".join(f"  {line}\n" for line in [f"graph  {seal.graph}", *(f"items  {c}" for c in seal.items)])
+    )
 
 
 def header(**changes):
@@ -91,11 +95,15 @@ def header(**changes):
 def outputs(target: str):
     from remat_dsl.plan import ir
 
-    return sealed(lambda p: replace(p, graph=replace(p.graph, outputs=ir.Call(target, (), (("args", ir.Ref("head")),)))))
+    return sealed(
+        lambda p: replace(p, graph=replace(p.graph, outputs=ir.Call(target, (), (("args", ir.Ref("head")),))))
+    )
 
 
 def first_op(**changes):
-    return sealed(lambda p: replace(p, graph=replace(p.graph, ops=(replace(p.graph.ops[0], **changes), *p.graph.ops[1:]))))
+    return sealed(
+        lambda p: replace(p, graph=replace(p.graph, ops=(replace(p.graph.ops[0], **changes), *p.graph.ops[1:])))
+    )
 
 
 def constant(value):
@@ -120,83 +128,144 @@ CASES: tuple[Case, ...] = (
     Case("header_model_breakout", "the model string closes the module's docstring", header(model=BREAKOUT)),
     Case("header_model_quotes", "the model string closes a ''' and a \" string", header(model=BREAKOUT_QUOTE)),
     Case(
-        "header_model_unicode_escapes", "the payload written as \\u escapes, so a raw diff shows only hex",
-        edited(MODEL_LINE, '  model       "x.py\\u0022\\u0022\\u0022\\u000a' + CODE.replace('"', "\\u0022") + '\\u000a\\u0022\\u0022\\u0022"', reseal=True),
-    ),  # fmt: skip
+        "header_model_unicode_escapes",
+        "the payload written as \\u escapes, so a raw diff shows only hex",
+        edited(
+            MODEL_LINE,
+            '  model       "x.py\\u0022\\u0022\\u0022\\u000a'
+            + CODE.replace('"', "\\u0022")
+            + '\\u000a\\u0022\\u0022\\u0022"',
+            reseal=True,
+        ),
+    ),
     Case("header_solver_breakout", "the solver string closes the module's docstring", header(solver=BREAKOUT)),
     Case("header_costs_breakout", "the costs string closes the module's docstring", header(costs=BREAKOUT)),
-    Case("header_counts_jinja", "the counts string holds template syntax", header(counts='{{ "pwn" ~ "ed" }} {% raw %} {# x #}')),
     Case(
-        "header_model_edited_unsealed", "the model string edited, the digest left as it was",
+        "header_counts_jinja",
+        "the counts string holds template syntax",
+        header(counts='{{ "pwn" ~ "ed" }} {% raw %} {# x #}'),
+    ),
+    Case(
+        "header_model_edited_unsealed",
+        "the model string edited, the digest left as it was",
         edited(MODEL_LINE, '  model       "' + BREAKOUT.replace('"', '\\"').replace("\n", "\\n") + '"'),
-        status=2, message="the header's `model` line was edited",
-    ),  # fmt: skip
+        status=2,
+        message="the header's `model` line was edited",
+    ),
     Case(
-        "header_device_breakout", "a device string that would close a string literal",
-        header(device="cuda'); " + CODE + "; ('"), status=2, message="unknown device",
-    ),  # fmt: skip
+        "header_device_breakout",
+        "a device string that would close a string literal",
+        header(device="cuda'); " + CODE + "; ('"),
+        status=2,
+        message="unknown device",
+    ),
     # --- the output's classes: data containers among the imported modules only --------
     Case("outputs_popen", "the output built by subprocess.Popen", outputs("subprocess.Popen"), runtime=NOT_A_CONTAINER),
     Case("outputs_os_system", "the output built by os.system", outputs("os.system"), runtime=NOT_A_CONTAINER),
-    Case("outputs_builtins_exec", "the output built by builtins.exec", outputs("builtins.exec"), runtime=NOT_A_CONTAINER),
     Case(
-        "outputs_unimported_module", "a class of a module no one imported (importing it runs its code)",
-        outputs("antigravity.Fly"), runtime="which no module imported so far defines",
-    ),  # fmt: skip
-    Case("outputs_other_class", "a class that is not a data container", outputs("pathlib.Path"), runtime=NOT_A_CONTAINER),
+        "outputs_builtins_exec", "the output built by builtins.exec", outputs("builtins.exec"), runtime=NOT_A_CONTAINER
+    ),
     Case(
-        "outputs_bare_name", "a class without its module", outputs("Popen"), status=2, message="is not a dotted path",
-    ),  # fmt: skip
+        "outputs_unimported_module",
+        "a class of a module no one imported (importing it runs its code)",
+        outputs("antigravity.Fly"),
+        runtime="which no module imported so far defines",
+    ),
+    Case(
+        "outputs_other_class", "a class that is not a data container", outputs("pathlib.Path"), runtime=NOT_A_CONTAINER
+    ),
+    Case(
+        "outputs_bare_name",
+        "a class without its module",
+        outputs("Popen"),
+        status=2,
+        message="is not a dotted path",
+    ),
     # --- operators, symbols, constants, keywords -----------------------------------------
     Case("op_target_os_system", "an op whose target is os.system", first_op(target="os.system"), 2, "unknown operator"),
     Case(
-        "op_target_dunder", "an op whose target walks to a dunder attribute",
-        first_op(target="aten.__class__.default"), 2, "unknown operator",
-    ),  # fmt: skip
+        "op_target_dunder",
+        "an op whose target walks to a dunder attribute",
+        first_op(target="aten.__class__.default"),
+        2,
+        "unknown operator",
+    ),
     Case(
-        "inline_call_system", "a call of os.system inside an op's arguments", edited(FC1, FC1.replace("aten.t.default(", "os.system("), True),
-        2, "unknown operator `os.system`",
-    ),  # fmt: skip
+        "inline_call_system",
+        "a call of os.system inside an op's arguments",
+        edited(FC1, FC1.replace("aten.t.default(", "os.system("), True),
+        2,
+        "unknown operator `os.system`",
+    ),
     Case(
-        "symbol_torch_os_system", "a symbol that names a function reachable from torch",
-        edited(FC1, FC1.replace("%fc1.bias, %x", "%fc1.bias, torch.os.system"), True), 2, "is not a torch dtype, layout or memory format",
-    ),  # fmt: skip
+        "symbol_torch_os_system",
+        "a symbol that names a function reachable from torch",
+        edited(FC1, FC1.replace("%fc1.bias, %x", "%fc1.bias, torch.os.system"), True),
+        2,
+        "is not a torch dtype, layout or memory format",
+    ),
     Case(
-        "keyword_with_code", "a keyword argument named after code",
-        edited(FC1, FC1.replace("%fc1.weight))", "%fc1.weight), os.system=1)"), True), 2, "has no argument `os.system`",
-    ),  # fmt: skip
+        "keyword_with_code",
+        "a keyword argument named after code",
+        edited(FC1, FC1.replace("%fc1.weight))", "%fc1.weight), os.system=1)"), True),
+        2,
+        "has no argument `os.system`",
+    ),
     Case(
-        "getitem_with_code", "an index that is not an integer",
-        edited(FC1, FC1.replace("%x,", 'operator.getitem(%x, "__class__"),'), True), 2, "takes a value and an integer index",
-    ),  # fmt: skip
+        "getitem_with_code",
+        "an index that is not an integer",
+        edited(FC1, FC1.replace("%x,", 'operator.getitem(%x, "__class__"),'), True),
+        2,
+        "takes a value and an integer index",
+    ),
     Case(
-        "device_kind_with_code", "a device kind that would close its string",
+        "device_kind_with_code",
+        "a device kind that would close its string",
         edited(
             "aten.sum.dim_IntList(%grad_output.0, [0], True)",
-            "aten.sum.dim_IntList(%grad_output.0, [torch.device(\"cpu'); " + CODE.replace('"', '\\"') + '; (\'")], True)',
+            "aten.sum.dim_IntList(%grad_output.0, [torch.device(\"cpu'); "
+            + CODE.replace('"', '\\"')
+            + "; ('\")], True)",
             True,
         ),
-        2, "`torch.device` takes one device kind",
-    ),  # fmt: skip
+        2,
+        "`torch.device` takes one device kind",
+    ),
     Case(
-        "constant_call", "a constant input that is a call", constant(_arg_call("os.system", "touch sentinel")),
-        2, "must be None, True, False, a number or a string",
-    ),  # fmt: skip
+        "constant_call",
+        "a constant input that is a call",
+        constant(_arg_call("os.system", "touch sentinel")),
+        2,
+        "must be None, True, False, a number or a string",
+    ),
     Case("constant_string_breakout", "a constant input whose string closes quotes", constant(BREAKOUT_QUOTE)),
     Case(
-        "dtype_with_code", "a tensor whose dtype is code",
-        edited("  fc1                               [16, 64]  float32", "  fc1                               [16, 64]  os.system", True),
-        2, "unknown dtype `os.system`",
-    ),  # fmt: skip
+        "dtype_with_code",
+        "a tensor whose dtype is code",
+        edited(
+            "  fc1                               [16, 64]  float32",
+            "  fc1                               [16, 64]  os.system",
+            True,
+        ),
+        2,
+        "unknown dtype `os.system`",
+    ),
     # --- comments and names ---------------------------------------------------------------
     Case(
-        "comments_with_template_syntax", "comments holding quotes and template syntax, not sealed",
-        edited("  compute  fc1\n", '  # """ {{ "pwn" ~ "ed" }} {% raw %} {# #} \'\'\' sentinel\n  compute  fc1  # """ {{ "pwn" ~ "ed" }}\n'),
-    ),  # fmt: skip
+        "comments_with_template_syntax",
+        "comments holding quotes and template syntax, not sealed",
+        edited(
+            "  compute  fc1\n",
+            '  # """ {{ "pwn" ~ "ed" }} {% raw %} {# #} \'\'\' sentinel\n  compute  fc1  # """ {{ "pwn" ~ "ed" }}\n',
+        ),
+    ),
     Case(
-        "names_like_the_module", "tensors named as the module's own names and builtins",
-        sealed(lambda p: _renamed(p, {"fc1": "torch", "relu": "len", "drop": "_Step", "fc2": "FastModel", "head": "out_0"})),
-    ),  # fmt: skip
+        "names_like_the_module",
+        "tensors named as the module's own names and builtins",
+        sealed(
+            lambda p: _renamed(p, {"fc1": "torch", "relu": "len", "drop": "_Step", "fc2": "FastModel", "head": "out_0"})
+        ),
+    ),
 )
 
 
@@ -222,13 +291,18 @@ def _renamed(plan, names: dict[str, str]):
         g,
         tensors=tuple(replace(t, name=name(t.name), producer=name(t.producer)) for t in g.tensors),
         ops=tuple(
-            replace(o, name=name(o.name), outputs=tuple(map(name, o.outputs)), args=tuple(map(arg, o.args)),
-                    kwargs=tuple((k, arg(v)) for k, v in o.kwargs))
+            replace(
+                o,
+                name=name(o.name),
+                outputs=tuple(map(name, o.outputs)),
+                args=tuple(map(arg, o.args)),
+                kwargs=tuple((k, arg(v)) for k, v in o.kwargs),
+            )
             for o in g.ops
         ),
         outputs=arg(g.outputs),
         gradients=tuple(replace(gr, value=arg(gr.value)) for gr in g.gradients),
-    )  # fmt: skip
+    )
     schedule = lambda section: tuple(replace(i, target=name(i.target)) for i in section)  # noqa: E731
     return replace(plan, graph=graph, forward=schedule(plan.forward), backward=schedule(plan.backward))
 

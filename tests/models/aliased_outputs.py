@@ -18,7 +18,15 @@ class AliasedOutputs(nn.Module):
     def forward(self, x):
         h = self.fc(x).relu()
         z = self.proj(h)
-        return {"h": h, "h_t": h.t(), "z_rows": z.view(2, 2, 6), "z_t": z.t(), "x_t": x.t(), "pair": (z.relu(), h), "side": self.side(h)}
+        return {
+            "h": h,
+            "h_t": h.t(),
+            "z_rows": z.view(2, 2, 6),
+            "z_t": z.t(),
+            "x_t": x.t(),
+            "pair": (z.relu(), h),
+            "side": self.side(h),
+        }
 
 
 def build_model():

@@ -11,7 +11,9 @@ from transformers import CanineConfig, CanineForSequenceClassification
 
 def build_model():
     torch.manual_seed(0)
-    config = CanineConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, num_labels=3)
+    config = CanineConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, num_labels=3
+    )
     return CanineForSequenceClassification(config)
 
 

@@ -11,12 +11,26 @@ def build_model():
     torch.manual_seed(0)
     config = CLIPConfig(
         text_config=dict(
-            vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            max_position_embeddings=32, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=32,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=0,
         ),
-        vision_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8),
+        vision_config=dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            image_size=32,
+            patch_size=8,
+        ),
         projection_dim=32,
-    )  # fmt: skip
+    )
     return CLIPModel(config)
 
 

@@ -13,4 +13,7 @@ def build_model():
 
 def sample_inputs():
     generator = torch.Generator().manual_seed(1)
-    return {"pixel_values": torch.randn(2, 3, 64, 64, generator=generator), "labels": torch.randint(0, 10, (2,), generator=generator)}
+    return {
+        "pixel_values": torch.randn(2, 3, 64, 64, generator=generator),
+        "labels": torch.randint(0, 10, (2,), generator=generator),
+    }

@@ -8,7 +8,9 @@ from transformers import FalconConfig, FalconForCausalLM
 
 def build_model():
     torch.manual_seed(0)
-    config = FalconConfig(num_hidden_layers=3, hidden_size=128, num_attention_heads=4, vocab_size=512, max_position_embeddings=128)
+    config = FalconConfig(
+        num_hidden_layers=3, hidden_size=128, num_attention_heads=4, vocab_size=512, max_position_embeddings=128
+    )
     return FalconForCausalLM(config)
 
 

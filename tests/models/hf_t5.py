@@ -16,4 +16,7 @@ def build_model():
 
 def sample_inputs():
     generator = torch.Generator().manual_seed(1)
-    return {"input_ids": torch.randint(0, 512, (2, 32), generator=generator), "labels": torch.randint(0, 512, (2, 16), generator=generator)}
+    return {
+        "input_ids": torch.randint(0, 512, (2, 32), generator=generator),
+        "labels": torch.randint(0, 512, (2, 16), generator=generator),
+    }

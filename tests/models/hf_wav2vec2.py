@@ -20,4 +20,7 @@ def build_model():
 
 def sample_inputs():
     generator = torch.Generator().manual_seed(1)
-    return {"input_values": torch.randn(2, 4000, generator=generator), "labels": torch.randint(0, 3, (2,), generator=generator)}
+    return {
+        "input_values": torch.randn(2, 4000, generator=generator),
+        "labels": torch.randint(0, 3, (2,), generator=generator),
+    }

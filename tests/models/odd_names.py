@@ -9,7 +9,9 @@ from torch import nn
 class OddNames(nn.Module):
     def __init__(self):
         super().__init__()
-        self.blocks = nn.ModuleDict({"block1-0": nn.Linear(8, 16), "conv 1": nn.Linear(16, 16), "out+head": nn.Linear(16, 4)})
+        self.blocks = nn.ModuleDict(
+            {"block1-0": nn.Linear(8, 16), "conv 1": nn.Linear(16, 16), "out+head": nn.Linear(16, 4)}
+        )
         self.register_buffer("scale-factor", torch.full((16,), 0.5))
 
     def forward(self, x):

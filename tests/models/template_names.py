@@ -6,7 +6,20 @@ the generated names never meet (NOTE: [Generated names] in remat_dsl/codegen/gen
 import torch
 from torch import nn
 
-NAMES = ("torch", "device", "len", "p", "b", "pool", "_s", "operator", "INPUTS", "FastModel", "aten_mm_default", "host_out")
+NAMES = (
+    "torch",
+    "device",
+    "len",
+    "p",
+    "b",
+    "pool",
+    "_s",
+    "operator",
+    "INPUTS",
+    "FastModel",
+    "aten_mm_default",
+    "host_out",
+)
 
 
 class Names(nn.Module):

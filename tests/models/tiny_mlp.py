@@ -7,7 +7,12 @@ from torch import nn
 class TinyMLP(nn.Module):
     def __init__(self):
         super().__init__()
-        self.fc1, self.drop, self.fc2, self.head = nn.Linear(32, 64), nn.Dropout(0.1), nn.Linear(64, 64), nn.Linear(64, 8)
+        self.fc1, self.drop, self.fc2, self.head = (
+            nn.Linear(32, 64),
+            nn.Dropout(0.1),
+            nn.Linear(64, 64),
+            nn.Linear(64, 8),
+        )
 
     def forward(self, x):
         h = self.drop(torch.relu(self.fc1(x)))
