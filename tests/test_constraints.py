@@ -46,7 +46,7 @@ def tiny():
 
 
 def recomputed_tensors(plan: ir.Plan) -> set[str]:
-    ops = {op.name: op for op in plan.graph.ops}
+    ops = plan.graph.op_by_name
     return {t for i in (*plan.forward, *plan.backward) if i.verb == "recompute" for t in ops[i.target].outputs}
 
 

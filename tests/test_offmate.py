@@ -146,7 +146,7 @@ def test_the_one_lowering_places_a_solver_transfer(planned):
     _, _, plan = planned
     graph = plan.graph
     order = autograd_order(graph)
-    ops = {op.name: op for op in graph.ops}
+    ops = graph.op_by_name
     crossing = simulate(lowered_plan(graph, order)).crossing
     pinned = pinned_tensors(graph)
     tensor = next(t for t in crossing.needed if t in crossing.resident and t not in pinned)
@@ -290,7 +290,7 @@ def test_offloadable_block_outputs_are_read_by_the_next_block_only(planned):
     outputs = interface_tensors(graph, part, pinned_tensors(graph))
     assert len(outputs) == len(part.blocks) and not outputs[-1]
     assert any(outputs), "no block output may be offloaded"
-    ops = {op.name: op for op in graph.ops}
+    ops = graph.op_by_name
     names = {t.name for t in graph.tensors}
     block_of = {n: k for k, b in enumerate(part.blocks, 1) for n in (*b.forward, *b.backward)}
     for k, found in enumerate(outputs, 1):
@@ -340,7 +340,7 @@ def test_shaving_postpones_prefetches_that_come_before_the_peak(planned):
     _, _, plan = planned
     graph = plan.graph
     order = autograd_order(graph)
-    ops = {op.name: op for op in graph.ops}
+    ops = graph.op_by_name
     first_backward = next(i for i, name in enumerate(order) if ops[name].phase == "backward")
 
     def simulated(order, transfers):

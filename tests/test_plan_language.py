@@ -178,7 +178,7 @@ def test_small_plan_round_trips():
 
 
 def test_derived_op_outputs_follow_output_index():
-    ops = {op.name: op for op in parse(SMALL_TEXT).graph.ops}
+    ops = parse(SMALL_TEXT).graph.op_by_name
     assert ops["split"].outputs == ("split", "split:1")
     assert ops["split"].random and not ops["mm"].random
 
