@@ -74,7 +74,7 @@ from remat_dsl.plan.constraints import check_conflicts, constraint_lines
 from remat_dsl.plan.errors import RematError
 from remat_dsl.plan.inplace import inplace_candidates
 from remat_dsl.plan.units import format_bytes
-from remat_dsl.solve.api import BudgetError, Problem, SolverInfo, Status, fallbacks, floor_targets, header_name
+from remat_dsl.solve.api import BudgetError, Problem, Solver, SolverInfo, SolverResult, Status, fallbacks, floor_targets, header_name
 from remat_dsl.solve.lowering import DEFAULT_BANDWIDTH, autograd_order, lowered_plan
 from remat_dsl.solve.polish import move_up, polish, repair
 from remat_dsl.solve.registry import NAMES, solver_class
@@ -130,7 +130,7 @@ class Planner:
             self._solvers[name] = solver_class(name)(self.problem)
         return self._solvers[name]
 
-    def _candidates(self, solver):
+    def _candidates(self, solver: Solver):
         """The solver, then its fallbacks (built when first reached, kept)."""
         yield solver
         if solver not in self._fallbacks:
@@ -190,7 +190,7 @@ class Planner:
         """The store-all plan, labelled `NAME (store-all fits: no solve)`, when it fits
         `budget` (bytes): a solver that minimizes time would return it (NOTE: [Budget
         correction]), after building every block's ILPs for nothing (DenseNet-121: 2 min)."""
-        plan = self._lowered(autograd_order(self.problem.graph), f"{name} (store-all fits: no solve)", Status.OPTIMAL, budget)
+        plan = self._lowered(self._store_all(), f"{name} (store-all fits: no solve)", Status.OPTIMAL, budget)
         if plan.header.peak_bytes > budget:
             return None
         if self.problem.report:
@@ -214,7 +214,7 @@ class Planner:
         parameter gradients dominate its peak)."""
         if not solver_class(name).optimizes:
             return smallest
-        store_all = self._lowered(autograd_order(self.problem.graph), name, Status.OPTIMAL, smallest)
+        store_all = self._lowered(self._store_all(), name, Status.OPTIMAL, smallest)
         return min(smallest, store_all.header.peak_bytes)
 
     # --- budgets no plan reaches (NOTE: [Budgets below the bound]) ----------
@@ -267,7 +267,7 @@ class Planner:
         graph = digest.graph_hash(digest.items(p.graph, costs=True))
         return p.cache.key(SMALLEST_KIND, graph, p.device, solver, constraints, p.bandwidth, p.host_link, p.host_budget)
 
-    def _first_fitting(self, solver, budget: int) -> tuple[ir.Plan, SolverInfo]:
+    def _first_fitting(self, solver: Solver, budget: int) -> tuple[ir.Plan, SolverInfo]:
         """The plan of the first candidate that fits, polished, or a near miss of it or of
         the candidates before it repaired, whichever is fastest (NOTE: [Polish and
         repair]), and how its solves went."""
@@ -302,28 +302,46 @@ class Planner:
         best = min(range(len(options)), key=lambda i: options[i].header.time_us)
         return options[best], best > 0
 
-    def _lowered(self, result, solver, status: Status, budget: int) -> ir.Plan:
-        """The plan of a SolverResult (or of a bare order, without decisions); `solver`: a
-        solver, or the header's solver text itself."""
-        order, decisions, transfers = (result.order, result.decisions, result.transfers) if hasattr(result, "order") else (result, (), ())
+    @staticmethod
+    def _solve(solver: Solver, target: int) -> SolverResult:
+        """`solver.solve(target)`, held to the contract: a SolverResult or BudgetError.
+        Raises RematError naming the solver when it returns anything else (a plug-in's
+        bare list of op names)."""
+        result = solver.solve(target)
+        if not isinstance(result, SolverResult):
+            raise RematError(
+                f"error: solver {solver.name} returned a {type(result).__name__}, not a SolverResult",
+                hint="return remat_dsl.solve.api.SolverResult(order, SolverInfo(status)) from solve(target): "
+                "docs/solvers.md",
+            )
+        return result
+
+    def _lowered(self, result: SolverResult, solver: str, status: Status, budget: int) -> ir.Plan:
+        """The plan of `result` (its order, decisions and transfers) lowered and simulated
+        for `budget` bytes; `solver`: the header's solver text (`api.header_name`), `status`
+        the header's status."""
         p = self.problem
         plan = lowered_plan(
-            p.graph, order, constraints=p.constraints, model=self.model, device=p.device, budget=budget,
-            solver=solver if isinstance(solver, str) else header_name(solver), status=Status(status).value, bandwidth=self.bandwidth,
-            decisions=decisions, transfers=transfers,
+            p.graph, result.order, constraints=p.constraints, model=self.model, device=p.device, budget=budget,
+            solver=solver, status=Status(status).value, bandwidth=self.bandwidth,
+            decisions=result.decisions, transfers=result.transfers,
         )  # fmt: skip
         return move_up(plan)  # NOTE: [Backward ops moved up] in remat_dsl.solve.polish
 
-    def _fit(self, solver, budget: int, near: list[ir.Plan] | None = None) -> tuple[ir.Plan, SolverInfo]:
+    def _store_all(self) -> SolverResult:
+        """The autograd order (no recompute) as a result: the store-all plan."""
+        return SolverResult(autograd_order(self.problem.graph), SolverInfo(Status.OPTIMAL))
+
+    def _fit(self, solver: Solver, budget: int, near: list[ir.Plan] | None = None) -> tuple[ir.Plan, SolverInfo]:
         """NOTE: [Budget correction] for one solver: its plan and how its solves went;
         the plans it made above the budget are appended to `near`.  Raises BudgetError."""
         if solver.optimizes:
-            store_all = self._lowered(autograd_order(self.problem.graph), solver, Status.OPTIMAL, budget)
+            store_all = self._lowered(self._store_all(), header_name(solver), Status.OPTIMAL, budget)
             if store_all.header.peak_bytes <= budget:  # no recompute: optimal, whatever the solver's MILPs said
                 return store_all, SolverInfo(Status.OPTIMAL, None, solver.info.seconds)
         return self._fit_order(solver, budget, [] if near is None else near)
 
-    def _fit_order(self, solver, budget: int, near: list[ir.Plan]) -> tuple[ir.Plan, SolverInfo]:
+    def _fit_order(self, solver: Solver, budget: int, near: list[ir.Plan]) -> tuple[ir.Plan, SolverInfo]:
         """The solver's plan that fits `budget`, its target corrected, and how the solve
         that made it went (its own gap: a solver that keeps its solves, such as
         moccasin in a budget sweep, reports in `info` the largest gap of them all, which
@@ -333,16 +351,16 @@ class Planner:
         target, corrected, at_floor = budget, False, False
         for _ in range(MAX_ROUNDS):
             try:
-                result = solver.solve(target)
+                result = self._solve(solver, target)
             except BudgetError:
                 if at_floor:
                     break
                 target, at_floor = solver.floor(), True
                 try:
-                    result = solver.solve(target)
+                    result = self._solve(solver, target)
                 except BudgetError:
                     break
-            plan = self._lowered(result, solver, Status.FEASIBLE if corrected else result.info.status, budget)
+            plan = self._lowered(result, header_name(solver), Status.FEASIBLE if corrected else result.info.status, budget)
             tried[target] = plan.header.peak_bytes
             excess = plan.header.peak_bytes - budget
             if excess <= 0:
@@ -356,8 +374,8 @@ class Planner:
             target, corrected = max(0, target - max(excess, budget // 50)), True
         fitting = [t for t, peak in tried.items() if peak <= budget]
         if fitting:
-            result = solver.solve(max(fitting))
-            return self._lowered(result, solver, Status.FEASIBLE, budget), self._solve_info(result, solver)
+            result = self._solve(solver, max(fitting))
+            return self._lowered(result, header_name(solver), Status.FEASIBLE, budget), self._solve_info(result, solver)
         plans = self._floor_plans(solver, budget)
         near += [p for p in plans if p.header.peak_bytes > budget]
         best = min(plans, key=lambda p: p.header.peak_bytes)
@@ -365,7 +383,9 @@ class Planner:
             raise BudgetError(budget, best.header.peak_bytes, solver.name)
         return best, solver.info
 
-    def _raised(self, solver, budget: int, target: int, plan: ir.Plan, result, near: list[ir.Plan]) -> tuple[ir.Plan, SolverInfo]:
+    def _raised(
+        self, solver: Solver, budget: int, target: int, plan: ir.Plan, result: SolverResult, near: list[ir.Plan]
+    ) -> tuple[ir.Plan, SolverInfo]:
         """`plan` (made at `target`, fitting `budget`), or a faster one made at a target
         raised by the room it leaves, while one fits (NOTE: [Budget correction]); the
         first that does not fit goes to `near`."""
@@ -386,28 +406,28 @@ class Planner:
                 best = plan, self._solve_info(result, solver)
         return best
 
-    def _plan_at(self, solver, target: int, budget: int):
+    def _plan_at(self, solver: Solver, target: int, budget: int):
         """(the solver's plan at `target` bytes, lowered and simulated, its SolverResult), the
         plan's peak recorded among the targets tried; None when the solver refuses it."""
         try:
-            result = solver.solve(target)
+            result = self._solve(solver, target)
         except BudgetError:
             return None
-        plan = self._lowered(result, solver, Status.FEASIBLE, budget)
+        plan = self._lowered(result, header_name(solver), Status.FEASIBLE, budget)
         self._tried.setdefault(solver, {})[target] = plan.header.peak_bytes
         return plan, result
 
     @staticmethod
-    def _solve_info(result, solver) -> SolverInfo:
+    def _solve_info(result: SolverResult, solver: Solver) -> SolverInfo:
         """The status and gap of the solve that gave `result`, with the solver's seconds
         so far."""
         return replace(result.info, seconds=solver.info.seconds)
 
-    def _floor_plans(self, solver, budget: int = 0) -> list[ir.Plan]:
+    def _floor_plans(self, solver: Solver, budget: int = 0) -> list[ir.Plan]:
         """The plans at the solver's floor targets (`api.floor_targets`), each simulated."""
         plans = [made[0] for made in (self._plan_at(solver, target, budget) for target in floor_targets(solver)) if made]
         if not plans:
-            plans.append(self._lowered(autograd_order(self.problem.graph), solver, Status.FEASIBLE, budget))
+            plans.append(self._lowered(self._store_all(), header_name(solver), Status.FEASIBLE, budget))
         return plans
 
     def _constraints_error(self, error: BudgetError, budget: int, solver: str) -> RematError:
