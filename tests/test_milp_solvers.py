@@ -370,7 +370,7 @@ def test_time_limit_gives_best_plan_marked_feasible(example):
 
 
 def test_hiremate_hierarchy_on_a_deeper_encoder_decoder(tmp_path):
-    """4 encoder and 4 decoder layers: more blocks than one H-ILP takes (MAX_CHILDREN), so
+    """4 encoder and 4 decoder layers: more blocks than one H-ILP takes (HiremateConfig.max_children), so
     H-Partition groups them and the clusters are solved bottom-up (levels > 2)."""
     model_file = load_model_file(str(ROOT / "examples/transformer.py") + ":build_transformer_4x4")
     captured = capture_graph(model_file, repeats=1)

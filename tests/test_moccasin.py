@@ -22,7 +22,7 @@ from remat_dsl.plan.printer import print_plan
 from remat_dsl.solve.api import BudgetError
 from remat_dsl.solve.driver import Planner
 from remat_dsl.solve.lowering import lowered_plan
-from remat_dsl.solve.moccasin import GAP_OPTIMAL, STAGE_SHARE
+from remat_dsl.solve.moccasin import GAP_OPTIMAL, MoccasinConfig
 from test_end_to_end import trained_peak
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -318,14 +318,13 @@ def test_a_solve_stopped_by_its_time_limit_ends_within_it(monkeypatch):
             assert deadline - when < 1, (what, deadline - when)
     # what may come on top of the limit: the relaxation's share and the first hint, what
     # began before the deadline (the CP model's build, the lowering, the polish)
-    assert elapsed <= max(limit, STAGE_SHARE * limit) + 2 * hint + 5, f"{elapsed:.1f} s for {limit:g} s"
+    assert elapsed <= max(limit, MoccasinConfig.stage_share * limit) + 2 * hint + 5, f"{elapsed:.1f} s for {limit:g} s"
 
 
 def test_the_plan_help_states_moccasins_default_time_limit():
     """`remat plan --help` gives moccasin's default limit as a literal (the CLI does not
-    import the solvers to parse its arguments): it is TIME_LIMIT's value."""
+    import the solvers to parse its arguments): it is MoccasinConfig's `time_limit`."""
     from remat_dsl.cli import parser
-    from remat_dsl.solve import moccasin
 
     plan = next(a for a in parser()._subparsers._group_actions[0].choices["plan"]._actions if a.dest == "time_limit")
-    assert f"moccasin: {moccasin.TIME_LIMIT:g} s per budget" in plan.help
+    assert f"moccasin: {MoccasinConfig.time_limit:g} s per budget" in plan.help

@@ -49,3 +49,35 @@ def test_the_defaults():
     assert floor_targets(solver) == [int(-(-1000 * f // 1)) for f in FLOOR_SWEEP]
     with pytest.raises(NotImplementedError):
         solver.solve(1000)
+
+
+@pytest.mark.parametrize("name", sorted(registry.SOLVERS))
+def test_every_solver_config_is_frozen_documented_and_listed_in_the_docs(name):
+    """Each solver's tuning constants: a frozen dataclass whose fields all have a default
+    and a one-line meaning, printed by `remat plan --help-solver` and listed in
+    docs/solvers.md."""
+    import dataclasses
+    from pathlib import Path
+
+    from remat_dsl.solve.api import config_help
+
+    cls = registry.solver_class(name)
+    config = cls.Config()
+    assert dataclasses.is_dataclass(config) and cls.Config.__dataclass_params__.frozen
+    assert cls.Config.__doc__ and not cls.Config.__doc__.startswith(cls.Config.__name__ + "(")
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "solvers.md").read_text()
+    text = config_help(cls)
+    for field in dataclasses.fields(config):
+        assert field.metadata.get("help"), field.name
+        assert f"{field.name} = {field.default!r}" in text
+        assert f"`{field.name}`" in docs, f"docs/solvers.md does not list {name}'s {field.name}"
+
+
+def test_unknown_and_outside_names():
+    from remat_dsl.plan.errors import RematError
+
+    assert not registry.is_outside_spec("rotor") and registry.is_outside_spec("my.py:Mine")
+    with pytest.raises(RematError, match="is not a subclass of remat_dsl.solve.api.Solver"):
+        registry.outside_solver("collections:OrderedDict")
+    with pytest.raises(RematError, match="its `name` is 'rotor'"):
+        registry.outside_solver("remat_dsl.solve.chain.rotor:Rotor")  # a registered name: the header would lie

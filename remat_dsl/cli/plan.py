@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import gc
 import math
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -61,9 +62,42 @@ def autocast_dtype(text: str):
     return getattr(torch, AUTOCAST_FLAGS[text.lower()])
 
 
-def register(subparsers) -> None:
-    from remat_dsl.solve.registry import NAMES
+def solver_choice(text: str):
+    """`--solver`: a registered name (or `auto`), or an outside solver's class, imported
+    from `path/to/file.py:Class` or `package.module:Class` (NOTE: [Outside solvers] in
+    remat_dsl.solve.registry: the command line is the only place a solver is imported
+    from).  Raises RematError (exit status 2) for anything else."""
+    from remat_dsl.solve.registry import NAMES, is_outside_spec, outside_solver, unknown_solver
 
+    if text in NAMES:
+        return text
+    if is_outside_spec(text):
+        return outside_solver(text)
+    raise unknown_solver(text)
+
+
+class HelpSolver(argparse.Action):
+    """`--help-solver [NAME]`: print the solver's settings (its Config: each field, its
+    default and meaning) and exit; the solver is NAME, else the `--solver` given before."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from remat_dsl.solve.api import config_help
+        from remat_dsl.solve.registry import NAMES, solver_class
+
+        try:
+            solver = solver_choice(values or namespace.solver)
+        except RematError as error:
+            parser.exit(2, error.format() + "\n")
+        if solver == "auto":
+            text = ("solver auto: picks a registered solver by the graph (docs/solvers.md); its settings are that "
+                    f"solver's: pass --solver NAME --help-solver, NAME one of {', '.join(NAMES[1:])}\n")  # fmt: skip
+        else:
+            text = config_help(solver if isinstance(solver, type) else solver_class(solver))
+        sys.stdout.write(text)  # help, as --help prints it: on stdout
+        parser.exit(0)
+
+
+def register(subparsers) -> None:
     plan = subparsers.add_parser("plan", help="capture and profile a model, solve, print the plan on stdout")
     plan.add_argument("model", help="model file, optionally path.py:factory")
     plan.add_argument(
@@ -81,10 +115,19 @@ def register(subparsers) -> None:
     plan.add_argument(
         "--solver",
         default="auto",
-        choices=NAMES,
+        metavar="NAME|FILE.py:CLASS|MODULE:CLASS",
         help="auto (default: picks checkmate, rockmate or hiremate by graph structure and size, offmate when "
         "--bandwidth or a --device with a host link is given), offmate, rockmate, hiremate, checkmate, rotor, "
-        "twremat (any graph size, no ILP), checkpoint-sqrt or autograd",
+        "twremat (any graph size, no ILP), moccasin, checkpoint-sqrt or autograd; or an outside solver, a subclass of "
+        "remat_dsl.solve.api.Solver: path/to/file.py:Class or package.module:Class (docs/solvers.md)",
+    )
+    plan.add_argument(
+        "--help-solver",
+        nargs="?",
+        metavar="NAME",
+        action=HelpSolver,
+        help="print the settings of the --solver given before it (or of NAME): each field of its Config, its default "
+        "and meaning; then exit",
     )
     plan.add_argument(
         "--device",
@@ -198,6 +241,7 @@ class PlanRequest:
     device_model: DeviceModel | None = None
     host_link: bool = False
     host_budget: int | None = None
+    solver: object = "auto"  # a registry name, `auto`, or an outside solver's class
 
 
 def _quantity(parse, text: str, what: str, **options):
@@ -232,6 +276,7 @@ def read_request(args) -> PlanRequest:
     from remat_dsl.plan.units import parse_bandwidth, parse_percent, parse_size, refuse_bare_number
     from remat_dsl.solve.lowering import DEFAULT_BANDWIDTH
 
+    solver = solver_choice(args.solver)
     for text, what in ((args.budget, "budget"), (args.host_budget, "host budget"), (args.bandwidth, "bandwidth")):
         if text is not None:  # a number without its unit: 50 is rarely meant as 50 bytes
             _quantity(refuse_bare_number, text, what, percent=what == "budget", per_second=what == "bandwidth")
@@ -281,7 +326,7 @@ def read_request(args) -> PlanRequest:
     if text is None:
         if args.solver == "autograd":
             return PlanRequest(
-                None, False, bandwidth, constraints, profile, output, device_model, host_link, host_budget
+                None, False, bandwidth, constraints, profile, output, device_model, host_link, host_budget, solver
             )
         raise RematError(
             "error: no budget given", hint="pass --budget (2GiB, 50%), or a `budget SIZE` constraint, or --from PLAN"
@@ -293,7 +338,7 @@ def read_request(args) -> PlanRequest:
             f"error: the budget must be more than 0, got '{text}'", hint="pass e.g. --budget 50% or --budget 2GiB"
         )
     return PlanRequest(
-        budget, percent is not None, bandwidth, constraints, profile, output, device_model, host_link, host_budget
+        budget, percent is not None, bandwidth, constraints, profile, output, device_model, host_link, host_budget, solver
     )
 
 
@@ -314,7 +359,7 @@ def run(args) -> int:
     if eager:  # NOTE: [Eager agreement] in remat_dsl/capture/agreement.py; also above the plan's header
         status(" ".join(eager).replace("  ", " "))
     plan = solve_captured(
-        graph, request.budget, args.solver, percent=request.budget_is_percent, model=model_file.spec, device=device,
+        graph, request.budget, request.solver, percent=request.budget_is_percent, model=model_file.spec, device=device,
         costs=costs, eager=eager, constraints=request.constraints, strict=args.strict, report=status,
         bandwidth=request.bandwidth, time_limit=args.time_limit, host_link=request.host_link,
         host_budget=request.host_budget, cache=_cache(args), jobs=args.jobs or workers.usable_cores(),

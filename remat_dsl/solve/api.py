@@ -27,6 +27,11 @@ and, with defaults in `Solver`:
                             driver then first tries the store-all order (no recompute, so
                             no plan is faster) and, when it fits, records it with
                             `info.status`
+    Config                  a frozen dataclass of its tuning constants, each field with a
+                            default and a one-line `help` in its metadata (`setting`);
+                            `__init__(problem, config=None)` keeps `config or Config()` as
+                            `self.config`; `remat plan --solver NAME --help-solver` prints
+                            them (`config_help`).  None by default.
 
 A new solver is one module with such a class and one line in remat_dsl.solve.registry.
 Solvers are exchangeable and never return None: infeasibility is a BudgetError that
@@ -38,7 +43,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Callable, ClassVar, Iterable
 
 from remat_dsl.plan import ir
@@ -148,13 +153,27 @@ class BudgetError(RematError):
         )
 
 
+def setting(default, help: str):
+    """A field of a solver's Config: its default and what it means, in one line (what
+    `remat plan --help-solver` prints)."""
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class NoSettings:
+    """A solver without tuning constants."""
+
+
 class Solver:
     """The solver contract (the module docstring): every solver subclasses it, so that the
     driver reads each member directly; the optional members have their defaults here.
 
     Subclasses set `name` and `info` (a SolverInfo, a class attribute, an attribute set in
-    `__init__(problem)` or a property) and define `solve(target)` and `floor()`."""
+    `__init__(problem)` or a property) and define `solve(target)` and `floor()`; one with
+    tuning constants defines a frozen dataclass `Config` of them (`setting` fields) and
+    keeps its instance as `self.config`."""
 
+    Config: ClassVar[type] = NoSettings
     name: str
     auto_rank: ClassVar[int | None] = None  # the order in which `auto` asks; None: never
     optimizes: ClassVar[bool] = False  # minimizes time: the driver tries store-all first
@@ -211,6 +230,16 @@ def fallbacks(solver: Solver):
 def floor_targets(solver: Solver) -> list[int]:
     """`solver.floor_targets()`, or its floor when that gives none."""
     return solver.floor_targets() or [solver.floor()]
+
+
+def config_help(cls: type[Solver]) -> str:
+    """The lines `remat plan --solver NAME --help-solver` prints: the solver's name, then
+    each field of its Config with its default and meaning (`slots = 500  memory slots ...`)."""
+    rows = [(f.name, repr(f.default), f.metadata.get("help", "")) for f in fields(cls.Config)]
+    lines = [f"solver {cls.name}: {(cls.Config.__doc__ or '').strip().splitlines()[0]}"]
+    width = max((len(f"{name} = {default}") for name, default, _ in rows), default=0)
+    lines += [f"  {f'{name} = {default}':<{width}}  {meaning}".rstrip() for name, default, meaning in rows]
+    return "\n".join(lines) + "\n"
 
 
 def header_name(solver) -> str:

@@ -74,10 +74,10 @@ from remat_dsl.plan.constraints import check_conflicts, constraint_lines
 from remat_dsl.plan.errors import RematError
 from remat_dsl.plan.inplace import inplace_candidates
 from remat_dsl.plan.units import format_bytes
-from remat_dsl.solve.api import BudgetError, Problem, SolverInfo, Status, fallbacks, floor_targets, header_name
+from remat_dsl.solve.api import BudgetError, Problem, Solver, SolverInfo, SolverResult, Status, fallbacks, floor_targets, header_name
 from remat_dsl.solve.lowering import DEFAULT_BANDWIDTH, autograd_order, lowered_plan
 from remat_dsl.solve.polish import move_up, polish, repair
-from remat_dsl.solve.registry import NAMES, solver_class
+from remat_dsl.solve.registry import NAMES, solver_class, unknown_solver
 
 MAX_ROUNDS = 8
 RAISE_ROUNDS = 3  # targets raised by the room a fitting plan leaves (NOTE: [Budget correction])
@@ -108,29 +108,47 @@ class Planner:
         check_conflicts(graph, constraints)
         self.problem = Problem(graph, device, tuple(constraints), time_limit, report, bandwidth, host_link, host_budget, cache, jobs)
         self.model, self.bandwidth = model, bandwidth
-        self._solvers: dict[str, object] = {}
+        self._solvers: dict[str | type[Solver], Solver] = {}
         self._fallbacks: dict[object, list] = {}
         self._tried: dict[object, dict[int, int]] = {}  # solver -> {target: simulated peak}
 
     # --- solvers ------------------------------------------------------------
 
-    def chosen(self, name: str) -> str:
-        """`name`, or for `auto` the solver it picks (remat_dsl.solve.auto)."""
+    def chosen(self, name: str | type[Solver]) -> str | type[Solver]:
+        """`name` (a registry name), or for `auto` the solver it picks
+        (remat_dsl.solve.auto); an outside solver's class as it is (NOTE: [Outside
+        solvers] in remat_dsl.solve.registry: a string is never imported here).  Raises
+        RematError for an unknown name or a class that does not subclass Solver."""
+        if isinstance(name, type):
+            if not issubclass(name, Solver):
+                raise RematError(f"error: solver {name.__name__} is not a subclass of remat_dsl.solve.api.Solver")
+            return name
         if name not in NAMES:
-            raise RematError(f"error: unknown solver '{name}'", hint=f"choose one of: {', '.join(NAMES)}")
+            raise unknown_solver(name)
         if name != "auto":
             return name
         from remat_dsl.solve.auto import choose
 
         return choose(self.problem)
 
-    def solver(self, name: str):
-        """The solver registered as `name` (not `auto`), built once for this graph."""
+    @staticmethod
+    def _class(name: str | type[Solver]) -> type[Solver]:
+        """The class of a chosen solver: registered by `name`, or the class itself."""
+        return name if isinstance(name, type) else solver_class(name)
+
+    @staticmethod
+    def _label(name: str | type[Solver]) -> str:
+        """What messages call the solver: its registry name, or an outside class's `name`."""
+        return name.name if isinstance(name, type) else name
+
+    def solver(self, name: str | type[Solver]) -> Solver:
+        """The solver registered as `name` (not `auto`), or of the outside class `name`,
+        built once for this graph."""
         if name not in self._solvers:
-            self._solvers[name] = solver_class(name)(self.problem)
+            self._solvers[name] = self._class(name)(self.problem)
         return self._solvers[name]
 
-    def _candidates(self, solver):
+    def _candidates(self, solver: Solver):
         """The solver, then its fallbacks (built when first reached, kept)."""
         yield solver
         if solver not in self._fallbacks:
@@ -160,14 +178,14 @@ class Planner:
         """`peak_lower_bound` of the graph: (bytes, why)."""
         return peak_lower_bound(self.problem.graph)
 
-    def plan(self, budget: int, solver: str = "auto") -> ir.Plan:
+    def plan(self, budget: int, solver: str | type[Solver] = "auto") -> ir.Plan:
         """A plan whose simulated peak is at most `budget` bytes, by `solver` (a registry
-        name or `auto`).  Its header records the solver and its settings, the status, the
+        name, `auto`, or an outside Solver subclass).  Its header records the solver and its settings, the status, the
         MIP gap and the seconds spent.  Raises BudgetError with the smallest feasible
         budget, or RematError naming the constraint lines when they are what cannot hold."""
         start = time.perf_counter()
         name = self.chosen(solver)
-        if name not in self._solvers and solver_class(name).optimizes:
+        if name not in self._solvers and self._class(name).optimizes:
             plan = self._store_all_if_it_fits(name, budget)
             if plan is not None:  # no plan is faster: the solver's ILPs need not be built
                 label = f"auto: {plan.header.solver}" if solver == "auto" else plan.header.solver
@@ -181,23 +199,23 @@ class Planner:
             if budget < gradients:  # no schedule of any solver: the step ends holding them all
                 reason = f"the parameter gradients alone take {format_bytes(gradients)}, and the budget counts them"
             error = BudgetError(error.budget, smallest, error.solver, reason, self.peak_lower_bound)
-            raise self._constraints_error(error, budget, solver) from None
+            raise self._constraints_error(error, budget, self._label(solver)) from None
         label = f"auto: {plan.header.solver}" if solver == "auto" else plan.header.solver
         header = replace(plan.header, solver=label, gap=info.gap, solve_seconds=time.perf_counter() - start)
         return replace(plan, header=header)
 
-    def _store_all_if_it_fits(self, name: str, budget: int) -> ir.Plan | None:
+    def _store_all_if_it_fits(self, name: str | type[Solver], budget: int) -> ir.Plan | None:
         """The store-all plan, labelled `NAME (store-all fits: no solve)`, when it fits
         `budget` (bytes): a solver that minimizes time would return it (NOTE: [Budget
         correction]), after building every block's ILPs for nothing (DenseNet-121: 2 min)."""
-        plan = self._lowered(autograd_order(self.problem.graph), f"{name} (store-all fits: no solve)", Status.OPTIMAL, budget)
+        plan = self._lowered(self._store_all(), f"{self._label(name)} (store-all fits: no solve)", Status.OPTIMAL, budget)
         if plan.header.peak_bytes > budget:
             return None
         if self.problem.report:
             self.problem.report(f"the store-all plan fits the budget ({format_bytes(plan.header.peak_bytes)}): no solve")
         return plan
 
-    def smallest_budget(self, solver: str = "rotor") -> int:
+    def smallest_budget(self, solver: str | type[Solver] = "rotor") -> int:
         """The least simulated peak (bytes) of the solver's plans near its floor (and its
         fallbacks'): `plan` succeeds at any budget at or above it."""
         name = self.chosen(solver)
@@ -207,19 +225,19 @@ class Planner:
         self._remember_smallest(name, smallest)
         return smallest
 
-    def _or_store_all(self, name: str, smallest: int) -> int:
+    def _or_store_all(self, name: str | type[Solver], smallest: int) -> int:
         """`smallest` (bytes), or the store-all plan's peak where that is lower and solver
         `name` minimizes time: `plan` returns the store-all plan at any budget it fits (NOTE:
         [Budget correction]), which a solver's own floor may not show (a small model whose
         parameter gradients dominate its peak)."""
-        if not solver_class(name).optimizes:
+        if not self._class(name).optimizes:
             return smallest
-        store_all = self._lowered(autograd_order(self.problem.graph), name, Status.OPTIMAL, smallest)
+        store_all = self._lowered(self._store_all(), self._label(name), Status.OPTIMAL, smallest)
         return min(smallest, store_all.header.peak_bytes)
 
     # --- budgets no plan reaches (NOTE: [Budgets below the bound]) ----------
 
-    def refuse_below_bound(self, budget: int, solver: str = "auto") -> None:
+    def refuse_below_bound(self, budget: int, solver: str | type[Solver] = "auto") -> None:
         """Raise RematError, before any solve, when `budget` (bytes) is below
         `peak_lower_bound`: no plan of any solver fits it.  The message names the bound and
         why, the parameter gradients' bytes, and the smallest budget `solver` reaches when
@@ -236,26 +254,28 @@ class Planner:
         if smallest is None:
             hint = f"plan with --budget {bound}B or more; a budget the solver cannot reach is refused with the smallest one"
             raise RematError(message, hint=hint)
-        known = f"solver {name}'s smallest feasible budget is {format_bytes(smallest)} (found by an earlier run, in the cache)"
+        known = f"solver {self._label(name)}'s smallest feasible budget is {format_bytes(smallest)} (found by an earlier run, in the cache)"
         raise RematError(f"{message}; {known}", hint=f"plan with --budget {smallest}B or more")
 
-    def known_smallest(self, solver: str) -> int | None:
+    def known_smallest(self, solver: str | type[Solver]) -> int | None:
         """The smallest feasible budget (bytes) of `solver` (a registry name, not `auto`)
         that an earlier refusal stored in the cache, or None.  A stored value below
-        `peak_lower_bound` is no budget a solver found and is ignored."""
+        `peak_lower_bound` is no budget a solver found and is ignored.  An outside solver's
+        is never stored: the cache cannot tell when its code changes."""
         cache = self.problem.cache
-        if cache is None or not cache.enabled:
+        if cache is None or not cache.enabled or isinstance(solver, type):
             return None
         value = cache.get(SMALLEST_KIND, self._smallest_key(solver))
         if not isinstance(value, int) or isinstance(value, bool) or not self.peak_lower_bound[0] <= value < 1 << 62:
             return None
         return value
 
-    def _remember_smallest(self, solver: str, smallest: int) -> None:
+    def _remember_smallest(self, solver: str | type[Solver], smallest: int) -> None:
         """Store `solver`'s smallest feasible budget (bytes) in the cache; not under a time
-        limit, where what a MILP finds depends on the machine's load."""
+        limit, where what a MILP finds depends on the machine's load, nor for an outside
+        solver (`known_smallest`)."""
         cache = self.problem.cache
-        if cache is None or not cache.enabled or self.problem.time_limit is not None:
+        if cache is None or not cache.enabled or self.problem.time_limit is not None or isinstance(solver, type):
             return
         cache.put(SMALLEST_KIND, self._smallest_key(solver), int(smallest))
 
@@ -268,7 +288,7 @@ class Planner:
         graph = digest.graph_hash(digest.items(p.graph, costs=True))
         return p.cache.key(SMALLEST_KIND, graph, p.device, solver, constraints, p.bandwidth, p.host_link, p.host_budget)
 
-    def _first_fitting(self, solver, budget: int) -> tuple[ir.Plan, SolverInfo]:
+    def _first_fitting(self, solver: Solver, budget: int) -> tuple[ir.Plan, SolverInfo]:
         """The plan of the first candidate that fits, polished, or a near miss of it or of
         the candidates before it repaired, whichever is fastest (NOTE: [Polish and
         repair]), and how its solves went."""
@@ -304,28 +324,46 @@ class Planner:
         best = min(range(len(options)), key=lambda i: options[i].header.time_us)
         return options[best], best > 0
 
-    def _lowered(self, result, solver, status: Status, budget: int) -> ir.Plan:
-        """The plan of a SolverResult (or of a bare order, without decisions); `solver`: a
-        solver, or the header's solver text itself."""
-        order, decisions, transfers = (result.order, result.decisions, result.transfers) if hasattr(result, "order") else (result, (), ())
+    @staticmethod
+    def _solve(solver: Solver, target: int) -> SolverResult:
+        """`solver.solve(target)`, held to the contract: a SolverResult or BudgetError.
+        Raises RematError naming the solver when it returns anything else (a plug-in's
+        bare list of op names)."""
+        result = solver.solve(target)
+        if not isinstance(result, SolverResult):
+            raise RematError(
+                f"error: solver {solver.name} returned a {type(result).__name__}, not a SolverResult",
+                hint="return remat_dsl.solve.api.SolverResult(order, SolverInfo(status)) from solve(target): "
+                "docs/solvers.md",
+            )
+        return result
+
+    def _lowered(self, result: SolverResult, solver: str, status: Status, budget: int) -> ir.Plan:
+        """The plan of `result` (its order, decisions and transfers) lowered and simulated
+        for `budget` bytes; `solver`: the header's solver text (`api.header_name`), `status`
+        the header's status."""
         p = self.problem
         plan = lowered_plan(
-            p.graph, order, constraints=p.constraints, model=self.model, device=p.device, budget=budget,
-            solver=solver if isinstance(solver, str) else header_name(solver), status=Status(status).value, bandwidth=self.bandwidth,
-            decisions=decisions, transfers=transfers,
+            p.graph, result.order, constraints=p.constraints, model=self.model, device=p.device, budget=budget,
+            solver=solver, status=Status(status).value, bandwidth=self.bandwidth,
+            decisions=result.decisions, transfers=result.transfers,
         )  # fmt: skip
         return move_up(plan)  # NOTE: [Backward ops moved up] in remat_dsl.solve.polish
 
-    def _fit(self, solver, budget: int, near: list[ir.Plan] | None = None) -> tuple[ir.Plan, SolverInfo]:
+    def _store_all(self) -> SolverResult:
+        """The autograd order (no recompute) as a result: the store-all plan."""
+        return SolverResult(autograd_order(self.problem.graph), SolverInfo(Status.OPTIMAL))
+
+    def _fit(self, solver: Solver, budget: int, near: list[ir.Plan] | None = None) -> tuple[ir.Plan, SolverInfo]:
         """NOTE: [Budget correction] for one solver: its plan and how its solves went;
         the plans it made above the budget are appended to `near`.  Raises BudgetError."""
         if solver.optimizes:
-            store_all = self._lowered(autograd_order(self.problem.graph), solver, Status.OPTIMAL, budget)
+            store_all = self._lowered(self._store_all(), header_name(solver), Status.OPTIMAL, budget)
             if store_all.header.peak_bytes <= budget:  # no recompute: optimal, whatever the solver's MILPs said
                 return store_all, SolverInfo(Status.OPTIMAL, None, solver.info.seconds)
         return self._fit_order(solver, budget, [] if near is None else near)
 
-    def _fit_order(self, solver, budget: int, near: list[ir.Plan]) -> tuple[ir.Plan, SolverInfo]:
+    def _fit_order(self, solver: Solver, budget: int, near: list[ir.Plan]) -> tuple[ir.Plan, SolverInfo]:
         """The solver's plan that fits `budget`, its target corrected, and how the solve
         that made it went (its own gap: a solver that keeps its solves, such as
         moccasin in a budget sweep, reports in `info` the largest gap of them all, which
@@ -335,16 +373,16 @@ class Planner:
         target, corrected, at_floor = budget, False, False
         for _ in range(MAX_ROUNDS):
             try:
-                result = solver.solve(target)
+                result = self._solve(solver, target)
             except BudgetError:
                 if at_floor:
                     break
                 target, at_floor = solver.floor(), True
                 try:
-                    result = solver.solve(target)
+                    result = self._solve(solver, target)
                 except BudgetError:
                     break
-            plan = self._lowered(result, solver, Status.FEASIBLE if corrected else result.info.status, budget)
+            plan = self._lowered(result, header_name(solver), Status.FEASIBLE if corrected else result.info.status, budget)
             tried[target] = plan.header.peak_bytes
             excess = plan.header.peak_bytes - budget
             if excess <= 0:
@@ -358,8 +396,8 @@ class Planner:
             target, corrected = max(0, target - max(excess, budget // 50)), True
         fitting = [t for t, peak in tried.items() if peak <= budget]
         if fitting:
-            result = solver.solve(max(fitting))
-            return self._lowered(result, solver, Status.FEASIBLE, budget), self._solve_info(result, solver)
+            result = self._solve(solver, max(fitting))
+            return self._lowered(result, header_name(solver), Status.FEASIBLE, budget), self._solve_info(result, solver)
         plans = self._floor_plans(solver, budget)
         near += [p for p in plans if p.header.peak_bytes > budget]
         best = min(plans, key=lambda p: p.header.peak_bytes)
@@ -367,7 +405,9 @@ class Planner:
             raise BudgetError(budget, best.header.peak_bytes, solver.name)
         return best, solver.info
 
-    def _raised(self, solver, budget: int, target: int, plan: ir.Plan, result, near: list[ir.Plan]) -> tuple[ir.Plan, SolverInfo]:
+    def _raised(
+        self, solver: Solver, budget: int, target: int, plan: ir.Plan, result: SolverResult, near: list[ir.Plan]
+    ) -> tuple[ir.Plan, SolverInfo]:
         """`plan` (made at `target`, fitting `budget`), or a faster one made at a target
         raised by the room it leaves, while one fits (NOTE: [Budget correction]); the
         first that does not fit goes to `near`."""
@@ -388,28 +428,28 @@ class Planner:
                 best = plan, self._solve_info(result, solver)
         return best
 
-    def _plan_at(self, solver, target: int, budget: int):
+    def _plan_at(self, solver: Solver, target: int, budget: int):
         """(the solver's plan at `target` bytes, lowered and simulated, its SolverResult), the
         plan's peak recorded among the targets tried; None when the solver refuses it."""
         try:
-            result = solver.solve(target)
+            result = self._solve(solver, target)
         except BudgetError:
             return None
-        plan = self._lowered(result, solver, Status.FEASIBLE, budget)
+        plan = self._lowered(result, header_name(solver), Status.FEASIBLE, budget)
         self._tried.setdefault(solver, {})[target] = plan.header.peak_bytes
         return plan, result
 
     @staticmethod
-    def _solve_info(result, solver) -> SolverInfo:
+    def _solve_info(result: SolverResult, solver: Solver) -> SolverInfo:
         """The status and gap of the solve that gave `result`, with the solver's seconds
         so far."""
         return replace(result.info, seconds=solver.info.seconds)
 
-    def _floor_plans(self, solver, budget: int = 0) -> list[ir.Plan]:
+    def _floor_plans(self, solver: Solver, budget: int = 0) -> list[ir.Plan]:
         """The plans at the solver's floor targets (`api.floor_targets`), each simulated."""
         plans = [made[0] for made in (self._plan_at(solver, target, budget) for target in floor_targets(solver)) if made]
         if not plans:
-            plans.append(self._lowered(autograd_order(self.problem.graph), solver, Status.FEASIBLE, budget))
+            plans.append(self._lowered(self._store_all(), header_name(solver), Status.FEASIBLE, budget))
         return plans
 
     def _constraints_error(self, error: BudgetError, budget: int, solver: str) -> RematError:

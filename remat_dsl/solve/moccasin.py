@@ -86,7 +86,7 @@ hint (below Rockmate's smallest budget) CP-SAT searches from nothing.
 NOTE: [Stage bound]
 Each solve first runs the stage relaxation (remat_dsl.solve.stage_relaxation,
 NOTE: [Stage relaxation]): a MILP over stage boundaries, solved by HiGHS within
-STAGE_SHARE of the time limit, whose optimum bounds the model's from below and whose
+`config.stage_share` of the time limit, whose optimum bounds the model's from below and whose
 solution, once it fits the capacity, is a schedule of the model.  Its schedule joins the
 hints; where the best hint is within GAP_OPTIMAL of its bound the solve ends there,
 proven, without CP-SAT; else CP-SAT has the rest of the time, with the objective held at
@@ -98,17 +98,17 @@ solve all of its time, to measure how far plans are from the optimum
 (bench/optimality.py --bound-time).  Measurements: docs/measured-notes.md.
 
 NOTE: [Honest CP status]
-CP-SAT runs with NUM_WORKERS workers and a fixed RANDOM_SEED, so a solve that ends by
+CP-SAT runs with `config.num_workers` workers and a fixed `config.random_seed`, so a solve that ends by
 proof is deterministic; one stopped by its time limit (problem.time_limit, else
-TIME_LIMIT seconds) depends on the machine's speed and load.  The plan header says
+`config.time_limit` seconds) depends on the machine's speed and load.  The plan header says
 `optimal` only when CP-SAT proved the optimum, else `feasible` with the gap
 (objective - best bound) / objective from CP-SAT's own bound.
 
 NOTE: [Deadline]
-The time limit (problem.time_limit, else TIME_LIMIT seconds) bounds the whole solve of a
-target: building and solving the stage relaxation (at most STAGE_SHARE of the limit),
+The time limit (problem.time_limit, else `config.time_limit` seconds) bounds the whole solve of a
+target: building and solving the stage relaxation (at most `config.stage_share` of the limit),
 the hints (Rockmate's plans), building the CP model, and CP-SAT, which gets what is left
-(nothing when under a second is left).  TIME_LIMIT is 570 s so that a command like
+(nothing when under a second is left).  The time limit is 570 s so that a command like
 `remat plan examples/gpt2.py --budget 50% --solver moccasin` (capture and profiling take
 seconds) ends within 10 minutes.  The first Rockmate plan of a target (its first hint) is
 not cut: it is what makes a result when CP-SAT finds nothing.  Later hint rounds do not
@@ -116,7 +116,7 @@ start past the deadline, and the CP model is not built with under a second left,
 CP-SAT would not run.  So a solve ends within the limit, or within the relaxation's share
 and one Rockmate plan, plus what began before the deadline (the CP model's build, the
 lowering, the polish).  At limits of a few seconds CP-SAT gets little or no time, and
-the plan is the hint's or the relaxation's.  STAGE_SHARE is kept at half: other shares
+the plan is the hint's or the relaxation's.  The stage share is kept at half: other shares
 changed the gap by less than two profiles differ by (docs/measured-notes.md).
 """
 
@@ -125,6 +125,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+from dataclasses import dataclass
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
@@ -135,18 +136,24 @@ from remat_dsl.check.replay import rng_state_bytes
 from remat_dsl.plan.ir import op_predecessors, op_uses, pinned_tensors
 from remat_dsl.plan.liveness import live_intervals
 from remat_dsl.plan.units import format_bytes
-from remat_dsl.solve.api import BudgetError, Decision, Problem, Solver, SolverInfo, SolverResult, Status, refuse_above
+from remat_dsl.solve.api import BudgetError, Decision, Problem, Solver, SolverInfo, SolverResult, Status, refuse_above, setting
 
 if TYPE_CHECKING:
     from remat_dsl.solve.stage_relaxation import MomentRelaxation, StageRelaxation
 
-NUM_WORKERS = 1  # CP-SAT workers: one, so that a proven solve is deterministic
-RANDOM_SEED = 0
-TIME_LIMIT = 570.0  # seconds per solve (relaxation, hints, CP-SAT) when the problem gives none (NOTE: [Deadline])
 GAP_OPTIMAL = 1e-4  # a relative gap at most this is reported as optimal (as the MILPs do)
 PARAMETERS: dict[str, object] = {}  # further CP-SAT parameters, for measuring (none kept: NOTE: [Size limit])
-HINT_ROUNDS = 6  # Rockmate targets tried for a hint that fits (NOTE: [Hints])
-STAGE_SHARE = 0.5  # of a solve's time limit, at most, for the relaxation (NOTE: [Stage bound]); CP-SAT has the rest
+
+
+@dataclass(frozen=True)
+class MoccasinConfig:
+    """CP-SAT's settings, the time limit and the share of it each stage takes."""
+
+    num_workers: int = setting(1, "CP-SAT workers: one, so that a proven solve is deterministic")
+    random_seed: int = setting(0, "CP-SAT's random seed")
+    time_limit: float = setting(570.0, "seconds per solve (relaxation, hints, CP-SAT) when --time-limit gives none (NOTE: [Deadline])")
+    hint_rounds: int = setting(6, "Rockmate targets tried for a hint that fits (NOTE: [Hints])")
+    stage_share: float = setting(0.5, "share of a solve's time limit, at most, for the relaxation (NOTE: [Stage bound])")
 
 
 def _gap(value: float, bound: float) -> float:
@@ -177,8 +184,10 @@ class Moccasin(Solver):
     optimizes = True
     MAX_OPS = 310  # measured: NOTE: [Size limit]
     intervals = 2
+    Config = MoccasinConfig
 
-    def __init__(self, problem: Problem):
+    def __init__(self, problem: Problem, config: MoccasinConfig | None = None):
+        self.config = config or MoccasinConfig()
         graph = problem.graph
         refuse_above(
             graph, self.MAX_OPS, self.name, "one constraint program",
@@ -444,12 +453,12 @@ class Moccasin(Solver):
 
     def _run(self, model, cp_model, time_limit: float | None = None, bound: int | None = None):
         """Solve `model` with CP-SAT within `time_limit` seconds (default: the problem's,
-        else TIME_LIMIT).  Returns (solver, (status, gap) or None); the gap is over the
+        else `config.time_limit`).  Returns (solver, (status, gap) or None); the gap is over the
         better of CP-SAT's bound and `bound` (microseconds, NOTE: [Stage bound])."""
         solver = cp_model.CpSolver()
-        solver.parameters.num_workers = NUM_WORKERS
-        solver.parameters.random_seed = RANDOM_SEED
-        solver.parameters.max_time_in_seconds = max(1.0, time_limit or float(self.problem.time_limit or TIME_LIMIT))
+        solver.parameters.num_workers = self.config.num_workers
+        solver.parameters.random_seed = self.config.random_seed
+        solver.parameters.max_time_in_seconds = max(1.0, time_limit or float(self.problem.time_limit or self.config.time_limit))
         for key, value in PARAMETERS.items():
             setattr(solver.parameters, key, value)
         start = time.perf_counter()
@@ -563,11 +572,11 @@ class Moccasin(Solver):
     def _rockmate_schedules(self, capacity: int, deadline: float | None = None) -> None:
         """The driver's Rockmate plans (its fallbacks and budget correction included) at
         budget `capacity` + offset, then lowered by the mapped schedule's excess in the
-        model until one fits (at most HINT_ROUNDS plans, and none after the first once
+        model until one fits (at most `config.hint_rounds` plans, and none after the first once
         time.perf_counter() passes `deadline`), kept as schedules."""
         self._rockmate_capacities.add(capacity)
         budget = capacity + self.offset
-        for attempt in range(HINT_ROUNDS):
+        for attempt in range(self.config.hint_rounds):
             if attempt and deadline is not None and time.perf_counter() >= deadline:
                 return  # NOTE: [Deadline]
             try:
@@ -665,12 +674,12 @@ class Moccasin(Solver):
         if self._floor_proven and target < self.floor():
             self._solved[target] = None
             return None
-        limit = float(self.problem.time_limit or TIME_LIMIT)
+        limit = float(self.problem.time_limit or self.config.time_limit)
         deadline = time.perf_counter() + limit  # NOTE: [Deadline]
         capacity = max(target - self.offset, 0) // self._unit()
         relaxation = self._stage_relaxation()
         first = len(relaxation.results)
-        stage = relaxation.solve(capacity * self._unit(), limit * STAGE_SHARE)  # NOTE: [Stage bound]
+        stage = relaxation.solve(capacity * self._unit(), limit * self.config.stage_share)  # NOTE: [Stage bound]
         stage_seconds = sum(r.seconds for r in relaxation.results[first:])
         self.seconds += stage_seconds
         if stage.infeasible:
@@ -723,7 +732,7 @@ class Moccasin(Solver):
         when HiGHS proved no bound in time or no schedule fits `target` (remat_dsl.solve.api.BudgetError names the
         smallest budget then).  For measuring how far plans are from the optimum
         (bench/optimality.py --bound-time): a solve (`solve`) gives the relaxation at
-        most STAGE_SHARE of its time, split between rounds, and CP-SAT the rest."""
+        most `config.stage_share` of its time, split between rounds, and CP-SAT the rest."""
         relaxation = self._stage_relaxation()
         first = len(relaxation.results)
         bound = relaxation.first_bound(max(target - self.offset, 0) // self._unit() * self._unit(), time_limit)

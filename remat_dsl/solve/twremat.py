@@ -47,11 +47,17 @@ from remat_dsl.plan import ir
 from remat_dsl.plan.ir import op_predecessors, op_uses, pinned_tensors
 from remat_dsl.plan.liveness import estimated_peak
 from remat_dsl.plan.units import format_bytes
-from remat_dsl.solve.api import BudgetError, Decision, Problem, Solver, SolverInfo, SolverResult, Status
+from remat_dsl.solve.api import BudgetError, Decision, Problem, Solver, SolverInfo, SolverResult, Status, setting
 
-MAX_LENGTH_FACTOR = (
-    16  # a schedule longer than this many times the graph's ops is not tried (Theorem 5's length grows as n^log(k+2))
-)
+
+
+@dataclass(frozen=True)
+class TWRematConfig:
+    """TW-Remat's recursion limits."""
+
+    max_length_factor: int = setting(
+        16, "a schedule longer than this many times the graph's ops is not tried (Theorem 5: length grows as n^log(k+2))"
+    )
 
 
 @dataclass(frozen=True)
@@ -256,8 +262,10 @@ class TWRemat(Solver):
     name = "twremat"
     auto_rank = None
     optimizes = False
+    Config = TWRematConfig
 
-    def __init__(self, problem: Problem):
+    def __init__(self, problem: Problem, config: TWRematConfig | None = None):
+        self.config = config or TWRematConfig()
         self.problem = problem
         graph = problem.graph
         self.ops = graph.ops
@@ -281,7 +289,7 @@ class TWRemat(Solver):
     @functools.cached_property
     def candidates(self) -> list[_Candidate]:
         """One order per recursion limit k = B, B/2, ..., 1 (section 4.3) with its estimated
-        peak (`_estimated_peak`); a limit whose schedule is longer than MAX_LENGTH_FACTOR x
+        peak (`_estimated_peak`); a limit whose schedule is longer than `config.max_length_factor` x
         the ops is left out, and so are the smaller ones (their schedules are longer still)."""
         td = self.decomposition
         limits, k = [], len(td.bags)
@@ -319,9 +327,9 @@ class TWRemat(Solver):
 
     def order(self, leaf_bags: int) -> tuple[str, ...]:
         """The op order of TW-Remat(leaf_bags) (NOTE: [TW-Remat on an FB-graph]).  Raises
-        _TooLong past MAX_LENGTH_FACTOR x the graph's ops."""
+        _TooLong past `config.max_length_factor` x the graph's ops."""
         td = self.decomposition
-        schedule = _Schedule(self.preds, td, leaf_bags, MAX_LENGTH_FACTOR * len(self.ops))
+        schedule = _Schedule(self.preds, td, leaf_bags, self.config.max_length_factor * len(self.ops))
         ids = list(range(len(td.bags)))
         schedule.run(ids, dict(enumerate(td.bags)), set(self.backward))
         order = [op.name for op in self.ops if op.phase == ir.FORWARD]

@@ -80,7 +80,7 @@ def plan_model(
     budget: int | str | None = None,
     *,
     loss_fn: Callable[[Any], Any] | None = None,
-    solver: str = "auto",
+    solver: str | type = "auto",
     device: str | None = None,
     constraints: str | Path | None = None,
     autocast: Any = None,
@@ -94,7 +94,8 @@ def plan_model(
     model, inputs, loss_fn, autocast: as `model_of` takes them.
     budget: bytes (an int), a size with its unit ("2GiB", "800MB") or a percentage of the
     autograd peak ("50%"); None: the autograd peak, the store-all plan's memory.
-    solver: a name of `remat plan --solver` (auto, rockmate, hiremate, rotor, ...).
+    solver: a name of `remat plan --solver` (auto, rockmate, hiremate, rotor, ...), or a
+    subclass of remat_dsl.solve.api.Solver (an outside solver: docs/solvers.md).
     device: None measures every op on this machine; a device name (h100, a100, cpu) or a
     device-description TOML file predicts the costs for that device (docs/devices.md).
     constraints: a constraints file (keep/recompute/offload lines; docs/plan-language.md).
@@ -106,10 +107,14 @@ def plan_model(
     """
     from remat_dsl.capture.cost import load_device
     from remat_dsl.plan.constraints import read_constraints
-    from remat_dsl.solve.registry import NAMES
+    from remat_dsl.solve.api import Solver
+    from remat_dsl.solve.registry import NAMES, unknown_solver
 
-    if solver not in NAMES:  # before the capture; the driver says the same of a name it does not know
-        raise RematError(f"error: unknown solver '{solver}'", hint="pick one of " + ", ".join(NAMES))
+    # before the capture; the driver says the same of a name it does not know
+    if isinstance(solver, type) and not issubclass(solver, Solver):
+        raise RematError(f"error: solver {solver.__name__} is not a subclass of remat_dsl.solve.api.Solver")
+    if not isinstance(solver, type) and solver not in NAMES:
+        raise unknown_solver(solver)
     amount, percent = _budget(budget)
     model_file = model_of(model, inputs, loss_fn, autocast)
     device_model = load_device(device) if device is not None else None
@@ -161,7 +166,7 @@ def capture_model(
 def solve_captured(
     graph: ir.Graph,
     budget: float | None,
-    solver: str = "auto",
+    solver: str | type = "auto",
     *,
     percent: bool = False,
     model: str = "",
@@ -206,8 +211,9 @@ def solve_captured(
     planner.refuse_below_bound(budget, solver)  # NOTE: [Budgets below the bound] in remat_dsl/solve/driver.py
     if report:
         limit = planner_options.get("time_limit")
+        name = solver.name if isinstance(solver, type) else solver
         report(
-            f"solving with {solver} for a budget of {format_bytes(budget)}"
+            f"solving with {name} for a budget of {format_bytes(budget)}"
             + (f", time limit {limit:g} s" if limit is not None else "")
         )
     try:

@@ -19,6 +19,7 @@ import numpy as np
 
 from remat_dsl.solve.chain.model import Chain, ChainSchedule, InfeasibleBudget, simulate_chain, store_all_schedule
 from remat_dsl.solve.chain.rotor import (
+    ChainConfig,
     _exact_sizes,
     _min_peak,
     _opt_rec_p,
@@ -28,8 +29,6 @@ from remat_dsl.solve.chain.rotor import (
     first_fitting,
     in_slots,
 )
-
-DEFAULT_SLOTS = 500
 
 
 def _option_sizes(chain: Chain, budget: int, slots: int):
@@ -100,7 +99,7 @@ def _build(choice, option, sz: _Sizes, opts, top: int):
     return _opt_rec_p(choice, sz, top, all_step)
 
 
-def solve_rk_rotor(chain: Chain, budget: int, slots: int = DEFAULT_SLOTS) -> ChainSchedule:
+def solve_rk_rotor(chain: Chain, budget: int, slots: int = ChainConfig.slots) -> ChainSchedule:
     """The fastest persistent sequence over the blocks' options within `budget` bytes.
 
     Raises InfeasibleBudget (with the smallest budget that works at these slots) when no
@@ -116,7 +115,7 @@ def solve_rk_rotor(chain: Chain, budget: int, slots: int = DEFAULT_SLOTS) -> Cha
     return schedule
 
 
-def try_rk_rotor(chain: Chain, budget: int, slots: int = DEFAULT_SLOTS) -> ChainSchedule | None:
+def try_rk_rotor(chain: Chain, budget: int, slots: int = ChainConfig.slots) -> ChainSchedule | None:
     """`solve_rk_rotor` without the search for the smallest budget: None when nothing fits."""
     if budget <= 0:
         return None
@@ -130,7 +129,7 @@ def try_rk_rotor(chain: Chain, budget: int, slots: int = DEFAULT_SLOTS) -> Chain
     return ChainSchedule(ops, total, peak)
 
 
-def min_feasible_budget(chain: Chain, slots: int = DEFAULT_SLOTS) -> int:
+def min_feasible_budget(chain: Chain, slots: int = ChainConfig.slots) -> int:
     """Smallest budget (bytes) at which `try_rk_rotor` succeeds (`solve_rk_rotor` without
     its store-all shortcut), exactly: rotor's search (`rotor.first_fitting`) over the
     budgets between the undiscretized floor and the store-all peak, with rotor's min/max

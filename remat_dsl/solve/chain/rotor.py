@@ -47,7 +47,7 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from remat_dsl.solve.api import BudgetError, Problem, Solver, SolverInfo, SolverResult, Status
+from remat_dsl.solve.api import BudgetError, Problem, Solver, SolverInfo, SolverResult, Status, setting
 from remat_dsl.solve.chain.partition import chain_steps, partition
 
 from remat_dsl.solve.chain.model import (
@@ -60,7 +60,15 @@ from remat_dsl.solve.chain.model import (
     uncounted,
 )
 
-DEFAULT_SLOTS = 500
+
+
+@dataclass(frozen=True)
+class ChainConfig:
+    """The chain dynamic program's discretization (rotor, and RK-Rotor in rockmate, hiremate, offmate)."""
+
+    slots: int = setting(500, "memory slots of the DP's table: the budget is rounded down to a multiple of budget/slots")
+
+
 _SEARCH_FANOUT = 64  # budgets tried at once by min_feasible_budget
 
 
@@ -186,7 +194,7 @@ def min_persistent_peak(chain: Chain) -> int:
     return int(_min_peak(_exact_sizes(chain)))
 
 
-def min_feasible_budget(chain: Chain, slots: int = DEFAULT_SLOTS) -> int:
+def min_feasible_budget(chain: Chain, slots: int = ChainConfig.slots) -> int:
     """Smallest budget (bytes) for which `solve_rotor(chain, budget, slots)` succeeds.
 
     Exact, not estimated: a search over integer budgets between `min_persistent_peak` and
@@ -215,7 +223,7 @@ def first_fitting(lo: int, hi: int, fits) -> int:
     return hi
 
 
-def solve_rotor(chain: Chain, budget: int, slots: int = DEFAULT_SLOTS) -> ChainSchedule:
+def solve_rotor(chain: Chain, budget: int, slots: int = ChainConfig.slots) -> ChainSchedule:
     """The fastest persistent sequence whose peak is at most `budget` bytes.
 
     Algorithm 3 (table C_MP(s, t, m), Theorem 4.8, eqs. (6)-(7)) over memory discretized
@@ -344,14 +352,17 @@ class Rotor(Solver):
     """`--solver rotor`: Algorithms 3-4 over the chain of blocks cut at the graph's
     1-separators (remat_dsl.solve.chain.partition; Zhao et al., "Rockmate", ICML 2023,
     appendix A.4), with
-    DEFAULT_SLOTS memory slots.  Its chain budget is the driver's target."""
+    `config.slots` memory slots.  Its chain budget is the driver's target."""
+
+    Config = ChainConfig
 
     name = "rotor"
     auto_rank = None
     optimizes = True
     cheap_targets = True  # another target runs the DP only (NOTE: [Budget correction] in remat_dsl.solve.driver)
 
-    def __init__(self, problem: Problem):
+    def __init__(self, problem: Problem, config: ChainConfig | None = None):
+        self.config = config or ChainConfig()
         start = time.perf_counter()
         self.part = partition(problem.graph)
         self.seconds = time.perf_counter() - start
@@ -359,7 +370,7 @@ class Rotor(Solver):
 
     def describe(self) -> str:
         suffix = "" if self.counted else " gradients=uncounted"
-        return f"slots={DEFAULT_SLOTS} blocks={len(self.part.blocks)}{suffix}"
+        return f"slots={self.config.slots} blocks={len(self.part.blocks)}{suffix}"
 
     def paper_model(self) -> "Rotor":
         """The same blocks in the paper's chain model (NOTE: [Two chain models])."""
@@ -374,14 +385,14 @@ class Rotor(Solver):
 
     @functools.cached_property
     def _floor(self) -> int:
-        return min_feasible_budget(self.part.chain, DEFAULT_SLOTS)
+        return min_feasible_budget(self.part.chain, self.config.slots)
 
     def floor(self) -> int:
         return self._floor
 
     def solve(self, target: int) -> SolverResult:
         try:
-            schedule = solve_rotor(self.part.chain, target, DEFAULT_SLOTS)
+            schedule = solve_rotor(self.part.chain, target, self.config.slots)
         except InfeasibleBudget:
             raise BudgetError(target, self.floor(), self.name) from None
         order, decisions = chain_steps(self.part, schedule.ops)

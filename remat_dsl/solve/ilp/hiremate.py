@@ -15,7 +15,7 @@ Level 0 are operations.  Level 1 are Rockmate's blocks (remat_dsl.solve.chain.pa
 (remat_dsl.solve.ilp.rockmate, identical blocks once).  Above, H-Partition (Algorithm 7,
 remat_dsl.solve.ilp.hpartition) runs on the quotient DAG of blocks (an edge where a block reads a
 tensor another made; eq. 3.1 scores groups by the bytes crossing them) and gives a tree
-of convex groups of at most MAX_CHILDREN blocks; a convex set of blocks of this DAG is
+of convex groups of at most `max_children` blocks (HiremateConfig); a convex set of blocks of this DAG is
 an interval of the forward order, so each group's backward is its blocks' backwards in
 reverse order, as the FB-graph requires.  Every value that crosses children is an aNode
 of the parent's H-ILP, with its real liveness: skip tensors of encoder-decoders and
@@ -42,15 +42,23 @@ import networkx as nx
 
 from remat_dsl.plan import ir
 from remat_dsl.plan.ir import op_uses, pinned_tensors
-from remat_dsl.solve.api import Problem, Solver, SolverInfo, SolverResult, fallbacks, floor_targets
+from remat_dsl.solve.api import Problem, Solver, SolverInfo, SolverResult, fallbacks, floor_targets, setting
 from remat_dsl.solve.chain.partition import ChainPartition, is_small_chain, partition
+from remat_dsl.solve.chain.rotor import ChainConfig
 from remat_dsl.solve.ilp import milp
 from remat_dsl.solve.ilp.checkmate import op_hgraph
 from remat_dsl.solve.ilp.hilp import HILP, CNode, HGraph, Option, TargetSolver, Value, ops_of
 from remat_dsl.solve.ilp.hpartition import HCluster, h_partition
 from remat_dsl.solve.ilp.rockmate import Rockmate, RockmateChain, grid, pareto_schedules, per_ilp_limit, replay, rockmate_chain
 
-MAX_CHILDREN = 12  # children per cluster above the blocks (M^l = M^t of Algorithm 7)
+
+
+@dataclass(frozen=True)
+class HiremateConfig:
+    """HiRemate's hierarchy and the RK-Rotor of its chain root."""
+
+    max_children: int = setting(12, "children per cluster above the blocks (M^l = M^t of Algorithm 7)")
+    slots: int = setting(ChainConfig.slots, "memory slots of RK-Rotor's table when the root is a chain (as rockmate's)")
 
 
 @dataclass(frozen=True)
@@ -68,7 +76,8 @@ class Hierarchy:
     """HiRemate's clusters for one graph, solved bottom-up once: `top` is the root level's
     H-ILP graph and `model` its H-ILP, `results` every MILP solve made on the way."""
 
-    def __init__(self, graph: ir.Graph, part: ChainPartition, rc: RockmateChain, time_limit: float | None = None):
+    def __init__(self, graph: ir.Graph, part: ChainPartition, rc: RockmateChain, time_limit: float | None = None,
+                 max_children: int = HiremateConfig.max_children):  # fmt: skip
         self.graph, self.part, self.time_limit = graph, part, time_limit
         self.results: list[milp.MilpResult] = list(rc.results)
         self._solved: dict[str, list[tuple[int, ...]]] = {}  # key -> option sequences, by position
@@ -76,7 +85,7 @@ class Hierarchy:
             Child(b.forward, b.backward, rc.options[l].backward, _digest(repr(rc_key)))
             for l, (b, rc_key) in enumerate(zip(part.blocks, rc.keys))
         ]
-        tree = _group_blocks(graph, part)
+        tree = _group_blocks(graph, part, max_children)
         children = [self._child(node, blocks) for node in tree.children]
         self.levels = 2 + _depth(tree)
         self.clusters = len(blocks)
@@ -131,12 +140,15 @@ class Hiremate(Solver):
     name = "hiremate"
     auto_rank = 3
     optimizes = True
+    Config = HiremateConfig
 
-    def __init__(self, problem: Problem):
+    def __init__(self, problem: Problem, config: HiremateConfig | None = None):
+        self.config = config or HiremateConfig()
         if is_small_chain(problem.graph):
-            self.inner: Rockmate | _Root = Rockmate(problem, label="levels=2 root=rk-rotor", name=self.name)
+            chain = ChainConfig(slots=self.config.slots)
+            self.inner: Rockmate | _Root = Rockmate(problem, label="levels=2 root=rk-rotor", name=self.name, config=chain)
         else:
-            self.inner = _Root(problem)
+            self.inner = _Root(problem, self.config.max_children)
 
     @classmethod
     def fits(cls, problem: Problem) -> bool:
@@ -165,14 +177,14 @@ class Hiremate(Solver):
 class _Root(TargetSolver):
     """The hierarchy built bottom-up (NOTE: [Hierarchy]); its root H-ILP solved at the target."""
 
-    def __init__(self, problem: Problem):
+    def __init__(self, problem: Problem, max_children: int):
         start = time.perf_counter()
         graph = problem.graph
         part = partition(graph, refine=1, strict=False)
         rc = rockmate_chain(graph, part, per_ilp_limit(problem.time_limit, len(part.blocks)), problem.report, problem.cache, problem.jobs)
         if problem.report:
             problem.report(f"solving the clusters above the {len(part.blocks)} blocks (H-ILP per cluster class)")
-        h = Hierarchy(graph, part, rc, problem.time_limit)
+        h = Hierarchy(graph, part, rc, problem.time_limit, max_children)
         super().__init__(problem, h.model, lambda schedule: ops_of(h.top, schedule.steps), "hiremate")
         self.results = list(h.results)
         self.seconds = time.perf_counter() - start
@@ -190,7 +202,7 @@ def _depth(cluster: HCluster) -> int:
     return 1 + max((_depth(c) for c in cluster.children if not isinstance(c, str)), default=0)
 
 
-def _group_blocks(graph: ir.Graph, part: ChainPartition) -> HCluster:
+def _group_blocks(graph: ir.Graph, part: ChainPartition, max_children: int) -> HCluster:
     """H-Partition (Algorithm 7) of the quotient DAG of blocks; leaves are block indices
     as strings.  NOTE: [Hierarchy]."""
     ops = graph.op_by_name
@@ -206,9 +218,9 @@ def _group_blocks(graph: ir.Graph, part: ChainPartition) -> HCluster:
                 dag.add_edge(str(made_in[t]), str(l))
                 out_bytes[str(made_in[t])] += tensors[t].nbytes
     labels = {str(l): str(len(b.forward)) + "/" + str(len(b.backward)) for l, b in enumerate(part.blocks)}
-    if len(part.blocks) <= MAX_CHILDREN:
+    if len(part.blocks) <= max_children:
         return HCluster(tuple(str(l) for l in range(len(part.blocks))), "root")
-    return h_partition(dag, out_bytes, labels, max_size=MAX_CHILDREN)
+    return h_partition(dag, out_bytes, labels, max_size=max_children)
 
 
 def _level_graph(graph: ir.Graph, singles: list[tuple[str, ...]], children: list[Child]) -> HGraph:

@@ -138,7 +138,7 @@ from remat_dsl.solve.chain.partition import (
 )
 from remat_dsl.solve.chain.rk_rotor import min_feasible_budget as rk_min_feasible_budget
 from remat_dsl.solve.chain.rk_rotor import try_rk_rotor
-from remat_dsl.solve.chain.rotor import DEFAULT_SLOTS as ROTOR_SLOTS
+from remat_dsl.solve.chain.rotor import ChainConfig
 from remat_dsl.solve.ilp import milp
 from remat_dsl.solve.ilp.checkmate import op_hgraph
 from remat_dsl.solve.ilp.hilp import HGraph
@@ -673,8 +673,10 @@ class Offmate(Solver):
     name = "offmate"
     auto_rank = 0
     optimizes = True
+    Config = ChainConfig
 
-    def __init__(self, problem: Problem, part: ChainPartition | None = None):
+    def __init__(self, problem: Problem, part: ChainPartition | None = None, config: ChainConfig | None = None):
+        self.config = config or ChainConfig()
         start = time.perf_counter()
         self.problem, self.finer = problem, part is not None
         graph = problem.graph
@@ -726,7 +728,7 @@ class Offmate(Solver):
 
     @functools.cached_property
     def _rk_floor(self) -> int:
-        return rk_min_feasible_budget(self.rc.chain, ROTOR_SLOTS)
+        return rk_min_feasible_budget(self.rc.chain, self.config.slots)
 
     def fallbacks(self):
         """NOTE: [Two partitions] of rockmate.py: a budget these blocks cannot meet is tried
@@ -735,7 +737,7 @@ class Offmate(Solver):
         if not self.finer:
             rotors = partition(self.problem.graph)
             if affordable(rotors, self.part):
-                yield Offmate(self.problem, rotors)
+                yield Offmate(self.problem, rotors, self.config)
 
     def solve(self, target: int) -> SolverResult:
         """The O-ILP's plan at `target` bytes, or Rockmate's when it predicts less time or
@@ -869,7 +871,7 @@ class Offmate(Solver):
 
     def _rockmate(self, target: int):
         """(order, decisions) of RK-Rotor on Rockmate's chain at `target`, or None."""
-        schedule = try_rk_rotor(self.rc.chain, target, ROTOR_SLOTS)
+        schedule = try_rk_rotor(self.rc.chain, target, self.config.slots)
         if schedule is None:
             return None
         return chain_steps(self.part, schedule.ops, [b.backward for b in self.rc.options], self.rc.chain)

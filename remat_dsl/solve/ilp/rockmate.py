@@ -47,7 +47,7 @@ from remat_dsl.solve.chain.model import Block, BlockOption, Chain, ChainSchedule
 from remat_dsl.solve.chain.partition import ChainPartition, affordable, block_name, chain_steps, is_small_chain, partition
 from remat_dsl.solve.chain.rk_rotor import min_feasible_budget as rk_min_feasible_budget
 from remat_dsl.solve.chain.rk_rotor import try_rk_rotor
-from remat_dsl.solve.chain.rotor import DEFAULT_SLOTS as ROTOR_SLOTS
+from remat_dsl.solve.chain.rotor import ChainConfig
 from remat_dsl.solve.ilp import milp, workers
 from remat_dsl.solve.ilp.checkmate import op_hgraph
 from remat_dsl.solve.ilp.hilp import HGraph, HILP
@@ -351,8 +351,10 @@ class OverBlocks(Solver):
     auto_rank: ClassVar[int | None] = None
     optimizes = True
     cheap_targets = True  # another target runs the chain DP only (NOTE: [Budget correction] in remat_dsl.solve.driver)
+    Config = ChainConfig
 
-    def __init__(self, problem: Problem, part: ChainPartition, name: str, label: str = ""):
+    def __init__(self, problem: Problem, part: ChainPartition, name: str, label: str = "", config: ChainConfig | None = None):
+        self.config = config or ChainConfig()
         start = time.perf_counter()
         self.name, self.label, self.part = name, label, part
         self.cache = problem.cache if problem.cache is not None and problem.cache.enabled else None
@@ -365,7 +367,7 @@ class OverBlocks(Solver):
 
     def describe(self) -> str:
         options = sum(len(b.options) for b in self.rc.chain.blocks)
-        settings = f"slots={ROTOR_SLOTS} blocks={len(self.part.blocks)} classes={self.rc.classes} ilps={self.rc.ilps} options={options}"
+        settings = f"slots={self.config.slots} blocks={len(self.part.blocks)} classes={self.rc.classes} ilps={self.rc.ilps} options={options}"
         suffix = "" if self.counted else " gradients=uncounted"
         return f"{self.label} {settings}{suffix}".strip()
 
@@ -387,11 +389,11 @@ class OverBlocks(Solver):
         """NOTE: [Chain memo]: the key of everything RK-Rotor's results depend on."""
         from remat_dsl.plan.cache import Cache
 
-        return Cache.key("rk-rotor", ROTOR_SLOTS, _dp_digest(), self.rc.chain)
+        return Cache.key("rk-rotor", self.config.slots, _dp_digest(), self.rc.chain)
 
     @functools.cached_property
     def _floor(self) -> int:
-        return rk_min_feasible_budget(self.rc.chain, ROTOR_SLOTS)
+        return rk_min_feasible_budget(self.rc.chain, self.config.slots)
 
     def floor(self) -> int:
         return self._floor
@@ -399,12 +401,12 @@ class OverBlocks(Solver):
     def _schedule(self, target: int) -> ChainSchedule | None:
         """`try_rk_rotor` at `target` bytes, through NOTE: [Chain memo]."""
         if self.cache is None:
-            return try_rk_rotor(self.rc.chain, target, ROTOR_SLOTS)
+            return try_rk_rotor(self.rc.chain, target, self.config.slots)
         key = f"{self._chain_key}-{target}"
         hit = _recalled_schedule(self.cache.get("chains", key), self.rc.chain, target)
         if hit is not None:
             return hit.schedule
-        schedule = try_rk_rotor(self.rc.chain, target, ROTOR_SLOTS)
+        schedule = try_rk_rotor(self.rc.chain, target, self.config.slots)
         entry = None if schedule is None else {"ops": [list(op) for op in schedule.ops], "us": schedule.predicted_us, "peak": schedule.predicted_peak}
         self.cache.put("chains", key, {"schedule": entry})
         return schedule
@@ -494,10 +496,10 @@ class Rockmate(OverBlocks):
     name = "rockmate"
     auto_rank = 2
 
-    def __init__(self, problem: Problem, label: str = "", name: str = "rockmate"):
+    def __init__(self, problem: Problem, label: str = "", name: str = "rockmate", config: ChainConfig | None = None):
         self.problem = problem
         part = partition(problem.graph, refine=1, strict=is_small_chain(problem.graph))
-        super().__init__(problem, part, name, label)
+        super().__init__(problem, part, name, label, config)
 
     @classmethod
     def fits(cls, problem: Problem) -> bool:
@@ -506,7 +508,7 @@ class Rockmate(OverBlocks):
     def fallbacks(self):
         """NOTE: [Two partitions], each in both chain models (NOTE: [Two chain models])."""
         rotors = partition(self.problem.graph)
-        finer = OverBlocks(self.problem, rotors, self.name, self.label) if affordable(rotors, self.part) else None
+        finer = OverBlocks(self.problem, rotors, self.name, self.label, self.config) if affordable(rotors, self.part) else None
         if finer is not None:  # else its ILPs would take minutes: NOTE: [Two partitions]
             yield finer
         yield self.paper_model()
