@@ -17,7 +17,7 @@ allocator events, as the budget counts it) over eager's, beside the plan's predi
 and that time over its compute (every op once: the recomputation it predicts).  A budget below the default
 solver's smallest is reported and planned at that smallest budget.  Goal: at most 1.10x eager at 40%.
 With `--bound S`, it also gives each budget S seconds of HiGHS on the moment relaxation
-(NOTE: [Moment relaxation] in remat_dsl/solve/stage_relaxation.py) and prints the proven
+(NOTE: [Moment relaxation] in remat_dsl/solve/solvers/stage_relaxation.py) and prints the proven
 bound over every op once: no plan that runs the forward once and the backward in the
 captured order, recomputing in between and writing nothing in place, predicts less at
 that budget (the default solver's plans write in place and move backward ops up, NOTE:
@@ -124,7 +124,7 @@ def moment_bound(planner: Planner, plan, percent: int, seconds: float) -> str:
     """The moment relaxation's proven bound at `plan`'s budget after `seconds` of HiGHS,
     as a line.  Moccasin's relaxation is no part of the API: its solver is the driver's,
     its size limit lifted (a bound, not a plan: any size)."""
-    from remat_dsl.solve.moccasin import Moccasin
+    from remat_dsl.solve.solvers.moccasin import Moccasin
 
     Moccasin.MAX_OPS = max(Moccasin.MAX_OPS, len(planner.problem.graph.ops))
     bound = planner.solver("moccasin").moment_bound(plan.header.budget, seconds)

@@ -991,7 +991,12 @@ def main(argv=None) -> int:
         scaling = bench_scaling(scaling_layers, captures, args.time_limit, args.solvers)
         con.print("\n".join(scaling_lines(scaling)))
     tables = write_outputs(args.out, results, scaling, header)
-    written = ["frontier.csv", "frontier.md", *(["scaling.csv"] if scaling else []), *(f"frontier_{r.name}.png" for r in results)]
+    written = [
+        "frontier.csv",
+        "frontier.md",
+        *(["scaling.csv"] if scaling else []),
+        *(f"frontier_{r.name}.png" for r in results),
+    ]
     con.print(f"\nwrote {args.out}/{', '.join(written)}; {time.perf_counter() - started:.0f} s in all")
     report.write(args, markdown=f"{header}\n\n{tables}")
     return 0

@@ -47,7 +47,7 @@ from _common import ROOT, Report, add_write_flag, relative  # noqa: E402
 import remat_dsl  # noqa: E402
 from remat_dsl.plan.errors import RematError  # noqa: E402
 from remat_dsl.solve.driver import Planner  # noqa: E402
-from remat_dsl.solve.moccasin import Moccasin  # noqa: E402
+from remat_dsl.solve.solvers.moccasin import Moccasin  # noqa: E402
 from remat_dsl.workflow import capture_model  # noqa: E402
 
 ABOUT = """Every solver's predicted time over Moccasin's proven optimum at the same budget

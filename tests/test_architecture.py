@@ -120,7 +120,7 @@ def layout_modules() -> set[str]:
     text = (ROOT / "docs" / "architecture.md").read_text()
     section = text[text.index("## Layout\n") :]
     block = re.search(r"^```\n(.*?)^```$", section, re.M | re.S).group(1)
-    found, stage_name, folder = set(), None, None
+    found, stage_name, sub, folder = set(), None, None, None
     for line in block.splitlines():
         indent = len(line) - len(line.lstrip())
         head = re.match(r" *(\w+)/(?=\s|$)", line)
@@ -129,9 +129,13 @@ def layout_modules() -> set[str]:
         elif head and indent == 2:
             stage_name = folder = head.group(1)
         elif head and indent == 4:
-            folder = f"{stage_name}/{head.group(1)}"
+            sub = folder = f"{stage_name}/{head.group(1)}"
+        elif head and indent == 6:
+            folder = f"{sub}/{head.group(1)}"  # a folder inside a stage's folder
         elif indent == 4:
             folder = stage_name  # a module line of the stage
+        elif indent == 6:
+            folder = sub  # a module line of a stage's folder
         names = re.findall(r"(?<![\w/])(\w+)\.py(?![\w.])", line)
         found |= {f"{folder}/{name}.py" for name in names if folder}
     return found
@@ -141,3 +145,19 @@ def test_the_documented_layout_lists_every_module():
     modules = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if p.parent != PACKAGE}
     expected = {m for m in modules if not m.endswith("__init__.py")} | {"cli/__init__.py", "workflow/__init__.py"}
     assert layout_modules() == expected
+
+
+INFRASTRUCTURE = ("api", "registry", "driver", "lowering", "polish")
+
+
+def test_the_solve_infrastructure_imports_no_solver_but_autos_choice():
+    """solve/ holds the machinery every solver shares, solve/solvers/ the solvers: the
+    machinery names a solver only through the registry's strings, and the driver asks
+    `auto` which one to run."""
+    imported = {
+        (a, b)
+        for a, b in graph().edges
+        if a in {f"remat_dsl.solve.{m}" for m in INFRASTRUCTURE} and b.startswith("remat_dsl.solve.solvers")
+    }
+    assert imported == {("remat_dsl.solve.driver", "remat_dsl.solve.solvers.auto")}
+    assert {p.stem for p in (PACKAGE / "solve").glob("*.py")} == {"__init__", *INFRASTRUCTURE}

@@ -338,7 +338,7 @@ def test_refs_kept_on_an_op_change_neither_its_key_nor_its_json():
 
 
 def test_a_refused_budget_is_refused_again_from_the_chain_memo(tmp_path, monkeypatch):
-    """NOTE: [Chain memo] in remat_dsl/solve/ilp/rockmate.py: a refused budget runs RK-Rotor's
+    """NOTE: [Chain memo] in remat_dsl/solve/solvers/ilp/rockmate.py: a refused budget runs RK-Rotor's
     table at the budget and at every target at and near the floor; warm, the same
     refusal runs none, another refused budget only its own, and both say what a run without
     the cache says.  A plan from the memo is byte-identical; an entry whose sequence does not
@@ -351,7 +351,7 @@ def test_a_refused_budget_is_refused_again_from_the_chain_memo(tmp_path, monkeyp
     from remat_dsl.capture.pipeline import capture_graph
     from remat_dsl.plan.printer import print_plan, without_solve_time
     from remat_dsl.solve.api import BudgetError
-    from remat_dsl.solve.chain import rk_rotor
+    from remat_dsl.solve.solvers.chain import rk_rotor
     from remat_dsl.solve.driver import Planner
 
     graph = capture_graph(load_model_file(str(ROOT / "tests" / "models" / "hf_llama.py"))).graph

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from remat_dsl.solve.chain.model import (
+from remat_dsl.solve.solvers.chain.model import (
     Block,
     Chain,
     InfeasibleBudget,
@@ -22,8 +22,8 @@ from remat_dsl.solve.chain.model import (
     store_all_ops,
     store_all_schedule,
 )
-from remat_dsl.solve.chain.rotor import min_feasible_budget, min_persistent_peak, solve_rotor
-from remat_dsl.solve.chain.sqrt import segment_bounds, solve_checkpoint_sqrt
+from remat_dsl.solve.solvers.chain.rotor import min_feasible_budget, min_persistent_peak, solve_rotor
+from remat_dsl.solve.solvers.chain.sqrt import segment_bounds, solve_checkpoint_sqrt
 
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

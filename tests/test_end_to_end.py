@@ -156,7 +156,7 @@ def test_checkpoint_sqrt_trains_identically(example, tmp_path):
 
 
 def test_chain_partition_covers_the_graph(example):
-    from remat_dsl.solve.chain.partition import partition
+    from remat_dsl.solve.solvers.chain.partition import partition
     from remat_dsl.plan.ir import BACKWARD, FORWARD
 
     _, captured, _ = example

@@ -105,7 +105,7 @@ def test_a_model_too_large_for_the_host_is_captured_fake():
 @pytest.mark.slow
 def test_llama_2_7b_for_an_h100(tmp_path):
     """The acceptance command of issue 10: 32 layers, 4096 tokens, bf16, 40 GiB.  An H100
-    has a host link, so `auto` runs offmate (remat_dsl.solve.auto), which keeps Rockmate's
+    has a host link, so `auto` runs offmate (remat_dsl.solve.solvers.auto), which keeps Rockmate's
     plan only where its own predicts more time."""
     result = shell(
         f"remat plan {ROOT / 'examples' / 'llama2_7b.py'} --device h100 --budget 40GiB > llama.plan\n"

@@ -1,4 +1,4 @@
-"""Tests of remat_dsl.solve.ilp.hpartition: H-Partition (HiRemate Algorithm 7, thesis Section 3.3).
+"""Tests of remat_dsl.solve.solvers.ilp.hpartition: H-Partition (HiRemate Algorithm 7, thesis Section 3.3).
 
 Property tests run on random DAGs (convexity of every cluster, coverage, size bound,
 children in a topological order, determinism, keys that ignore names); the real-graph
@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from remat_dsl.plan import ir
-from remat_dsl.solve.ilp.hpartition import HCluster, forward_dag, h_partition, is_convex
+from remat_dsl.solve.solvers.ilp.hpartition import HCluster, forward_dag, h_partition, is_convex
 
 # ---------------------------------------------------------------------------
 # Helpers

@@ -1,6 +1,6 @@
 """In-place outputs (NOTE: [In-place outputs] in remat_dsl/plan/inplace.py), backward ops
 moved up (NOTE: [Backward ops moved up] in remat_dsl/solve/polish.py) and the block
-ILP's boundary values (NOTE: [Freed at the boundary] in remat_dsl/solve/ilp/hilp.py).
+ILP's boundary values (NOTE: [Freed at the boundary] in remat_dsl/solve/solvers/ilp/hilp.py).
 
 The rule is checked on a graph made by hand, where what may and may not be written in
 place is known; the generated modules of stock Hugging Face models and the GPT-2 and
@@ -27,11 +27,11 @@ from remat_dsl.plan import ir
 from remat_dsl.plan.inplace import inplace_candidates
 from remat_dsl.plan.printer import print_plan
 from remat_dsl.solve.api import BudgetError
-from remat_dsl.solve.chain.partition import partition
+from remat_dsl.solve.solvers.chain.partition import partition
 from remat_dsl.solve.driver import Planner
-from remat_dsl.solve.ilp import rockmate
-from remat_dsl.solve.ilp.checkmate import op_hgraph
-from remat_dsl.solve.ilp.hilp import HILP
+from remat_dsl.solve.solvers.ilp import rockmate
+from remat_dsl.solve.solvers.ilp.checkmate import op_hgraph
+from remat_dsl.solve.solvers.ilp.hilp import HILP
 from remat_dsl.solve.lowering import autograd_order, lowered_plan
 from remat_dsl.solve.polish import _Index, _moved_up, _order_of
 from test_end_to_end import trained_peak

@@ -5,7 +5,7 @@ A stock T5 makes its relative position bias in the first attention of each stack
 it in every later one, so no separator lies between the first and the last layer: the
 separator-only partition gave blocks of 57 and 89 forward ops (160 and 237 with their
 backward) whose RK-Checkmate ILPs stayed at a 2% gap for minutes.  Large blocks are now
-bisected at module boundaries (remat_dsl.solve.chain.partition, NOTE: [Large blocks]).
+bisected at module boundaries (remat_dsl.solve.solvers.chain.partition, NOTE: [Large blocks]).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import pytest
 from remat_dsl.capture.model_file import load_model_file
 from remat_dsl.capture.pipeline import capture_graph
 from remat_dsl.plan.ir import BACKWARD, FORWARD
-from remat_dsl.solve.chain.partition import MAX_CLUSTER_FORWARD_OPS, block_name, partition
+from remat_dsl.solve.solvers.chain.partition import MAX_CLUSTER_FORWARD_OPS, block_name, partition
 from remat_dsl.solve.driver import Planner
-from remat_dsl.solve.ilp.checkmate import op_hgraph
-from remat_dsl.solve.ilp.rockmate import replay
+from remat_dsl.solve.solvers.ilp.checkmate import op_hgraph
+from remat_dsl.solve.solvers.ilp.rockmate import replay
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -82,7 +82,7 @@ def test_store_all_that_fits_builds_no_ilp(t5_graph):
 
 
 def test_rockmate_falls_back_on_rotors_blocks_only_where_their_ilps_are_affordable(tmp_path):
-    """NOTE: [Two partitions] in remat_dsl/solve/ilp/rockmate.py: a stock ResNet with 43
+    """NOTE: [Two partitions] in remat_dsl/solve/solvers/ilp/rockmate.py: a stock ResNet with 43
     layers in 4 stages (EfficientNet-V2-S's shape) has more layers than MAX_BLOCKS, so
     rotor's partition cuts at its stages (blocks of up to 100 forward ops) where Rockmate's
     cuts at its layers (at most 10).  The smallest-budget search builds every fallback, and
@@ -92,7 +92,7 @@ def test_rockmate_falls_back_on_rotors_blocks_only_where_their_ilps_are_affordab
     machine), with no ILP on a block much larger than Rockmate's."""
     from test_stock_models import shell
 
-    from remat_dsl.solve.chain.partition import affordable, is_small_chain
+    from remat_dsl.solve.solvers.chain.partition import affordable, is_small_chain
 
     model = ROOT / "tests/models/hf_resnet_deep.py"
     graph = capture_graph(load_model_file(str(model)), repeats=1, measure_time=False).graph

@@ -28,15 +28,15 @@ from remat_dsl.plan.parser import parse
 from remat_dsl.capture.pipeline import capture_graph
 from remat_dsl.plan.printer import print_plan
 from remat_dsl.solve.api import BudgetError, Problem
-from remat_dsl.solve.auto import choose
+from remat_dsl.solve.solvers.auto import choose
 from remat_dsl.solve.driver import Planner, autograd_peak, make_plan, smallest_budget
-from remat_dsl.solve.chain import rk_rotor
-from remat_dsl.solve.ilp import milp
-from remat_dsl.solve.chain.model import Block, BlockOption, Chain, simulate_chain, store_all_schedule
-from remat_dsl.solve.ilp.checkmate import op_hgraph
-from remat_dsl.solve.ilp.hilp import HILP
-from remat_dsl.solve.ilp.rockmate import replay
-from remat_dsl.solve.chain.rotor import min_feasible_budget, solve_rotor
+from remat_dsl.solve.solvers.chain import rk_rotor
+from remat_dsl.solve.solvers.ilp import milp
+from remat_dsl.solve.solvers.chain.model import Block, BlockOption, Chain, simulate_chain, store_all_schedule
+from remat_dsl.solve.solvers.ilp.checkmate import op_hgraph
+from remat_dsl.solve.solvers.ilp.hilp import HILP
+from remat_dsl.solve.solvers.ilp.rockmate import replay
+from remat_dsl.solve.solvers.chain.rotor import min_feasible_budget, solve_rotor
 from remat_dsl.codegen.compare import compare_training, load_generated
 from test_end_to_end import codegen_in_fresh_process, trained_peak
 
@@ -400,7 +400,7 @@ def test_hiremate_frees_a_childs_saved_tensors_through_its_options(tmp_path):
 
 
 def test_chain_solvers_count_the_parameter_gradients_the_backward_keeps(tmp_path):
-    """NOTE: [Kept gradients] and [Two chain models] in solve/chain/model.py: rotor's chain
+    """NOTE: [Kept gradients] and [Two chain models] in solve/solvers/chain/model.py: rotor's chain
     counts every parameter gradient from the B step that makes it to the step's end, and
     falls back on the paper's model, which does not.  On a 2-layer Hugging Face Llama with
     the CPU device model's costs (deterministic), rotor's smallest budget was 66.8% of the

@@ -22,7 +22,7 @@ from remat_dsl.plan.printer import print_plan
 from remat_dsl.solve.api import BudgetError
 from remat_dsl.solve.driver import Planner
 from remat_dsl.solve.lowering import lowered_plan
-from remat_dsl.solve.moccasin import GAP_OPTIMAL, MoccasinConfig
+from remat_dsl.solve.solvers.moccasin import GAP_OPTIMAL, MoccasinConfig
 from test_end_to_end import trained_peak
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,7 +118,7 @@ def rockmate_schedules(model: str):
     peak, the Moccasin schedules of Rockmate's plans at them) for `model`: the real
     schedules the relaxations' point tests map onto their rows."""
     from remat_dsl.solve.api import Problem
-    from remat_dsl.solve.moccasin import Moccasin
+    from remat_dsl.solve.solvers.moccasin import Moccasin
 
     model_file = load_model_file(str(ROOT / model))
     captured = capture_graph(model_file, repeats=1)
@@ -139,7 +139,7 @@ def test_every_schedule_of_the_model_is_a_point_of_the_stage_relaxation(model):
     smallest (dropout's RNG states and pinned gradients included on GPT-2) and on the
     relaxation's own schedules; 1 byte less than a schedule's peak must break a row at
     some budget, or the rows would count nothing."""
-    from remat_dsl.solve.stage_relaxation import StageRelaxation
+    from remat_dsl.solve.solvers.stage_relaxation import StageRelaxation
 
     m, _, budgets, schedules = rockmate_schedules(model)
     relaxation = StageRelaxation(m)
@@ -167,7 +167,7 @@ def test_every_schedule_of_the_model_is_a_point_of_the_moment_relaxation(model):
     peak breaks a row.  On the CNN, with every stage a moment it proves what the stage
     relaxation without slot rows proves, and with four it proves no more than Moccasin's
     optimum, at three budgets."""
-    from remat_dsl.solve.stage_relaxation import MomentRelaxation, StageRelaxation
+    from remat_dsl.solve.solvers.stage_relaxation import MomentRelaxation, StageRelaxation
 
     m, planner, budgets, schedules = rockmate_schedules(model)
     assert len(schedules) >= 4 and sum(any(len(times) > 1 for times in runs.values()) for runs in schedules) >= 3
@@ -272,7 +272,7 @@ def test_a_solve_stopped_by_its_time_limit_ends_within_it(monkeypatch):
     after the CP model's build.  Checked on the times the solver hands to CP-SAT, so that
     the machine's load (tests beside this one) does not decide the outcome; the whole
     solve's wall time is bounded loosely as well."""
-    from remat_dsl.solve import moccasin
+    from remat_dsl.solve.solvers import moccasin
 
     model_file = load_model_file(str(ROOT / "tests/models/hf_gpt2.py"))
     captured = capture_graph(model_file, device_model=load_device("h100"))

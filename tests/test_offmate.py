@@ -1,5 +1,5 @@
 """Solver offmate (issue 11, part 1): recomputation and activation offload chosen by the
-O-ILP of thesis chapter 4 (remat_dsl/solve/ilp/offmate.py).
+O-ILP of thesis chapter 4 (remat_dsl/solve/solvers/ilp/offmate.py).
 
 Plans are made as users make them, `remat plan MODEL --solver offmate --bandwidth 25GB
 --budget B > x.plan` through a shell, for Hugging Face GPT-2 and Llama configs
@@ -29,10 +29,10 @@ from remat_dsl.plan.errors import PlanError
 from remat_dsl.plan.parser import parse_file
 from remat_dsl.plan.ir import op_uses, pinned_tensors
 from remat_dsl.solve.api import Problem, Transfer
-from remat_dsl.solve.auto import choose
+from remat_dsl.solve.solvers.auto import choose
 from remat_dsl.plan.printer import print_plan
-from remat_dsl.solve.chain.partition import is_small_chain, partition
-from remat_dsl.solve.ilp.offmate import interface_tensors, prefetch_steps, select_at_least, shaved
+from remat_dsl.solve.solvers.chain.partition import is_small_chain, partition
+from remat_dsl.solve.solvers.ilp.offmate import interface_tensors, prefetch_steps, select_at_least, shaved
 from remat_dsl.solve.lowering import autograd_order, lowered_plan
 from test_streams import measured
 

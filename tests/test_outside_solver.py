@@ -90,15 +90,32 @@ def test_an_outside_solver_plans_gpt2_as_users_type_it(outside, tmp_path):
     work, path = tmp_path / "work", [ROOT]
     work.mkdir()
     spec = f"{outside / 'mysolver.py'}:MySolver"
-    _remat(["plan", str(ROOT / "examples/gpt2.py"), "--budget", "100%", "--solver", spec, "-o", "gpt2.plan"], work, path)
+    _remat(
+        ["plan", str(ROOT / "examples/gpt2.py"), "--budget", "100%", "--solver", spec, "-o", "gpt2.plan"], work, path
+    )
     header = (work / "gpt2.plan").read_text()
     assert 'solver      "my-solver label=store-all' in header, header[:2000]
     _remat(["check", "gpt2.plan"], work, path)
     _remat(["codegen", "gpt2.plan", "-o", "fast_gpt2.py"], work, path)
-    comparison = compare_training(load_model_file(str(ROOT / "examples/gpt2.py")), load_generated(work / "fast_gpt2.py"), steps=2)
+    comparison = compare_training(
+        load_model_file(str(ROOT / "examples/gpt2.py")), load_generated(work / "fast_gpt2.py"), steps=2
+    )
     assert comparison.identical, comparison.mismatched[:10]
     # the same class as package.module:Class, from PYTHONPATH
-    _remat(["plan", str(ROOT / "examples/gpt2.py"), "--budget", "100%", "--solver", "mysolver:MySolver", "-o", "again.plan"], work, [ROOT, outside])
+    _remat(
+        [
+            "plan",
+            str(ROOT / "examples/gpt2.py"),
+            "--budget",
+            "100%",
+            "--solver",
+            "mysolver:MySolver",
+            "-o",
+            "again.plan",
+        ],
+        work,
+        [ROOT, outside],
+    )
     assert (work / "again.plan").read_text() == header
     shown = _remat(["plan", "--solver", "mysolver:MySolver", "--help-solver"], work, [ROOT, outside])
     assert "solver my-solver: Nothing to tune" in shown.stdout and "label = 'store-all'" in shown.stdout
@@ -118,7 +135,9 @@ def test_nothing_that_reads_a_plan_imports_the_solver_it_names(named, tmp_path):
     work.mkdir()
     (work / "evil.py").write_text(EVIL)
     path = [ROOT, work]  # evil.py importable by file and by module name
-    _remat(["plan", str(TINY), "--budget", "100%", "--solver", "rotor", "--repeats", "1", "-o", "good.plan"], work, path)
+    _remat(
+        ["plan", str(TINY), "--budget", "100%", "--solver", "rotor", "--repeats", "1", "-o", "good.plan"], work, path
+    )
     good = parse_file(str(work / "good.plan"))
     (work / "evil.plan").write_text(print_plan(replace(good, header=replace(good.header, solver=named))))
     _remat(["check", "evil.plan"], work, path)
@@ -126,7 +145,11 @@ def test_nothing_that_reads_a_plan_imports_the_solver_it_names(named, tmp_path):
     _remat(["show", "evil.plan"], work, path)
     _remat(["diff", "good.plan", "evil.plan"], work, path, check=False)
     _remat(["fmt", "--check", "evil.plan"], work, path, check=False)
-    _remat(["plan", str(TINY), "--from", "evil.plan", "--solver", "rotor", "--repeats", "1", "-o", "again.plan"], work, path)
+    _remat(
+        ["plan", str(TINY), "--from", "evil.plan", "--solver", "rotor", "--repeats", "1", "-o", "again.plan"],
+        work,
+        path,
+    )
     plan = remat_dsl.read_plan(work / "evil.plan")
     remat_dsl.check_plan(plan)
     remat_dsl.check_plan(work / "evil.plan")

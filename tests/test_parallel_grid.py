@@ -1,5 +1,5 @@
 """A block's grid of RK-Checkmate ILPs solved in worker processes (NOTE: [Parallel grid]
-in remat_dsl/solve/ilp/workers.py): the same plan as in one process (from the library,
+in remat_dsl/solve/solvers/ilp/workers.py): the same plan as in one process (from the library,
 with every grid handed to the workers), `remat plan --jobs` as a user types it (this small
 model's grids are too fast to reach the workers there: the option and the exit), and a
 pool whose worker dies."""
@@ -17,7 +17,7 @@ from remat_dsl.capture.model_file import load_model_file
 from remat_dsl.capture.pipeline import capture_graph
 from remat_dsl.plan.printer import print_plan
 from remat_dsl.solve.driver import Planner
-from remat_dsl.solve.ilp import workers
+from remat_dsl.solve.solvers.ilp import workers
 
 ROOT = Path(__file__).resolve().parent.parent
 LLAMA = ROOT / "tests" / "models" / "hf_llama.py"

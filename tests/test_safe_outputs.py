@@ -2,7 +2,7 @@
 outputs] in remat_dsl/cli/console.py), writing through symbolic links (NOTE: [Output
 files]), and worker processes that end with the `remat` process however it ends (NOTE:
 [Signals] in remat_dsl/cli/__init__.py, NOTE: [Workers end with their parent] in
-remat_dsl/solve/ilp/workers.py).  Every command runs as a user types it."""
+remat_dsl/solve/solvers/ilp/workers.py).  Every command runs as a user types it."""
 
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ def test_fmt_rewrites_the_file_a_symbolic_link_names_and_keeps_the_link(work):
 # The `remat` program with every block grid handed to the workers, however cheap its first
 # ILP (the test Llama's grids are too fast to reach them otherwise; test_parallel_grid.py).
 PROGRAM = (
-    "from remat_dsl.solve.ilp import workers; workers.PARALLEL_AFTER_S = 0.0; "
+    "from remat_dsl.solve.solvers.ilp import workers; workers.PARALLEL_AFTER_S = 0.0; "
     "from remat_dsl.cli import program; program()"
 )
 

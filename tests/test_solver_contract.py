@@ -80,4 +80,4 @@ def test_unknown_and_outside_names():
     with pytest.raises(RematError, match="is not a subclass of remat_dsl.solve.api.Solver"):
         registry.outside_solver("collections:OrderedDict")
     with pytest.raises(RematError, match="its `name` is 'rotor'"):
-        registry.outside_solver("remat_dsl.solve.chain.rotor:Rotor")  # a registered name: the header would lie
+        registry.outside_solver("remat_dsl.solve.solvers.chain.rotor:Rotor")  # a registered name: the header would lie

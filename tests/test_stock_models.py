@@ -190,7 +190,7 @@ def test_a_discarded_branch_draws_its_dropout_as_eagerly(budget, tmp_path):
 
 def test_a_layer_module_run_for_every_layer_reaches_a_low_budget(tmp_path):
     """ALBERT runs one layer module for all its layers: each run's backward must stay with
-    that run's block (NOTE: [Modules run several times] in remat_dsl/solve/chain/partition.py),
+    that run's block (NOTE: [Modules run several times] in remat_dsl/solve/solvers/chain/partition.py),
     or every run's backward went to the last run's block and the smallest feasible budget
     was 70-75% of the autograd peak.  It is now under 55%, and the plan at 110% of it trains
     bit for bit."""
@@ -203,7 +203,7 @@ def test_a_layer_module_run_for_every_layer_reaches_a_low_budget(tmp_path):
 
 
 def test_a_stock_decoder_of_two_layers_plans_as_a_chain(tmp_path):
-    """NOTE: [Chains of two layers] in remat_dsl/solve/chain/partition.py: OLMo built with
+    """NOTE: [Chains of two layers] in remat_dsl/solve/solvers/chain/partition.py: OLMo built with
     two layers has an attention block of a third of its forward ops, so `auto` gave it
     HiRemate's H-ILP root, whose smallest budget was 61-64% of the autograd peak, and 55%
     was refused.  As Rockmate's chain its smallest is under 50% (48.5% when this was

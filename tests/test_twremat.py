@@ -21,7 +21,7 @@ from remat_dsl.plan.printer import print_plan
 from remat_dsl.solve.api import BudgetError, Problem
 from remat_dsl.solve.driver import Planner
 from remat_dsl.solve.lowering import lowered_plan
-from remat_dsl.solve.twremat import TWRemat, tree_decomposition
+from remat_dsl.solve.solvers.twremat import TWRemat, tree_decomposition
 from synthetic_graphs import layered_fb_graph
 from test_end_to_end import trained_peak
 

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 # NOTE: [Signals]
 # Python turns SIGINT into KeyboardInterrupt, so Ctrl-C unwinds a command: its `finally`
 # blocks run (`remat plan` stops its worker processes, NOTE: [Workers end with their
-# parent] in remat_dsl/solve/ilp/workers.py) and nothing is half-written (NOTE: [Output
+# parent] in remat_dsl/solve/solvers/ilp/workers.py) and nothing is half-written (NOTE: [Output
 # files]).  SIGTERM (`kill`, a CI job's timeout) and SIGHUP (a closed terminal) end a
 # process at once, without unwinding: its workers would go on solving.  So the `remat`
 # program turns them into

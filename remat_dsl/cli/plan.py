@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from remat_dsl.capture.cost import DeviceModel
     from remat_dsl.capture.profile_file import ProfileFile
     from remat_dsl.plan import ir
+    from remat_dsl.solve.api import Solver
 
 
 def seconds(text: str) -> float:
@@ -241,7 +242,7 @@ class PlanRequest:
     device_model: DeviceModel | None = None
     host_link: bool = False
     host_budget: int | None = None
-    solver: object = "auto"  # a registry name, `auto`, or an outside solver's class
+    solver: str | type[Solver] = "auto"  # a registry name, `auto`, or an outside solver's class
 
 
 def _quantity(parse, text: str, what: str, **options):
@@ -338,7 +339,16 @@ def read_request(args) -> PlanRequest:
             f"error: the budget must be more than 0, got '{text}'", hint="pass e.g. --budget 50% or --budget 2GiB"
         )
     return PlanRequest(
-        budget, percent is not None, bandwidth, constraints, profile, output, device_model, host_link, host_budget, solver
+        budget,
+        percent is not None,
+        bandwidth,
+        constraints,
+        profile,
+        output,
+        device_model,
+        host_link,
+        host_budget,
+        solver,
     )
 
 
@@ -346,7 +356,7 @@ def run(args) -> int:
     from remat_dsl.capture.model_file import load_model_file
     from remat_dsl.plan.printer import print_plan
     from remat_dsl.plan.units import format_bytes, format_duration
-    from remat_dsl.solve.ilp import workers
+    from remat_dsl.solve.solvers.ilp import workers
     from remat_dsl.workflow import solve_captured
 
     request = read_request(args)

@@ -23,7 +23,7 @@ every op again (seconds to a minute) and solves every block class's RK-Checkmate
   load and is not kept;
 * `chains`: RK-Rotor's result on a chain of blocks with their options at one target
   budget, keyed by the chain's sizes and times, the slots and the DP's source (NOTE:
-  [Chain memo] in remat_dsl.solve.ilp.rockmate): a refused budget's search for the
+  [Chain memo] in remat_dsl.solve.solvers.ilp.rockmate): a refused budget's search for the
   smallest feasible one runs the same tables whatever the budget asked for;
 * `smallest`: a solver's smallest feasible budget for a graph, as a refusal found it, so
   that a later budget below the proven bound can name it without a solve (NOTE: [Budgets

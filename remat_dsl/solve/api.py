@@ -56,7 +56,7 @@ from remat_dsl.solve.lowering import DEFAULT_BANDWIDTH
 
 
 class Status(str, enum.Enum):
-    """What a plan's header says of the solve (NOTE: [Honest status] in remat_dsl.solve.ilp.milp)."""
+    """What a plan's header says of the solve (NOTE: [Honest status] in remat_dsl.solve.solvers.ilp.milp)."""
 
     OPTIMAL = "optimal"  # proven optimal for the solver's model (MILP gap <= 0.01%)
     FEASIBLE = "feasible"  # a solution, not proven optimal (gap, time limit, budget correction)
@@ -72,7 +72,7 @@ class Problem:
     class 2 of 4: ...`); the CLI prints them on stderr.  bandwidth, host_link and
     host_budget describe the host link for solvers that offload (offmate).  jobs: worker
     processes for a block's grid of ILPs (NOTE: [Parallel grid] in
-    remat_dsl.solve.ilp.workers); plans do not depend on it."""
+    remat_dsl.solve.solvers.ilp.workers); plans do not depend on it."""
 
     graph: ir.Graph
     device: str
@@ -83,7 +83,9 @@ class Problem:
     host_link: bool = False  # the user gave --bandwidth, or a --device with a host link: offload may pay
     host_budget: int | None = None  # bytes of host memory offloaded copies may take; None: unlimited
     cache: Cache | None = field(default=None, compare=False)  # for block solutions
-    jobs: int = field(default=1, compare=False)  # processes that may solve independent ILPs at once (NOTE: [Parallel grid])
+    jobs: int = field(
+        default=1, compare=False
+    )  # processes that may solve independent ILPs at once (NOTE: [Parallel grid])
 
 
 @dataclass(frozen=True)
@@ -138,14 +140,19 @@ class BudgetError(RematError):
     `bound` (optional) a proven lower bound on any plan's peak (bytes, why), as
     `driver.peak_lower_bound` gives it."""
 
-    def __init__(self, budget: int, smallest: int, solver: str, reason: str | None = None, bound: tuple[int, str] | None = None):
+    def __init__(
+        self, budget: int, smallest: int, solver: str, reason: str | None = None, bound: tuple[int, str] | None = None
+    ):
         self.budget, self.smallest, self.solver, self.bound = budget, smallest, solver, bound
         why = f" ({reason})" if reason else ""
         proof = ""
         if bound is not None and bound[0] >= smallest:
             proof = f", and no plan can peak lower ({bound[1]})"
         elif bound is not None:
-            proof = f" for this solver; proven bound: no plan that keeps its tensors on the device peaks below {format_bytes(bound[0])} ({bound[1]})"
+            proof = (
+                " for this solver; proven bound: no plan that keeps its tensors on the device peaks below"
+                f" {format_bytes(bound[0])} ({bound[1]})"
+            )
         super().__init__(
             f"error: budget {format_bytes(budget)} is infeasible for solver {solver}{why}: "
             f"the smallest feasible budget is {format_bytes(smallest)}{proof}",
@@ -179,6 +186,10 @@ class Solver:
     optimizes: ClassVar[bool] = False  # minimizes time: the driver tries store-all first
     cheap_targets: ClassVar[bool] = False  # another target costs little (NOTE: [Budget correction])
     info: SolverInfo
+
+    if TYPE_CHECKING:  # what the driver calls; each solver writes its own
+
+        def __init__(self, problem: Problem, config: object = None) -> None: ...
 
     def describe(self) -> str:
         """Its settings for the plan header (`slots=500 blocks=9`); none by default."""

@@ -13,7 +13,7 @@ H-ILP's clusters), which does not see everything the exact
 simulation sees (the prelude's masks, the step's outputs, a block's
 saved tensors freed during its own backward, the discretization, values crossing
 clusters; the chain solvers do count the parameter gradients piling up during the
-backward, NOTE: [Kept gradients] in remat_dsl.solve.chain.model).  So the driver lowers each order
+backward, NOTE: [Kept gradients] in remat_dsl.solve.solvers.chain.model).  So the driver lowers each order
 (remat_dsl.solve.lowering) and simulates it exactly (remat_dsl.check.replay); when the
 simulated peak is above the budget it asks again with the solver's target lowered by the
 excess (at least 2% of the budget), at most MAX_ROUNDS times, jumping to the solver's
@@ -74,7 +74,17 @@ from remat_dsl.plan.constraints import check_conflicts, constraint_lines
 from remat_dsl.plan.errors import RematError
 from remat_dsl.plan.inplace import inplace_candidates
 from remat_dsl.plan.units import format_bytes
-from remat_dsl.solve.api import BudgetError, Problem, Solver, SolverInfo, SolverResult, Status, fallbacks, floor_targets, header_name
+from remat_dsl.solve.api import (
+    BudgetError,
+    Problem,
+    Solver,
+    SolverInfo,
+    SolverResult,
+    Status,
+    fallbacks,
+    floor_targets,
+    header_name,
+)
 from remat_dsl.solve.lowering import DEFAULT_BANDWIDTH, autograd_order, lowered_plan
 from remat_dsl.solve.polish import move_up, polish, repair
 from remat_dsl.solve.registry import NAMES, solver_class, unknown_solver
@@ -91,12 +101,12 @@ class Planner:
 
     model: the model spec for plan headers; device: `cpu` or `cuda` (RNG state sizes);
     bandwidth: host<->device bytes per second; host_link: the user gave a bandwidth or a
-    device with a host link (`auto` then considers offloading, remat_dsl.solve.auto);
+    device with a host link (`auto` then considers offloading, remat_dsl.solve.solvers.auto);
     host_budget: bytes of host memory for offloaded copies (None: unlimited);
     constraints: keep/recompute/offload lines every solver honours
     (remat_dsl.plan.constraints); time_limit: seconds per MILP; jobs: worker processes
     that may solve a block's grid of ILPs at once (NOTE: [Parallel grid] in
-    remat_dsl.solve.ilp.workers: the plan does not depend on it; the workers are spawned,
+    remat_dsl.solve.solvers.ilp.workers: the plan does not depend on it; the workers are spawned,
     so a script that passes jobs > 1 runs its own code under `if __name__ == "__main__":`,
     and it calls `workers.stop()` when it is done planning).
     Raises RematError naming the lines when two constraints conflict.
@@ -106,7 +116,9 @@ class Planner:
                  constraints: tuple[ir.Constraint, ...] = (), time_limit: float | None = None, report=None,
                  host_link: bool = False, host_budget: int | None = None, cache=None, jobs: int = 1):  # fmt: skip
         check_conflicts(graph, constraints)
-        self.problem = Problem(graph, device, tuple(constraints), time_limit, report, bandwidth, host_link, host_budget, cache, jobs)
+        self.problem = Problem(
+            graph, device, tuple(constraints), time_limit, report, bandwidth, host_link, host_budget, cache, jobs
+        )
         self.model, self.bandwidth = model, bandwidth
         self._solvers: dict[str | type[Solver], Solver] = {}
         self._fallbacks: dict[object, list] = {}
@@ -116,7 +128,7 @@ class Planner:
 
     def chosen(self, name: str | type[Solver]) -> str | type[Solver]:
         """`name` (a registry name), or for `auto` the solver it picks
-        (remat_dsl.solve.auto); an outside solver's class as it is (NOTE: [Outside
+        (remat_dsl.solve.solvers.auto); an outside solver's class as it is (NOTE: [Outside
         solvers] in remat_dsl.solve.registry: a string is never imported here).  Raises
         RematError for an unknown name or a class that does not subclass Solver."""
         if isinstance(name, type):
@@ -127,7 +139,7 @@ class Planner:
             raise unknown_solver(name)
         if name != "auto":
             return name
-        from remat_dsl.solve.auto import choose
+        from remat_dsl.solve.solvers.auto import choose
 
         return choose(self.problem)
 
@@ -189,7 +201,9 @@ class Planner:
             plan = self._store_all_if_it_fits(name, budget)
             if plan is not None:  # no plan is faster: the solver's ILPs need not be built
                 label = f"auto: {plan.header.solver}" if solver == "auto" else plan.header.solver
-                return replace(plan, header=replace(plan.header, solver=label, gap=None, solve_seconds=time.perf_counter() - start))
+                return replace(
+                    plan, header=replace(plan.header, solver=label, gap=None, solve_seconds=time.perf_counter() - start)
+                )
         try:
             plan, info = self._first_fitting(self.solver(name), budget)
         except BudgetError as error:
@@ -208,11 +222,15 @@ class Planner:
         """The store-all plan, labelled `NAME (store-all fits: no solve)`, when it fits
         `budget` (bytes): a solver that minimizes time would return it (NOTE: [Budget
         correction]), after building every block's ILPs for nothing (DenseNet-121: 2 min)."""
-        plan = self._lowered(self._store_all(), f"{self._label(name)} (store-all fits: no solve)", Status.OPTIMAL, budget)
+        plan = self._lowered(
+            self._store_all(), f"{self._label(name)} (store-all fits: no solve)", Status.OPTIMAL, budget
+        )
         if plan.header.peak_bytes > budget:
             return None
         if self.problem.report:
-            self.problem.report(f"the store-all plan fits the budget ({format_bytes(plan.header.peak_bytes)}): no solve")
+            self.problem.report(
+                f"the store-all plan fits the budget ({format_bytes(plan.header.peak_bytes)}): no solve"
+            )
         return plan
 
     def smallest_budget(self, solver: str | type[Solver] = "rotor") -> int:
@@ -252,9 +270,15 @@ class Planner:
             f"({why}); the parameter gradients alone take {format_bytes(self.gradient_bytes)}"
         )
         if smallest is None:
-            hint = f"plan with --budget {bound}B or more; a budget the solver cannot reach is refused with the smallest one"
+            hint = (
+                f"plan with --budget {bound}B or more; a budget the solver cannot reach is refused with the"
+                " smallest one"
+            )
             raise RematError(message, hint=hint)
-        known = f"solver {self._label(name)}'s smallest feasible budget is {format_bytes(smallest)} (found by an earlier run, in the cache)"
+        known = (
+            f"solver {self._label(name)}'s smallest feasible budget is {format_bytes(smallest)} (found by an earlier"
+            " run, in the cache)"
+        )
         raise RematError(f"{message}; {known}", hint=f"plan with --budget {smallest}B or more")
 
     def known_smallest(self, solver: str | type[Solver]) -> int | None:
@@ -382,7 +406,9 @@ class Planner:
                     result = self._solve(solver, target)
                 except BudgetError:
                     break
-            plan = self._lowered(result, header_name(solver), Status.FEASIBLE if corrected else result.info.status, budget)
+            plan = self._lowered(
+                result, header_name(solver), Status.FEASIBLE if corrected else result.info.status, budget
+            )
             tried[target] = plan.header.peak_bytes
             excess = plan.header.peak_bytes - budget
             if excess <= 0:
@@ -447,7 +473,9 @@ class Planner:
 
     def _floor_plans(self, solver: Solver, budget: int = 0) -> list[ir.Plan]:
         """The plans at the solver's floor targets (`api.floor_targets`), each simulated."""
-        plans = [made[0] for made in (self._plan_at(solver, target, budget) for target in floor_targets(solver)) if made]
+        plans = [
+            made[0] for made in (self._plan_at(solver, target, budget) for target in floor_targets(solver)) if made
+        ]
         if not plans:
             plans.append(self._lowered(self._store_all(), header_name(solver), Status.FEASIBLE, budget))
         return plans
@@ -471,7 +499,9 @@ class Planner:
 def make_plan(graph: ir.Graph, *, model: str, device: str, budget: int, solver: str, bandwidth: int = DEFAULT_BANDWIDTH,
               constraints: tuple[ir.Constraint, ...] = (), time_limit: float | None = None) -> ir.Plan:  # fmt: skip
     """`Planner(...).plan(budget, solver)`: one plan (see Planner.plan)."""
-    planner = Planner(graph, model=model, device=device, bandwidth=bandwidth, constraints=constraints, time_limit=time_limit)
+    planner = Planner(
+        graph, model=model, device=device, bandwidth=bandwidth, constraints=constraints, time_limit=time_limit
+    )
     return planner.plan(budget, solver)
 
 
@@ -522,6 +552,8 @@ def peak_lower_bound(graph: ir.Graph) -> tuple[int, str]:
     return best
 
 
-def smallest_budget(graph: ir.Graph, device: str, solver: str = "rotor", constraints: tuple[ir.Constraint, ...] = ()) -> int:
+def smallest_budget(
+    graph: ir.Graph, device: str, solver: str = "rotor", constraints: tuple[ir.Constraint, ...] = ()
+) -> int:
     """`Planner(...).smallest_budget(solver)`."""
     return Planner(graph, device=device, constraints=constraints).smallest_budget(solver)

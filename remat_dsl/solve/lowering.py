@@ -23,7 +23,9 @@ from remat_dsl.plan.liveness import live_intervals, op_steps
 PREFETCH_LEAD = 3  # backward instructions between a prefetch and the use it serves
 
 
-def lower_order(graph: ir.Graph, order, constraints=(), decisions=(), transfers=()) -> tuple[tuple[ir.Instruction, ...], tuple[ir.Instruction, ...]]:
+def lower_order(
+    graph: ir.Graph, order, constraints=(), decisions=(), transfers=()
+) -> tuple[tuple[ir.Instruction, ...], tuple[ir.Instruction, ...]]:
     """The forward and backward instructions of a solver's op `order`, with the user's
     constraints applied (NOTE: [Applying constraints] in remat_dsl.plan.constraints):
     the order edited for keep/recompute, lowered, the solver's own transfers added
@@ -91,7 +93,9 @@ def add_transfers(graph: ir.Graph, forward, backward, order: list[str], transfer
     before: dict[tuple[int, str], list[ir.Instruction]] = defaultdict(list)  # (index, section) -> to insert before it
     for transfer in sorted(transfers, key=lambda t: (t.offload_after, t.tensor)):
         t = transfer.tensor
-        made, done, back = (_position(runs, order, p) for p in (transfer.offload_after, transfer.wait_after, transfer.prefetch_before))
+        made, done, back = (
+            _position(runs, order, p) for p in (transfer.offload_after, transfer.wait_after, transfer.prefetch_before)
+        )
         if made is None or done is None or back is None:
             continue
         if not (made <= done < len(forward) <= back):
@@ -130,9 +134,10 @@ def _after_deletes(instructions, index: int) -> int:
 DEFAULT_BANDWIDTH = 12 * 10**9  # bytes/s, PCIe 4 x16 in practice
 
 
-def lowered_plan(graph: ir.Graph, order, *, constraints=(), model: str = "", device: str = "cpu", budget: int = 0,
-                 solver: str = "", status: str = "optimal", bandwidth: int = DEFAULT_BANDWIDTH, decisions=(), transfers=(),
-                 inplace: bool = True) -> ir.Plan:  # fmt: skip
+def lowered_plan(
+    graph: ir.Graph, order, *, constraints=(), model: str = "", device: str = "cpu", budget: int = 0, solver: str = "",
+    status: str = "optimal", bandwidth: int = DEFAULT_BANDWIDTH, decisions=(), transfers=(), inplace: bool = True,
+) -> ir.Plan:
     """The plan of a solver's op `order` and `transfers`: lowered (`lower_order`),
     simulated exactly (remat_dsl.check.replay; `inplace` False: without in-place outputs,
     as eager PyTorch runs) and with the simulation's predictions in its header.  Raises

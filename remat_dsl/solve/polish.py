@@ -306,7 +306,9 @@ def move_up(plan: ir.Plan) -> ir.Plan:
         return plan
     if sim.peak_bytes >= plan.header.peak_bytes or sim.time_us > plan.header.time_us:
         return plan
-    return replace(candidate, header=replace(candidate.header, solver=f"{plan.header.solver}; {moved} backward ops moved up"))
+    return replace(
+        candidate, header=replace(candidate.header, solver=f"{plan.header.solver}; {moved} backward ops moved up")
+    )
 
 
 def _moved_up(index: _Index, order: list[str], decisions: list[Decision]) -> tuple[int, list[str], list[Decision]]:

@@ -27,17 +27,17 @@ from pathlib import Path
 from remat_dsl.plan.errors import RematError
 
 SOLVERS = {
-    "autograd": "remat_dsl.solve.autograd:Autograd",
-    "checkpoint-sqrt": "remat_dsl.solve.chain.sqrt:CheckpointSqrt",
-    "rotor": "remat_dsl.solve.chain.rotor:Rotor",
-    "rockmate": "remat_dsl.solve.ilp.rockmate:Rockmate",
-    "hiremate": "remat_dsl.solve.ilp.hiremate:Hiremate",
-    "checkmate": "remat_dsl.solve.ilp.checkmate:Checkmate",
-    "twremat": "remat_dsl.solve.twremat:TWRemat",
-    "moccasin": "remat_dsl.solve.moccasin:Moccasin",
-    "offmate": "remat_dsl.solve.ilp.offmate:Offmate",
+    "autograd": "remat_dsl.solve.solvers.autograd:Autograd",
+    "checkpoint-sqrt": "remat_dsl.solve.solvers.chain.sqrt:CheckpointSqrt",
+    "rotor": "remat_dsl.solve.solvers.chain.rotor:Rotor",
+    "rockmate": "remat_dsl.solve.solvers.ilp.rockmate:Rockmate",
+    "hiremate": "remat_dsl.solve.solvers.ilp.hiremate:Hiremate",
+    "checkmate": "remat_dsl.solve.solvers.ilp.checkmate:Checkmate",
+    "twremat": "remat_dsl.solve.solvers.twremat:TWRemat",
+    "moccasin": "remat_dsl.solve.solvers.moccasin:Moccasin",
+    "offmate": "remat_dsl.solve.solvers.ilp.offmate:Offmate",
 }
-NAMES = ("auto", *SOLVERS)  # `auto` picks one of the others (remat_dsl.solve.auto)
+NAMES = ("auto", *SOLVERS)  # `auto` picks one of the others (remat_dsl.solve.solvers.auto)
 OUTSIDE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.+-]*")  # an outside solver's `name`, as the header shows it
 
 
@@ -80,7 +80,9 @@ def outside_solver(spec: str):
     module = _file_module(where, spec) if where.endswith(".py") or "/" in where else _named_module(where, spec)
     cls = getattr(module, attribute, None)
     if cls is None:
-        raise RematError(f"error: solver {spec}: {where} defines no '{attribute}'", hint="name the solver class after the colon")
+        raise RematError(
+            f"error: solver {spec}: {where} defines no '{attribute}'", hint="name the solver class after the colon"
+        )
     if not (isinstance(cls, type) and issubclass(cls, Solver)):
         raise RematError(
             f"error: solver {spec}: {attribute} is not a subclass of remat_dsl.solve.api.Solver",
@@ -105,11 +107,13 @@ def _file_module(path: str, spec: str):
     name = f"remat_outside_solver_{re.sub(r'[^A-Za-z0-9_]', '_', str(file.resolve()))}"
     if name in sys.modules:
         return sys.modules[name]
-    loader = importlib.util.spec_from_file_location(name, file)
-    module = importlib.util.module_from_spec(loader)
+    spec_of_file = importlib.util.spec_from_file_location(name, file)
+    if spec_of_file is None or spec_of_file.loader is None:
+        raise RematError(f"error: solver {spec}: {path} is not a Python file", hint="pass path/to/file.py:Class")
+    module = importlib.util.module_from_spec(spec_of_file)
     sys.modules[name] = module
     try:
-        loader.loader.exec_module(module)
+        spec_of_file.loader.exec_module(module)
     except Exception as error:
         del sys.modules[name]
         raise RematError(f"error: solver {spec}: importing {path} failed: {type(error).__name__}: {error}") from None

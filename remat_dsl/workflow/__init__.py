@@ -20,10 +20,13 @@ import copy
 import math
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from remat_dsl.plan import ir
 from remat_dsl.plan.errors import RematError
+
+if TYPE_CHECKING:
+    from remat_dsl.solve.api import Solver
 
 MODULE_SPEC = "python:{name}"  # the header's `model` for a module built in a script (no file)
 
@@ -80,7 +83,7 @@ def plan_model(
     budget: int | str | None = None,
     *,
     loss_fn: Callable[[Any], Any] | None = None,
-    solver: str | type = "auto",
+    solver: str | type[Solver] = "auto",
     device: str | None = None,
     constraints: str | Path | None = None,
     autocast: Any = None,
@@ -166,7 +169,7 @@ def capture_model(
 def solve_captured(
     graph: ir.Graph,
     budget: float | None,
-    solver: str | type = "auto",
+    solver: str | type[Solver] = "auto",
     *,
     percent: bool = False,
     model: str = "",
@@ -192,7 +195,7 @@ def solve_captured(
     from remat_dsl.plan.constraints import unmatched
     from remat_dsl.plan.units import format_bytes
     from remat_dsl.solve.driver import Planner
-    from remat_dsl.solve.ilp import workers
+    from remat_dsl.solve.solvers.ilp import workers
 
     refuse_custom_operators(graph)  # NOTE: [Custom operators] in remat_dsl/check/verify.py
     for warning in unmatched(graph, constraints):

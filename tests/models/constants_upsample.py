@@ -5,7 +5,7 @@
 * bilinear upsampling, whose eager backward is its own kernel (NOTE: [Native kernels]);
 * dropout in a layer and then a drop path drawn with `torch.rand(shape)`, which reads no
   parameter (SegFormer's stochastic depth: NOTE: [Random ops in the prelude] in
-  remat_dsl/solve/chain/partition.py)."""
+  remat_dsl/solve/solvers/chain/partition.py)."""
 
 import torch
 import torch.nn.functional as F

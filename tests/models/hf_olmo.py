@@ -1,6 +1,6 @@
 """Stock Hugging Face OlmoForCausalLM from a small config (2 layers), used as it comes: its
 attention block holds a third of the forward ops (NOTE: [Chains of two layers] in
-remat_dsl/solve/chain/partition.py)."""
+remat_dsl/solve/solvers/chain/partition.py)."""
 
 import torch
 from transformers import OlmoConfig, OlmoForCausalLM

@@ -2,7 +2,7 @@
 comes: its head asks for every hidden state (transformers installs output hooks on that
 first call: NOTE: [Stock models] in remat_dsl/capture/fx.py), upsamples them bilinearly
 (NOTE: [Native kernels]) and its drop path draws `rand(shape)` after the first
-attention's dropout (NOTE: [Random ops in the prelude] in remat_dsl/solve/chain/partition.py)."""
+attention's dropout (NOTE: [Random ops in the prelude] in remat_dsl/solve/solvers/chain/partition.py)."""
 
 import torch
 from transformers import SegformerConfig, SegformerForSemanticSegmentation

@@ -1,7 +1,7 @@
 """A small DenseNet (Huang et al., 2017): 6 dense layers, each BatchNorm, ReLU and a 3x3
 convolution over the concatenation of every earlier layer's output.  No separator cuts
 the dense layers, so they form one block of 25 forward ops whose saved tensors are most
-of the step's memory (NOTE: [Saved tensors are phantoms] in remat_dsl/solve/ilp/hiremate.py)."""
+of the step's memory (NOTE: [Saved tensors are phantoms] in remat_dsl/solve/solvers/ilp/hiremate.py)."""
 
 import torch
 from torch import nn

@@ -56,7 +56,8 @@ class TWRematConfig:
     """TW-Remat's recursion limits."""
 
     max_length_factor: int = setting(
-        16, "a schedule longer than this many times the graph's ops is not tried (Theorem 5: length grows as n^log(k+2))"
+        16,
+        "a schedule longer than this many times the graph's ops is not tried (Theorem 5: length grows as n^log(k+2))",
     )
 
 
@@ -322,7 +323,10 @@ class TWRemat(Solver):
         order it is given exactly (NOTE: [Budget correction] in remat_dsl.solve.driver)."""
         ops = self.ops
         return estimated_peak(
-            [(self.reads[v], ops[v].outputs) for v in steps], self.sizes, [ops[v].temp_bytes for v in steps], pinned=self.pinned
+            [(self.reads[v], ops[v].outputs) for v in steps],
+            self.sizes,
+            [ops[v].temp_bytes for v in steps],
+            pinned=self.pinned,
         )
 
     def order(self, leaf_bags: int) -> tuple[str, ...]:

@@ -25,10 +25,10 @@ an interval per output of a node (NOTE: [Tensor ends]), the saved RNG states
 
 NOTE: [Moccasin on an FB-graph]
 Nodes are the FB-graph's ops (an edge u -> v when v reads an output of u, as in
-remat_dsl.solve.twremat).  Our plans run every forward op once in the forward section, in
+remat_dsl.solve.solvers.twremat).  Our plans run every forward op once in the forward section, in
 graph order, and every backward op exactly once (NOTE: [TW-Remat on an FB-graph]), so the
 time axis is the stage axis of the reference implementation with Checkmate's pruning
-(remat_dsl.solve.ilp.hilp, NOTE: [Pruning]): forward op f starts its first interval at
+(remat_dsl.solve.solvers.ilp.hilp, NOTE: [Pruning]): forward op f starts its first interval at
 time f (f = 0..F-1); backward stage b (b = 0..B-1, backward ops in graph order) holds the
 F + 1 times F + b (F + 1) + k: k = 0..F-1 a slot where forward op k may be recomputed,
 k = F the backward op's own run.  Only forward ops get intervals 2..C (recomputations),
@@ -84,7 +84,7 @@ relaxation's schedule (NOTE: [Stage bound]) is a hint too, often the fastest.  W
 hint (below Rockmate's smallest budget) CP-SAT searches from nothing.
 
 NOTE: [Stage bound]
-Each solve first runs the stage relaxation (remat_dsl.solve.stage_relaxation,
+Each solve first runs the stage relaxation (remat_dsl.solve.solvers.stage_relaxation,
 NOTE: [Stage relaxation]): a MILP over stage boundaries, solved by HiGHS within
 `config.stage_share` of the time limit, whose optimum bounds the model's from below and whose
 solution, once it fits the capacity, is a schedule of the model.  Its schedule joins the
@@ -136,10 +136,20 @@ from remat_dsl.check.replay import rng_state_bytes
 from remat_dsl.plan.ir import op_predecessors, op_uses, pinned_tensors
 from remat_dsl.plan.liveness import live_intervals
 from remat_dsl.plan.units import format_bytes
-from remat_dsl.solve.api import BudgetError, Decision, Problem, Solver, SolverInfo, SolverResult, Status, refuse_above, setting
+from remat_dsl.solve.api import (
+    BudgetError,
+    Decision,
+    Problem,
+    Solver,
+    SolverInfo,
+    SolverResult,
+    Status,
+    refuse_above,
+    setting,
+)
 
 if TYPE_CHECKING:
-    from remat_dsl.solve.stage_relaxation import MomentRelaxation, StageRelaxation
+    from remat_dsl.solve.solvers.stage_relaxation import MomentRelaxation, StageRelaxation
 
 GAP_OPTIMAL = 1e-4  # a relative gap at most this is reported as optimal (as the MILPs do)
 PARAMETERS: dict[str, object] = {}  # further CP-SAT parameters, for measuring (none kept: NOTE: [Size limit])
@@ -151,9 +161,13 @@ class MoccasinConfig:
 
     num_workers: int = setting(1, "CP-SAT workers: one, so that a proven solve is deterministic")
     random_seed: int = setting(0, "CP-SAT's random seed")
-    time_limit: float = setting(570.0, "seconds per solve (relaxation, hints, CP-SAT) when --time-limit gives none (NOTE: [Deadline])")
+    time_limit: float = setting(
+        570.0, "seconds per solve (relaxation, hints, CP-SAT) when --time-limit gives none (NOTE: [Deadline])"
+    )
     hint_rounds: int = setting(6, "Rockmate targets tried for a hint that fits (NOTE: [Hints])")
-    stage_share: float = setting(0.5, "share of a solve's time limit, at most, for the relaxation (NOTE: [Stage bound])")
+    stage_share: float = setting(
+        0.5, "share of a solve's time limit, at most, for the relaxation (NOTE: [Stage bound])"
+    )
 
 
 def _gap(value: float, bound: float) -> float:
@@ -331,7 +345,8 @@ class Moccasin(Solver):
         ]
         objective = sum(op.time_us for op in self.ops) + sum(t * a for t, a in recompute)  # "min_runtime"
         variables = {
-            "starts": starts, "ends": ends, "tensor_ends": tensor_ends, "present": present, "lengths": lengths, "choices": choices, "stage_memory": stage_memory, "rng": rng
+            "starts": starts, "ends": ends, "tensor_ends": tensor_ends, "present": present, "lengths": lengths,
+            "choices": choices, "stage_memory": stage_memory, "rng": rng,
         }  # fmt: skip
         return model, cp_model, variables, objective, peak
 
@@ -458,7 +473,9 @@ class Moccasin(Solver):
         solver = cp_model.CpSolver()
         solver.parameters.num_workers = self.config.num_workers
         solver.parameters.random_seed = self.config.random_seed
-        solver.parameters.max_time_in_seconds = max(1.0, time_limit or float(self.problem.time_limit or self.config.time_limit))
+        solver.parameters.max_time_in_seconds = max(
+            1.0, time_limit or float(self.problem.time_limit or self.config.time_limit)
+        )
         for key, value in PARAMETERS.items():
             setattr(solver.parameters, key, value)
         start = time.perf_counter()
@@ -742,12 +759,12 @@ class Moccasin(Solver):
     def moment_bound(self, target: int, time_limit: float | None, moments: int | None = None) -> int | None:
         """A proven lower bound (microseconds) on the predicted time of every schedule of
         the model whose peak is at most `target` bytes, from the moment relaxation (NOTE:
-        [Moment relaxation] in remat_dsl.solve.stage_relaxation) with `moments` backward
+        [Moment relaxation] in remat_dsl.solve.solvers.stage_relaxation) with `moments` backward
         moments (default MOMENTS there), HiGHS's dual bound after at most `time_limit`
         seconds.  None when HiGHS proved no bound in time or no schedule fits `target`.
         For graphs whose stage relaxation is not bounded in minutes (bench/decoder.py
         --bound, bench/optimality.py --moment-time); not used by `solve`."""
-        from remat_dsl.solve.stage_relaxation import MOMENTS, MomentRelaxation
+        from remat_dsl.solve.solvers.stage_relaxation import MOMENTS, MomentRelaxation
 
         moments = MOMENTS if moments is None else moments
         if moments not in self._moments:
@@ -760,7 +777,7 @@ class Moccasin(Solver):
     def _stage_relaxation(self):
         """The MILP of NOTE: [Stage bound], built on first use."""
         if self._stage is None:
-            from remat_dsl.solve.stage_relaxation import StageRelaxation
+            from remat_dsl.solve.solvers.stage_relaxation import StageRelaxation
 
             self._stage = StageRelaxation(self)
         return self._stage

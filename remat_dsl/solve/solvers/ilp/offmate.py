@@ -3,8 +3,8 @@
 
 Source: Zhao, PhD thesis "Optimizing Memory Usage when Training Deep Neural Networks"
 (2024), chapter 4 (OffMate).  Blocks are Rockmate's (the chain
-partition of remat_dsl.solve.chain.partition, `refine=1`); each block gets the options of
-section 4.4 beside Rockmate's RK-Checkmate options (remat_dsl.solve.ilp.rockmate):
+partition of remat_dsl.solve.solvers.chain.partition, `refine=1`); each block gets the options of
+section 4.4 beside Rockmate's RK-Checkmate options (remat_dsl.solve.solvers.ilp.rockmate):
 
     as PyTorch           store everything the backward reads (option 0);
     forward-and-forget   keep only what the block's boundary needs (its outputs), recompute
@@ -44,7 +44,7 @@ Memory (eq. 4.16-4.17 with W_t = O_t = 0; "memory allocation once per step": a s
 prefetched bytes count from its start, a block's offloaded bytes leave the device at the
 end of its forward step), with X_i = sum_o xbar_i^o Comp[i,o] (rotor's abar: the block's
 outputs and saved activations) and A_t the interface activations and gradients of rotor's
-chain model (remat_dsl.solve.chain.model, NOTE: [Step semantics]):
+chain model (remat_dsl.solve.solvers.chain.model, NOTE: [Step semantics]):
 
     F_l:  A_F + sum_{j<l} (X_j - Ofl_j) + X_l + sum_o o_f^{l,o} Comp[l,o] <= M
     B_l:  sum_{j<l} (X_j - Ofl_j + sum_{k>=l} Prf[j,k]) + X_l + delta^l + delta^{l-1}
@@ -94,7 +94,8 @@ offloadable tensors whose size is at least Ofl[i] is offloaded (`select_at_least
 by size then name, so deterministic), and its prefetches are spread over the steps so
 that the cumulative bytes prefetched by each step stay at most the ILP's, B_i itself
 taking the rest (`prefetch_steps`).  Memory in every step is then at most the ILP's (B_i
-holds all of block i's activations in the ILP too); time may be a little more.  The driver lowers the order and the transfers (remat_dsl.solve.lowering,
+holds all of block i's activations in the ILP too); time may be a little more.  The driver
+lowers the order and the transfers (remat_dsl.solve.lowering,
 NOTE: [Solver transfers]), simulates them exactly and corrects the budget as for every
 solver (remat_dsl.solve.driver, NOTE: [Budget correction]).
 
@@ -125,9 +126,19 @@ from remat_dsl.plan.constraints import matching
 from remat_dsl.plan.errors import PlanError
 from remat_dsl.plan.ir import op_uses, pinned_tensors
 from remat_dsl.plan.units import format_duration, human_bytes
-from remat_dsl.solve.api import BudgetError, Decision, FLOOR_SWEEP, Problem, Solver, SolverInfo, SolverResult, Status, Transfer
-from remat_dsl.solve.chain.model import Chain
-from remat_dsl.solve.chain.partition import (
+from remat_dsl.solve.api import (
+    BudgetError,
+    Decision,
+    FLOOR_SWEEP,
+    Problem,
+    Solver,
+    SolverInfo,
+    SolverResult,
+    Status,
+    Transfer,
+)
+from remat_dsl.solve.solvers.chain.model import Chain
+from remat_dsl.solve.solvers.chain.partition import (
     TEXT_WIDTH,
     ChainPartition,
     affordable,
@@ -136,13 +147,13 @@ from remat_dsl.solve.chain.partition import (
     is_small_chain,
     partition,
 )
-from remat_dsl.solve.chain.rk_rotor import min_feasible_budget as rk_min_feasible_budget
-from remat_dsl.solve.chain.rk_rotor import try_rk_rotor
-from remat_dsl.solve.chain.rotor import ChainConfig
-from remat_dsl.solve.ilp import milp
-from remat_dsl.solve.ilp.checkmate import op_hgraph
-from remat_dsl.solve.ilp.hilp import HGraph
-from remat_dsl.solve.ilp.rockmate import _block_with_options, block_intervals, per_ilp_limit, rockmate_chain
+from remat_dsl.solve.solvers.chain.rk_rotor import min_feasible_budget as rk_min_feasible_budget
+from remat_dsl.solve.solvers.chain.rk_rotor import try_rk_rotor
+from remat_dsl.solve.solvers.chain.rotor import ChainConfig
+from remat_dsl.solve.solvers.ilp import milp
+from remat_dsl.solve.solvers.ilp.checkmate import op_hgraph
+from remat_dsl.solve.solvers.ilp.hilp import HGraph
+from remat_dsl.solve.solvers.ilp.rockmate import _block_with_options, block_intervals, per_ilp_limit, rockmate_chain
 from remat_dsl.solve.lowering import lowered_plan
 
 MIB = 2**20  # bytes per ILP memory unit
@@ -177,7 +188,9 @@ def saved_values(hg: HGraph, backward: tuple[int, ...]) -> list[int]:
     read by the backward before being made again."""
     tb = hg.boundary
     sequence = list(range(tb)) + list(backward)
-    return sorted(iv.tensor for iv in block_intervals(hg, sequence) if iv.made < tb and (iv.end is None or iv.end >= tb))
+    return sorted(
+        iv.tensor for iv in block_intervals(hg, sequence) if iv.made < tb and (iv.end is None or iv.end >= tb)
+    )
 
 
 def recompute_schedule(hg: HGraph, recomputable) -> tuple[int, ...]:

@@ -1,6 +1,6 @@
 """Chen et al.'s sqrt(n) segments ("Training deep nets with sublinear memory cost", 2016),
 as `torch.utils.checkpoint.checkpoint_sequential` runs them, in the chain vocabulary of
-`remat_dsl.solve.chain.model` (rotor paper, section 5.4, the "sequential" strategy).
+`remat_dsl.solve.solvers.chain.model` (rotor paper, section 5.4, the "sequential" strategy).
 """
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 
 from remat_dsl.solve.api import Problem, Status
-from remat_dsl.solve.autograd import FixedOrder
-from remat_dsl.solve.chain.model import Chain, ChainOp, ChainSchedule, simulate_chain
-from remat_dsl.solve.chain.partition import chain_steps, partition
+from remat_dsl.solve.solvers.autograd import FixedOrder
+from remat_dsl.solve.solvers.chain.model import Chain, ChainOp, ChainSchedule, simulate_chain
+from remat_dsl.solve.solvers.chain.partition import chain_steps, partition
 
 
 def segment_bounds(length: int, segments: int) -> list[tuple[int, int]]:
@@ -55,7 +55,7 @@ def solve_checkpoint_sqrt(chain: Chain, segments: int | None = None) -> ChainSch
 
 class CheckpointSqrt(FixedOrder):
     """`--solver checkpoint-sqrt`: checkpoint_sequential's segments over the chain of blocks
-    (remat_dsl.solve.chain.partition), whatever the budget (status `heuristic`)."""
+    (remat_dsl.solve.solvers.chain.partition), whatever the budget (status `heuristic`)."""
 
     name = "checkpoint-sqrt"
     status = Status.HEURISTIC

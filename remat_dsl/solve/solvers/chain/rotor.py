@@ -3,7 +3,7 @@
 Beaumont et al., "Optimal checkpointing for heterogeneous chains", section 4.4: Theorem
 4.8, equations (6)-(7), Algorithm 3 (the table C_MP(s, t, m)) and Algorithm 4 (OptRecP,
 the sequence from the table), with memory discretized into S slots (section 5.2).
-The step semantics are those of `remat_dsl.solve.chain.model` (NOTE: [Step semantics]).
+The step semantics are those of `remat_dsl.solve.solvers.chain.model` (NOTE: [Step semantics]).
 
 NOTE: [Memory conditions]
 C_MP(s, t, m) is the best time to turn delta^t into delta^{s-1} starting from a^{s-1},
@@ -14,7 +14,7 @@ with peak at most m *above* the memory held outside (a^{s-1} is outside; delta^t
                           if m >= delta^t + max(a^s + o_f^s, max_{s<j<s'} a^{j-1}+a^j+o_f^j)
   m_all(s, t) = max(delta^t + abar^s + o_f^s, abar^s + delta^s + delta^{s-1} + o_b^s + G(s+1, t))
 m_all is the paper's but for G(i, j) = omega_g^i + ... + omega_g^j, the gradients B^i..B^j
-keep to the step's end (NOTE: [Kept gradients] in remat_dsl.solve.chain.model): they are
+keep to the step's end (NOTE: [Kept gradients] in remat_dsl.solve.solvers.chain.model): they are
 live while B^s runs, and while C_ck's second subproblem runs, so that one is solved as
 C(s, s'-1, m - G(s', t)).  With G = 0 these are the paper's equations.  For C_ck we check
 the F_ck^s, F_n^{s+1..s'-1} steps of the branch itself, i.e. the paper's m_empty(s, t)
@@ -48,9 +48,9 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 
 from remat_dsl.solve.api import BudgetError, Problem, Solver, SolverInfo, SolverResult, Status, setting
-from remat_dsl.solve.chain.partition import chain_steps, partition
+from remat_dsl.solve.solvers.chain.partition import chain_steps, partition
 
-from remat_dsl.solve.chain.model import (
+from remat_dsl.solve.solvers.chain.model import (
     Chain,
     ChainOp,
     ChainSchedule,
@@ -66,7 +66,9 @@ from remat_dsl.solve.chain.model import (
 class ChainConfig:
     """The chain dynamic program's discretization (rotor, and RK-Rotor in rockmate, hiremate, offmate)."""
 
-    slots: int = setting(500, "memory slots of the DP's table: the budget is rounded down to a multiple of budget/slots")
+    slots: int = setting(
+        500, "memory slots of the DP's table: the budget is rounded down to a multiple of budget/slots"
+    )
 
 
 _SEARCH_FANOUT = 64  # budgets tried at once by min_feasible_budget
@@ -163,7 +165,7 @@ def _min_peak(sz: _Sizes, options: list[np.ndarray] | None = None) -> np.ndarray
 
     The table of NOTE: [Memory conditions] with min/max in place of time: P(s, t) is the
     least m for which C_MP(s, t, m) is finite.  Returns a^0 + P(1, L), shape sz.a.shape[1:].
-    options: RK-Rotor's (remat_dsl.solve.chain.rk_rotor), per block l (index 0 unused) its
+    options: RK-Rotor's (remat_dsl.solve.solvers.chain.rk_rotor), per block l (index 0 unused) its
     options' (abar, o_f, o_b) in the units of `sz`, shape (3, options, ...): F_all^s takes
     the best of them (thesis eq. 2.20); None: rotor's one, the block's own sizes.
     """
@@ -350,7 +352,7 @@ def _opt_rec_p(choice: np.ndarray, sz: _Sizes, top: int, all_step=None) -> tuple
 
 class Rotor(Solver):
     """`--solver rotor`: Algorithms 3-4 over the chain of blocks cut at the graph's
-    1-separators (remat_dsl.solve.chain.partition; Zhao et al., "Rockmate", ICML 2023,
+    1-separators (remat_dsl.solve.solvers.chain.partition; Zhao et al., "Rockmate", ICML 2023,
     appendix A.4), with
     `config.slots` memory slots.  Its chain budget is the driver's target."""
 

@@ -1,6 +1,6 @@
 """The stage and moment relaxations: MILPs over stage boundaries whose optima bound Moccasin's from below.
 
-Moccasin's model (remat_dsl.solve.moccasin, NOTE: [Moccasin on an FB-graph]) runs every
+Moccasin's model (remat_dsl.solve.solvers.moccasin, NOTE: [Moccasin on an FB-graph]) runs every
 forward op once, in graph order, and backward op b once at time t_b, after a stage of
 slots where forward ops may be recomputed, in graph order.  CP-SAT proves little about it
 on a few hundred ops (NOTE: [Size limit] there).  This MILP keeps the same decisions and
@@ -8,7 +8,7 @@ counts memory at fewer moments, each exactly or from below, so that every schedu
 model is a solution of it with the same time: its optimum, or HiGHS's dual bound, is a
 proven lower bound on the model's optimum.  It is RK-Checkmate's ILP (Zhao, PhD thesis
 "Optimizing Memory Usage when Training Deep Neural Networks", 2024, section 2.4, eq.
-2.3-2.19) with the pruning of remat_dsl.solve.ilp.hilp (NOTE: [Pruning]) and without the
+2.3-2.19) with the pruning of remat_dsl.solve.solvers.ilp.hilp (NOTE: [Pruning]) and without the
 per-step alive and delete variables of section 2.4.3 (eq. 2.13-2.17), which make up most
 of that ILP: without them the model is a fraction of hilp's size and HiGHS finds
 solutions where hilp's model gives none in minutes (docs/measured-notes.md).
@@ -45,7 +45,7 @@ reader: a schedule keeping T for a later recomputation must satisfy eq. 2.8).
 
 The relaxation's solution is also a schedule (each r_{u,b} = 1 a run at u's slot of
 stage b), often close to fitting the capacity, so Moccasin takes it as a hint once it
-fits (NOTE: [Hints], NOTE: [Stage bound] in remat_dsl.solve.moccasin).
+fits (NOTE: [Hints], NOTE: [Stage bound] in remat_dsl.solve.solvers.moccasin).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from typing import Any
 
 import pulp
 
-from remat_dsl.solve.ilp import milp
+from remat_dsl.solve.solvers.ilp import milp
 
 REL_GAP = 1e-4  # of the whole time: what Moccasin calls optimal (GAP_OPTIMAL)
 ROUNDS = 4  # rounds of slot rows added where the schedule broke the capacity (`solve`)
@@ -193,9 +193,9 @@ def _copies(m, runs) -> dict[str, list[tuple[int, int]]]:
 
 
 class StageRelaxation:
-    """NOTE: [Stage relaxation] for a Moccasin model `m` (remat_dsl.solve.moccasin.Moccasin):
+    """NOTE: [Stage relaxation] for a Moccasin model `m` (remat_dsl.solve.solvers.moccasin.Moccasin):
     built once, solved at each capacity (bytes) by setting the memory rows' right-hand
-    sides (solves through remat_dsl.solve.ilp.milp: HiGHS, CBC as the fallback).
+    sides (solves through remat_dsl.solve.solvers.ilp.milp: HiGHS, CBC as the fallback).
 
     NOTE: [Lazy slot rows]
     Memory at the slots of each stage is one row per slot where a recomputation may run
@@ -447,7 +447,9 @@ class MomentRelaxation:
             if j == 0 or last[t] > self.moments[j - 1]
         }
         self.r = r = {
-            (u, i): binary(f"r_{u}_{i}") for u in m.forward for i in sorted({self.interval[b] for b in m.useful.get(u, ())})
+            (u, i): binary(f"r_{u}_{i}")
+            for u in m.forward
+            for i in sorted({self.interval[b] for b in m.useful.get(u, ())})
         }
         R = lambda u, i: r.get((u, i), 0)  # noqa: E731
         self.base = sum(op.time_us for op in ops)

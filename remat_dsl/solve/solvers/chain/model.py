@@ -33,8 +33,9 @@ gradient.  B^l makes the gradients of block l's parameters, omega_g^l bytes (`ke
 and they stay to the end of the step, so while B^s runs the kept gradients of every block
 after s are live.  (A partial gradient that an earlier block's backward reads, such as a
 tied embedding's, lives only until then; the chain does not count it, see
-remat_dsl.solve.chain.partition._kept.)  The solvers count them (remat_dsl.solve.chain.rotor, NOTE: [Memory
-conditions]): a chain of 8 decoder layers ends holding 98 MiB of them at a budget of 139 MiB,
+remat_dsl.solve.solvers.chain.partition._kept.)  The solvers count them
+(remat_dsl.solve.solvers.chain.rotor, NOTE: [Memory conditions]):
+a chain of 8 decoder layers ends holding 98 MiB of them at a budget of 139 MiB,
 which a model that ignores them meets only by planning every block for the last one's
 memory (the driver's budget correction, remat_dsl.solve.driver).  With kept_bytes = 0
 everywhere this is the paper's model exactly (`uncounted`).
@@ -243,7 +244,9 @@ def simulate_chain(chain: Chain, ops) -> tuple[int, int]:
     if grads != {0} or acts:
         left = sorted(f"a^{l}" if k == "a" else f"abar^{l}" for l, k in acts.items())
         left += sorted(f"delta^{l}" for l in grads if l != 0)
-        raise InvalidChainSequence(f"sequence ends with {', '.join(left) or 'no delta^0'} live; only delta^0 may remain")
+        raise InvalidChainSequence(
+            f"sequence ends with {', '.join(left) or 'no delta^0'} live; only delta^0 may remain"
+        )
     return peak, total
 
 

@@ -49,7 +49,7 @@ from typing import ClassVar
 import pulp
 
 from remat_dsl.solve.api import BudgetError, Solver, SolverInfo, SolverResult, Status
-from remat_dsl.solve.ilp import milp
+from remat_dsl.solve.solvers.ilp import milp
 from remat_dsl.solve.lowering import autograd_order, simulated_peak
 
 
@@ -222,7 +222,7 @@ class HILP:
         A value read outside the graph between its forward and its backward (a block's
         output, which the next block reads) must be alive when the backward starts, and
         nothing reads it after: the one lowering deletes it after its last use, and
-        Rockmate's replay (NOTE: [Option costs] in remat_dsl.solve.ilp.rockmate) frees it
+        Rockmate's replay (NOTE: [Option costs] in remat_dsl.solve.solvers.ilp.rockmate) frees it
         after the first backward step.  So the ILP may delete such a value right after the
         first backward step, as the replay does.  With deletions only after a step that
         makes or reads a value, the ILP would keep it to the end of the graph, counting a
@@ -337,7 +337,9 @@ class HILP:
             for k in self.steps[t]:
                 node = g.nodes[k]
                 made = pulp.lpSum(g.values[d].size for d in self._made_by[k]) * self.sum_comp(t, k)
-                extra = pulp.lpSum((opt.phantom + opt.overhead) * self.comp[t, k, o] for o, opt in enumerate(node.options))
+                extra = pulp.lpSum(
+                    (opt.phantom + opt.overhead) * self.comp[t, k, o] for o, opt in enumerate(node.options)
+                )
                 row = before + made + extra <= 0  # eq. 3.33, budget set by solve()
                 prob += row
                 self.peak_rows.append(row)

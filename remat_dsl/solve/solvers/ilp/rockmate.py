@@ -2,12 +2,12 @@
 
 Zhao, PhD thesis "Optimizing Memory Usage when Training Deep Neural Networks" (2024),
 chapter 2, Algorithm 3: for each block, RK-Checkmate (section 2.4, here
-remat_dsl.solve.ilp.hilp on the block's ops) is solved on a grid of (M_peak, M_save)
+remat_dsl.solve.solvers.ilp.hilp on the block's ops) is solved on a grid of (M_peak, M_save)
 budgets (section 2.6.0.0.1: M_peak evenly spaced between the largest temporary memory of
 an op and the block's autograd peak, M_save evenly spaced between the block's output size
 and M_peak); identical blocks (Zhao et al., "Rockmate", ICML 2023, appendix A.5: same
 ops, same arguments up to renaming, same shapes) are solved once; the distinct schedules
-become the blocks' options for RK-Rotor (section 2.5, remat_dsl.solve.chain.rk_rotor).
+become the blocks' options for RK-Rotor (section 2.5, remat_dsl.solve.solvers.chain.rk_rotor).
 
 NOTE: [Option costs]
 An option is the block's backward sequence (recomputations interleaved with backward
@@ -43,14 +43,29 @@ from typing import ClassVar
 from remat_dsl.plan import ir
 from remat_dsl.plan.liveness import Interval, live_intervals, memory_profile
 from remat_dsl.solve.api import BudgetError, Problem, Solver, SolverInfo, SolverResult, Status
-from remat_dsl.solve.chain.model import Block, BlockOption, Chain, ChainSchedule, InvalidChainSequence, simulate_chain, uncounted
-from remat_dsl.solve.chain.partition import ChainPartition, affordable, block_name, chain_steps, is_small_chain, partition
-from remat_dsl.solve.chain.rk_rotor import min_feasible_budget as rk_min_feasible_budget
-from remat_dsl.solve.chain.rk_rotor import try_rk_rotor
-from remat_dsl.solve.chain.rotor import ChainConfig
-from remat_dsl.solve.ilp import milp, workers
-from remat_dsl.solve.ilp.checkmate import op_hgraph
-from remat_dsl.solve.ilp.hilp import HGraph, HILP
+from remat_dsl.solve.solvers.chain.model import (
+    Block,
+    BlockOption,
+    Chain,
+    ChainSchedule,
+    InvalidChainSequence,
+    simulate_chain,
+    uncounted,
+)
+from remat_dsl.solve.solvers.chain.partition import (
+    ChainPartition,
+    affordable,
+    block_name,
+    chain_steps,
+    is_small_chain,
+    partition,
+)
+from remat_dsl.solve.solvers.chain.rk_rotor import min_feasible_budget as rk_min_feasible_budget
+from remat_dsl.solve.solvers.chain.rk_rotor import try_rk_rotor
+from remat_dsl.solve.solvers.chain.rotor import ChainConfig
+from remat_dsl.solve.solvers.ilp import milp, workers
+from remat_dsl.solve.solvers.ilp.checkmate import op_hgraph
+from remat_dsl.solve.solvers.ilp.hilp import HGraph, HILP
 
 PEAK_STEPS = 3  # M_peak values per block (section 2.6.0.0.1; NOTE: [Grid] below)
 SAVE_STEPS = 6  # M_save values per M_peak
@@ -109,7 +124,11 @@ def block_signature(graph: ir.Graph, forward: tuple[str, ...], backward: tuple[s
     targets, arguments with references renamed to positions inside the block (outside
     values by shape and dtype), output shapes and dtypes, in order."""
     ops = graph.op_by_name
-    decls = {d.name: (d.shape, d.dtype) for group in (graph.inputs, graph.parameters, graph.buffers, graph.tangents) for d in group}
+    decls = {
+        d.name: (d.shape, d.dtype)
+        for group in (graph.inputs, graph.parameters, graph.buffers, graph.tangents)
+        for d in group
+    }
     decls.update({t.name: (t.shape, t.dtype) for t in graph.tensors})
     local: dict[str, int] = {}
     result: list[tuple | None] = []
@@ -184,7 +203,7 @@ def rockmate_chain(graph: ir.Graph, part: ChainPartition, time_limit: float | No
     report: optional callable(str), told of each block class as its ILPs start.  cache: a
     remat_dsl.plan.cache.Cache whose block solutions are reused (NOTE: [Solution cache]).
     jobs: processes that may solve a block's grid ILPs at once (NOTE: [Parallel grid] in
-    remat_dsl.solve.ilp.workers); the result does not depend on it."""
+    remat_dsl.solve.solvers.ilp.workers); the result does not depend on it."""
     by_class: dict[tuple, int] = {}
     solved: dict[int, list[tuple[int, ...]]] = {}
     results: list[milp.MilpResult] = []
@@ -204,7 +223,10 @@ def rockmate_chain(graph: ir.Graph, part: ChainPartition, time_limit: float | No
                 same = f", solved once for {members[signature]} identical blocks" if members[signature] > 1 else ""
                 same += " (from the cache)" if hit is not None else ""
                 reported += 1
-                report(f"solving block class {reported} of {with_ilps}: {block_name(part, l + 1)}, {len(hg.nodes)} ops{same}")
+                report(
+                    f"solving block class {reported} of {with_ilps}: {block_name(part, l + 1)}, {len(hg.nodes)}"
+                    f" ops{same}"
+                )
             solved[cls] = _solve_block(hg, time_limit, results, cache, key, hit, jobs)
         names = ops.forward + ops.backward
         schedules = pareto_schedules(hg, [tuple(range(hg.boundary, len(hg.nodes)))] + solved[cls])
@@ -233,7 +255,9 @@ def _solve_block(hg: HGraph, time_limit: float | None, results: list[milp.MilpRe
     while len(solved) < len(points):
         if jobs > 1 and len(points) - len(solved) >= 2 and workers.slow(r.seconds for _, r in solved):
             token = next(_tokens)
-            rest = workers.run_all(_grid_point, [(token, hg, peak, save, time_limit) for peak, save in points[len(solved) :]], jobs)
+            rest = workers.run_all(
+                _grid_point, [(token, hg, peak, save, time_limit) for peak, save in points[len(solved) :]], jobs
+            )
             if rest is not None:
                 solved += rest
                 break
@@ -251,7 +275,9 @@ def _solve_block(hg: HGraph, time_limit: float | None, results: list[milp.MilpRe
     return found
 
 
-def _solve_point(model: HILP, peak: int, save: int, time_limit: float | None) -> tuple[tuple[int, ...] | None, milp.MilpResult]:
+def _solve_point(
+    model: HILP, peak: int, save: int, time_limit: float | None
+) -> tuple[tuple[int, ...] | None, milp.MilpResult]:
     """(the backward schedule's node indices or None when no solution, the MILP's result)
     of one grid point (section 2.6.0.0.1)."""
     schedule = model.solve(peak, save, time_limit)
@@ -278,7 +304,9 @@ def _block_key(hg: HGraph) -> str:
     from remat_dsl.plan.cache import Cache
 
     ilp = _source_digest("ilp/hilp.py", "ilp/checkmate.py", "ilp/milp.py")  # the model the grid is solved with
-    return Cache.key("rockmate-block", PEAK_STEPS, SAVE_STEPS, milp.REL_GAP, milp.MAX_NODES, milp.backend_versions(), ilp, hg)
+    return Cache.key(
+        "rockmate-block", PEAK_STEPS, SAVE_STEPS, milp.REL_GAP, milp.MAX_NODES, milp.backend_versions(), ilp, hg
+    )
 
 
 def _cached_block(hg: HGraph, time_limit: float | None, cache) -> tuple[str | None, dict | None]:
@@ -353,13 +381,20 @@ class OverBlocks(Solver):
     cheap_targets = True  # another target runs the chain DP only (NOTE: [Budget correction] in remat_dsl.solve.driver)
     Config = ChainConfig
 
-    def __init__(self, problem: Problem, part: ChainPartition, name: str, label: str = "", config: ChainConfig | None = None):
+    def __init__(
+        self, problem: Problem, part: ChainPartition, name: str, label: str = "", config: ChainConfig | None = None
+    ):
         self.config = config or ChainConfig()
         start = time.perf_counter()
         self.name, self.label, self.part = name, label, part
         self.cache = problem.cache if problem.cache is not None and problem.cache.enabled else None
         self.rc = rockmate_chain(
-            problem.graph, part, per_ilp_limit(problem.time_limit, len(part.blocks)), problem.report, problem.cache, problem.jobs
+            problem.graph,
+            part,
+            per_ilp_limit(problem.time_limit, len(part.blocks)),
+            problem.report,
+            problem.cache,
+            problem.jobs,
         )
         status, gap = milp.status_of(self.rc.results)
         self.info = SolverInfo(Status(status), gap, time.perf_counter() - start)
@@ -367,13 +402,16 @@ class OverBlocks(Solver):
 
     def describe(self) -> str:
         options = sum(len(b.options) for b in self.rc.chain.blocks)
-        settings = f"slots={self.config.slots} blocks={len(self.part.blocks)} classes={self.rc.classes} ilps={self.rc.ilps} options={options}"
+        settings = (
+            f"slots={self.config.slots} blocks={len(self.part.blocks)} classes={self.rc.classes} ilps={self.rc.ilps}"
+            f" options={options}"
+        )
         suffix = "" if self.counted else " gradients=uncounted"
         return f"{self.label} {settings}{suffix}".strip()
 
     def paper_model(self) -> OverBlocks:
         """These blocks and options in the paper's chain model, without solving anything
-        again (NOTE: [Two chain models] in remat_dsl.solve.chain.model)."""
+        again (NOTE: [Two chain models] in remat_dsl.solve.solvers.chain.model)."""
         other = copy.copy(self)
         other.__dict__.pop("_floor", None)
         other.__dict__.pop("_chain_key", None)
@@ -407,7 +445,15 @@ class OverBlocks(Solver):
         if hit is not None:
             return hit.schedule
         schedule = try_rk_rotor(self.rc.chain, target, self.config.slots)
-        entry = None if schedule is None else {"ops": [list(op) for op in schedule.ops], "us": schedule.predicted_us, "peak": schedule.predicted_peak}
+        entry = (
+            None
+            if schedule is None
+            else {
+                "ops": [list(op) for op in schedule.ops],
+                "us": schedule.predicted_us,
+                "peak": schedule.predicted_peak,
+            }
+        )
         self.cache.put("chains", key, {"schedule": entry})
         return schedule
 
@@ -422,8 +468,8 @@ class OverBlocks(Solver):
 
 @functools.cache
 def _source_digest(*files: str) -> str:
-    """SHA-256 of these source files (paths under remat_dsl/solve): a cache entry keyed
-    by it is a miss once the code that made it changes, never a stale hit."""
+    """SHA-256 of these source files (paths under remat_dsl/solve/solvers): a cache entry
+    keyed by it is a miss once the code that made it changes, never a stale hit."""
     import hashlib
     from pathlib import Path
 
@@ -508,7 +554,11 @@ class Rockmate(OverBlocks):
     def fallbacks(self):
         """NOTE: [Two partitions], each in both chain models (NOTE: [Two chain models])."""
         rotors = partition(self.problem.graph)
-        finer = OverBlocks(self.problem, rotors, self.name, self.label, self.config) if affordable(rotors, self.part) else None
+        finer = (
+            OverBlocks(self.problem, rotors, self.name, self.label, self.config)
+            if affordable(rotors, self.part)
+            else None
+        )
         if finer is not None:  # else its ILPs would take minutes: NOTE: [Two partitions]
             yield finer
         yield self.paper_model()

@@ -94,7 +94,9 @@ def stop() -> None:
     if _pool is None:
         return
     executor, _pool = _pool[1], None
-    for process in list((getattr(executor, "_processes", None) or {}).values()):  # no public way to stop them before 3.14
+    for process in list(
+        (getattr(executor, "_processes", None) or {}).values()
+    ):  # no public way to stop them before 3.14
         process.kill()
     executor.shutdown(wait=True, cancel_futures=True)
 

@@ -1,7 +1,7 @@
 """RK-Checkmate: the ILP of thesis section 2.4 (eq. 2.3-2.19) on a set of operations.
 
 `op_hgraph` turns the ops of a graph, or of one block of it, into the H-ILP's graph with
-one option per op and no phantoms (remat_dsl.solve.ilp.hilp: H-ILP with single-option
+one option per op and no phantoms (remat_dsl.solve.solvers.ilp.hilp: H-ILP with single-option
 nodes is RK-Checkmate; our FB-graph has explicit saved tensors, so there are no phantoms
 and no fast-forward option to choose, see thesis section 2.3 "FB-Graph").
 
@@ -16,7 +16,7 @@ import time
 from remat_dsl.plan import ir
 from remat_dsl.plan.ir import op_uses, pinned_tensors
 from remat_dsl.solve.api import Problem, refuse_above
-from remat_dsl.solve.ilp.hilp import HILP, CNode, HGraph, Option, TargetSolver, Value, ops_of
+from remat_dsl.solve.solvers.ilp.hilp import HILP, CNode, HGraph, Option, TargetSolver, Value, ops_of
 
 
 def op_hgraph(graph: ir.Graph, forward: tuple[str, ...], backward: tuple[str, ...]) -> HGraph:

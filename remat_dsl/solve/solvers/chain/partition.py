@@ -23,7 +23,7 @@ from remat_dsl.plan.ir import op_uses
 from remat_dsl.plan.liveness import estimated_peak, live_intervals
 from remat_dsl.plan.units import format_duration, human_bytes
 from remat_dsl.solve.api import Decision
-from remat_dsl.solve.chain.model import Block, Chain
+from remat_dsl.solve.solvers.chain.model import Block, Chain
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,10 @@ class ChainPartition:
     chain: Chain
 
 
-MAX_BLOCKS = 40  # blocks at the chosen module depth, before refining (80 split a 32-layer decoder into attention and MLP blocks, but raised the Transformer example's smallest rockmate budget above rotor's)
+# blocks at the chosen module depth, before refining (80 split a 32-layer decoder into
+# attention and MLP blocks, but raised the Transformer example's smallest rockmate budget
+# above rotor's)
+MAX_BLOCKS = 40
 
 
 def partition(graph: ir.Graph, max_blocks: int = MAX_BLOCKS, refine: int = 0, strict: bool = True) -> ChainPartition:
@@ -62,7 +65,9 @@ def partition(graph: ir.Graph, max_blocks: int = MAX_BLOCKS, refine: int = 0, st
     chain_ops = [op for op in forward if op.name not in prelude]
     skips = _skip_tensors(chain_ops, _separators(chain_ops, set()))
     separators = _separators(chain_ops, skips)
-    cuts = _choose_cuts(chain_ops, separators, max_blocks, refine, _separators(chain_ops, set()) if strict else separators)
+    cuts = _choose_cuts(
+        chain_ops, separators, max_blocks, refine, _separators(chain_ops, set()) if strict else separators
+    )
     if not strict:
         cuts = _split_large_blocks(chain_ops, cuts, tensors)
     fw_blocks = _split(chain_ops, cuts)
@@ -78,7 +83,7 @@ LARGE_BLOCK_FORWARD_OPS = 48  # a fallback's blocks may hold this many forward o
 def affordable(part: ChainPartition, than: ChainPartition) -> bool:
     """Whether RK-Checkmate's ILPs on `part`'s blocks cost about what they cost on
     `than`'s: no block of `part` has more forward ops than both `than`'s largest and
-    LARGE_BLOCK_FORWARD_OPS (NOTE: [Two partitions] in remat_dsl.solve.ilp.rockmate)."""
+    LARGE_BLOCK_FORWARD_OPS (NOTE: [Two partitions] in remat_dsl.solve.solvers.ilp.rockmate)."""
     largest = lambda p: max((len(b.forward) for b in p.blocks), default=0)  # noqa: E731
     return largest(part) <= max(largest(than), LARGE_BLOCK_FORWARD_OPS)
 
@@ -146,7 +151,9 @@ def _choose_cuts(ops, separators: list[int], max_blocks: int, refine: int = 0, s
         cuts = _cuts_at(ops, separators, depth)
         if len(cuts) + 1 <= max_blocks:
             if refine:
-                finer = sorted(set(_cuts_at(ops, list(strict), depth + refine)) | set(_cuts_at(ops, list(strict), depth)))
+                finer = sorted(
+                    set(_cuts_at(ops, list(strict), depth + refine)) | set(_cuts_at(ops, list(strict), depth))
+                )
                 return _merge_small_blocks(finer, MIN_BLOCK_OPS)
             return _merge_small(ops, cuts, max_blocks)
     return _merge_small(ops, separators, max_blocks)
@@ -324,7 +331,7 @@ def _uses(graph, blocks, block_of_tensor):
 
 def _kept(blocks: tuple[BlockOps, ...], ops: dict[str, ir.Op], pinned: set[str]) -> list[set[str]]:
     """Per block k: the step's outputs its backward makes (parameter gradients), which stay
-    to the end of the step (NOTE: [Kept gradients] in remat_dsl.solve.chain.model).  A
+    to the end of the step (NOTE: [Kept gradients] in remat_dsl.solve.solvers.chain.model).  A
     gradient that a block before k-1 reads (a skip connection's, a tied parameter's partial
     one) is live only until that block's backward; the chain cannot say so, and counting it
     to the end raised examples/resnet.py's smallest rotor budget from 48% to 69%, so it is
@@ -381,7 +388,10 @@ def _words(part: ChainPartition, chain: Chain, kind: str, l: int, o: int, option
         return f"{name}: forward, keeps nothing (recomputed later)"
     if kind == "F_ck":
         saves = block.xbar_bytes - block.x_bytes
-        return f"{name}: checkpoint, recomputed in the backward: saves {human_bytes(saves)} for {format_duration(block.fwd_us)}"
+        return (
+            f"{name}: checkpoint, recomputed in the backward: saves {human_bytes(saves)} for"
+            f" {format_duration(block.fwd_us)}"
+        )
     if options is None or len(options[l - 1]) == 1:
         return f"{name}: forward, keeps its activations ({human_bytes(block.xbar_bytes)})"
     n = len(options[l - 1]) - 1
@@ -391,10 +401,16 @@ def _words(part: ChainPartition, chain: Chain, kind: str, l: int, o: int, option
     forward = set(part.blocks[l - 1].forward)
     prefix = name.split("{")[0] if "{" in name else name + "."  # the module path they share
     recomputed = [op.removeprefix(prefix) for op in dict.fromkeys(options[l - 1][o]) if op in forward]
-    tail = f": saves {human_bytes(block.xbar_bytes - option.xbar_bytes)} for {format_duration(option.bwd_us - block.bwd_us)}"
+    tail = (
+        f": saves {human_bytes(block.xbar_bytes - option.xbar_bytes)} for"
+        f" {format_duration(option.bwd_us - block.bwd_us)}"
+    )
     head = f"{name}: option {o} of {n}, recompute "
     listed = recomputed[:1]
-    while len(listed) < len(recomputed) and len(head + ", ".join(recomputed[: len(listed) + 1]) + " and 99 more" + tail) <= TEXT_WIDTH:
+    while (
+        len(listed) < len(recomputed)
+        and len(head + ", ".join(recomputed[: len(listed) + 1]) + " and 99 more" + tail) <= TEXT_WIDTH
+    ):
         listed = recomputed[: len(listed) + 1]
     more = f" and {len(recomputed) - len(listed)} more" if len(listed) < len(recomputed) else ""
     text = head + ", ".join(listed) + more + tail
@@ -429,7 +445,9 @@ def block_name(part: ChainPartition, l: int, children: int = 3) -> str:
     return f"{'.'.join(common)}.{{{inner}}}" if common else f"{{{inner}}}"
 
 
-AUTO_CHAIN_SHARE = 0.4  # the largest block holds at most this share of the forward ops (NOTE: [Chains of two layers]) ...
+AUTO_CHAIN_SHARE = (
+    0.4  # the largest block holds at most this share of the forward ops (NOTE: [Chains of two layers]) ...
+)
 AUTO_BLOCK_OPS = 64  # ... and at most this many (a Llama decoder layer, attention and gated MLP, is 48)
 
 

@@ -6,7 +6,7 @@ eq. 2.21 (Opt_2, block s computed without keeping anything, then the next checkp
 eq. 2.22 (Opt = min of both), Algorithm 5 (the table) and
 Algorithm 6 (the sequence).  Option 0 of the thesis (keep nothing) is rotor's F_ck/F_n;
 the options with a backward are the block's store-all (`Block`'s own fields, our option
-0) and its `BlockOption`s.  The memory conditions are rotor's (remat_dsl.solve.chain.rotor,
+0) and its `BlockOption`s.  The memory conditions are rotor's (remat_dsl.solve.solvers.chain.rotor,
 NOTE: [Memory conditions]) with m_all taken per option:
   m_all^o(s, t) = max(delta^t + abar_s^o + o_f^{s,o}, abar_s^o + delta^s + delta^{s-1} + o_b^{s,o} + G(s+1, t))
 so that with one option per block this is exactly rotor's table.  Memory is discretized
@@ -17,8 +17,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from remat_dsl.solve.chain.model import Chain, ChainSchedule, InfeasibleBudget, simulate_chain, store_all_schedule
-from remat_dsl.solve.chain.rotor import (
+from remat_dsl.solve.solvers.chain.model import (
+    Chain,
+    ChainSchedule,
+    InfeasibleBudget,
+    simulate_chain,
+    store_all_schedule,
+)
+from remat_dsl.solve.solvers.chain.rotor import (
     ChainConfig,
     _exact_sizes,
     _min_peak,
@@ -135,7 +141,7 @@ def min_feasible_budget(chain: Chain, slots: int = ChainConfig.slots) -> int:
     budgets between the undiscretized floor and the store-all peak, with rotor's min/max
     table (`rotor._min_peak`) over the options, many budgets per round (feasibility grows
     with the budget: rounded sizes shrink); much faster than a bisection, which runs the
-    whole cost table a dozen times (NOTE: [Chain memo] in solve/ilp/rockmate.py)."""
+    whole cost table a dozen times (NOTE: [Chain memo] in solve/solvers/ilp/rockmate.py)."""
     exact = _exact_sizes(chain)
     options = _option_bytes(chain)
     floor = int(_min_peak(exact, options))
@@ -152,5 +158,7 @@ def _option_bytes(chain: Chain) -> list[np.ndarray]:
     table = [np.zeros((3, 1), dtype=np.int64)]
     for block in chain.blocks:
         variants = [block.variant(o) for o in range(len(block.options) + 1)]
-        table.append(np.array([[v[0] for v in variants], [v[1] for v in variants], [v[3] for v in variants]], dtype=np.int64))
+        table.append(
+            np.array([[v[0] for v in variants], [v[1] for v in variants], [v[3] for v in variants]], dtype=np.int64)
+        )
     return table

@@ -95,7 +95,9 @@ def solve(problem: pulp.LpProblem, time_limit: float | None = None, rel_gap: flo
         raise RuntimeError("no MILP backend: pip install highspy (or a pulp with its CBC binary)")
     start = time.perf_counter()
     if names[0] == "HiGHS":
-        solver = _HiGHS(msg=False, timeLimit=time_limit, gapRel=rel_gap, threads=1, random_seed=0, mip_max_nodes=max_nodes)
+        solver = _HiGHS(
+            msg=False, timeLimit=time_limit, gapRel=rel_gap, threads=1, random_seed=0, mip_max_nodes=max_nodes
+        )
         solver.changed = changed
         with _c_stdout_silenced():
             problem.solve(solver)
@@ -165,7 +167,14 @@ class _HiGHS(pulp.HiGHS):
         values = list(model.getSolution().col_value)
         for var in lp._remat_columns:
             var.varValue = values[var.index] if values else None
-        stopped = (kind.kTimeLimit, kind.kIterationLimit, kind.kSolutionLimit, kind.kInterrupt, kind.kObjectiveBound, kind.kObjectiveTarget)
+        stopped = (
+            kind.kTimeLimit,
+            kind.kIterationLimit,
+            kind.kSolutionLimit,
+            kind.kInterrupt,
+            kind.kObjectiveBound,
+            kind.kObjectiveTarget,
+        )
         if status == kind.kOptimal:
             return pulp.LpStatusOptimal, pulp.LpSolutionOptimal
         if status in (kind.kInfeasible, kind.kUnboundedOrInfeasible):

@@ -4,16 +4,16 @@ Zhao, PhD thesis "Optimizing Memory Usage when Training Deep Neural Networks" (2
 chapter 3, and Gusak et al., "HiRemate" (preprint, 2023): the graph is partitioned into a
 hierarchy of small clusters (section 3.3); each cluster is solved on a grid of budgets,
 its children being nodes with options (H-ILP, section 3.4, eq. 3.4-3.34, in
-remat_dsl.solve.ilp.hilp); the schedules found become the cluster's own options one level
+remat_dsl.solve.solvers.ilp.hilp); the schedules found become the cluster's own options one level
 up (section 3.4.5), and the root is solved at the user's budget.  Identical clusters are
 solved once (section 3.3.5).
 
 NOTE: [Hierarchy]
-Level 0 are operations.  Level 1 are Rockmate's blocks (remat_dsl.solve.chain.partition,
+Level 0 are operations.  Level 1 are Rockmate's blocks (remat_dsl.solve.solvers.chain.partition,
 `partition(refine=1, strict=False)`): intervals of the forward order cut at separators
 (skip tensors may cross them), solved by RK-Checkmate on the budget grid
-(remat_dsl.solve.ilp.rockmate, identical blocks once).  Above, H-Partition (Algorithm 7,
-remat_dsl.solve.ilp.hpartition) runs on the quotient DAG of blocks (an edge where a block reads a
+(remat_dsl.solve.solvers.ilp.rockmate, identical blocks once).  Above, H-Partition (Algorithm 7,
+remat_dsl.solve.solvers.ilp.hpartition) runs on the quotient DAG of blocks (an edge where a block reads a
 tensor another made; eq. 3.1 scores groups by the bytes crossing them) and gives a tree
 of convex groups of at most `max_children` blocks (HiremateConfig); a convex set of blocks of this DAG is
 an interval of the forward order, so each group's backward is its blocks' backwards in
@@ -24,7 +24,7 @@ U-Nets are planned, not ignored as in a chain model.
 NOTE: [Options of a cluster]
 An option of a child is one backward sequence (recomputations and backward ops); its
 forward is always the child's forward ops.  Its H-ILP costs come from an exact replay of
-the child's ops under the lowering's liveness rule (remat_dsl.solve.ilp.rockmate.replay):
+the child's ops under the lowering's liveness rule (remat_dsl.solve.solvers.ilp.rockmate.replay):
 the phantom p_{j,o} is what the option keeps beyond the child's outputs, the overheads
 are the peaks above the state after the node.  Each child also has the phantom-free
 fast-forward.  The correction terms of section 3.4.4.1 are not added: the overheads are
@@ -43,15 +43,21 @@ import networkx as nx
 from remat_dsl.plan import ir
 from remat_dsl.plan.ir import op_uses, pinned_tensors
 from remat_dsl.solve.api import Problem, Solver, SolverInfo, SolverResult, fallbacks, floor_targets, setting
-from remat_dsl.solve.chain.partition import ChainPartition, is_small_chain, partition
-from remat_dsl.solve.chain.rotor import ChainConfig
-from remat_dsl.solve.ilp import milp
-from remat_dsl.solve.ilp.checkmate import op_hgraph
-from remat_dsl.solve.ilp.hilp import HILP, CNode, HGraph, Option, TargetSolver, Value, ops_of
-from remat_dsl.solve.ilp.hpartition import HCluster, h_partition
-from remat_dsl.solve.ilp.rockmate import Rockmate, RockmateChain, grid, pareto_schedules, per_ilp_limit, replay, rockmate_chain
-
-
+from remat_dsl.solve.solvers.chain.partition import ChainPartition, is_small_chain, partition
+from remat_dsl.solve.solvers.chain.rotor import ChainConfig
+from remat_dsl.solve.solvers.ilp import milp
+from remat_dsl.solve.solvers.ilp.checkmate import op_hgraph
+from remat_dsl.solve.solvers.ilp.hilp import HILP, CNode, HGraph, Option, TargetSolver, Value, ops_of
+from remat_dsl.solve.solvers.ilp.hpartition import HCluster, h_partition
+from remat_dsl.solve.solvers.ilp.rockmate import (
+    Rockmate,
+    RockmateChain,
+    grid,
+    pareto_schedules,
+    per_ilp_limit,
+    replay,
+    rockmate_chain,
+)
 
 @dataclass(frozen=True)
 class HiremateConfig:
@@ -135,7 +141,7 @@ class Hiremate(Solver):
     desirable structure" (thesis, chapter 1 and section 3.2.2).  When the clusters above
     the blocks form a chain (`is_small_chain`), the root level is solved by RK-Rotor,
     exact for persistent schedules of a chain, over the blocks' RK-Checkmate options: the
-    same plan as rockmate (remat_dsl.solve.ilp.rockmate, with its fallback)."""
+    same plan as rockmate (remat_dsl.solve.solvers.ilp.rockmate, with its fallback)."""
 
     name = "hiremate"
     auto_rank = 3
@@ -146,7 +152,9 @@ class Hiremate(Solver):
         self.config = config or HiremateConfig()
         if is_small_chain(problem.graph):
             chain = ChainConfig(slots=self.config.slots)
-            self.inner: Rockmate | _Root = Rockmate(problem, label="levels=2 root=rk-rotor", name=self.name, config=chain)
+            self.inner: Rockmate | _Root = Rockmate(
+                problem, label="levels=2 root=rk-rotor", name=self.name, config=chain
+            )
         else:
             self.inner = _Root(problem, self.config.max_children)
 
@@ -181,14 +189,24 @@ class _Root(TargetSolver):
         start = time.perf_counter()
         graph = problem.graph
         part = partition(graph, refine=1, strict=False)
-        rc = rockmate_chain(graph, part, per_ilp_limit(problem.time_limit, len(part.blocks)), problem.report, problem.cache, problem.jobs)
+        rc = rockmate_chain(
+            graph,
+            part,
+            per_ilp_limit(problem.time_limit, len(part.blocks)),
+            problem.report,
+            problem.cache,
+            problem.jobs,
+        )
         if problem.report:
             problem.report(f"solving the clusters above the {len(part.blocks)} blocks (H-ILP per cluster class)")
         h = Hierarchy(graph, part, rc, problem.time_limit, max_children)
         super().__init__(problem, h.model, lambda schedule: ops_of(h.top, schedule.steps), "hiremate")
         self.results = list(h.results)
         self.seconds = time.perf_counter() - start
-        self.settings = f"levels={h.levels} blocks={h.clusters} classes={rc.classes} ilps={len(h.results)} top-nodes={len(h.top.nodes)}"
+        self.settings = (
+            f"levels={h.levels} blocks={h.clusters} classes={rc.classes} ilps={len(h.results)}"
+            f" top-nodes={len(h.top.nodes)}"
+        )
 
     def describe(self) -> str:
         return self.settings
@@ -264,14 +282,22 @@ def _level_graph(graph: ir.Graph, singles: list[tuple[str, ...]], children: list
         for t in order
     )
     nodes = [
-        CNode(name, False, (Option(ops[name].time_us, ops[name].temp_bytes, 0, (name,)),), tuple(index[t] for t in reads[k]))
+        CNode(
+            name,
+            False,
+            (Option(ops[name].time_us, ops[name].temp_bytes, 0, (name,)),),
+            tuple(index[t] for t in reads[k]),
+        )
         for k, (name,) in enumerate(singles)
     ]
     costs = [_option_costs(graph, c) for c in children]
     for j, child in enumerate(children):
         k = S + j
         out = sum(v.size for v in values if v.producer == k)
-        options = [Option(fwd_us, max(0, fwd_peak - xbar), max(0, xbar - out), child.forward) for xbar, fwd_peak, fwd_us, _, _ in costs[j][1:]]
+        options = [
+            Option(fwd_us, max(0, fwd_peak - xbar), max(0, xbar - out), child.forward)
+            for xbar, fwd_peak, fwd_us, _, _ in costs[j][1:]
+        ]
         xbar, fwd_peak, fwd_us, _, _ = costs[j][0]
         options.append(Option(fwd_us, max(0, fwd_peak - out), 0, child.forward))  # fast-forward
         nodes.append(CNode(f"F:{j}", False, tuple(options), tuple(index[t] for t in reads[k]), pair=S + 2 * C - 1 - j))
