@@ -70,10 +70,14 @@ class HiremateConfig:
     peak_steps: int = setting(RockmateConfig.peak_steps, "M_peak values per block and cluster (as rockmate)")
     save_steps: int = setting(RockmateConfig.save_steps, "M_save values per M_peak (as rockmate)")
     max_options: int = setting(RockmateConfig.max_options, "options per block or cluster past store-all (as rockmate)")
+    max_blocks: int = setting(RockmateConfig.max_blocks, "blocks at one module depth, before refining (as rockmate)")
+    min_block_ops: int = setting(RockmateConfig.min_block_ops, "refined and bisected blocks' least forward ops")
 
     def rockmate(self) -> RockmateConfig:
         """The settings of its blocks' grid and of RK-Rotor (a chain root), as Rockmate's Config."""
-        return RockmateConfig(self.slots, self.peak_steps, self.save_steps, self.max_options)
+        return RockmateConfig(
+            self.slots, self.peak_steps, self.save_steps, self.max_options, self.max_blocks, self.min_block_ops
+        )
 
 
 @dataclass(frozen=True)
@@ -197,7 +201,7 @@ class _Root(TargetSolver):
     def __init__(self, problem: Problem, config: HiremateConfig):
         start = time.perf_counter()
         graph = problem.graph
-        part = partition(graph, refine=1, strict=False)
+        part = partition(graph, config.max_blocks, 1, False, config.min_block_ops)
         rc = rockmate_chain(
             graph,
             part,

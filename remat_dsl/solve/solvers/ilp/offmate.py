@@ -177,10 +177,14 @@ class OffmateConfig:
     peak_steps: int = setting(RockmateConfig.peak_steps, "M_peak values per block (as rockmate)")
     save_steps: int = setting(RockmateConfig.save_steps, "M_save values per M_peak (as rockmate)")
     max_options: int = setting(RockmateConfig.max_options, "options per block beyond store-all (as rockmate)")
+    max_blocks: int = setting(RockmateConfig.max_blocks, "blocks at one module depth, before refining (as rockmate)")
+    min_block_ops: int = setting(RockmateConfig.min_block_ops, "refined blocks' least forward ops (as rockmate)")
 
     def rockmate(self) -> RockmateConfig:
         """The settings of its blocks' grid and of RK-Rotor, as Rockmate's Config."""
-        return RockmateConfig(self.slots, self.peak_steps, self.save_steps, self.max_options)
+        return RockmateConfig(
+            self.slots, self.peak_steps, self.save_steps, self.max_options, self.max_blocks, self.min_block_ops
+        )
 
 
 AS_PYTORCH, ROCKMATE, FORGET, CHEAP = "as PyTorch", "Rockmate", "forward-and-forget", "recompute cheap ops"
@@ -715,7 +719,8 @@ class Offmate(Solver):
         start = time.perf_counter()
         self.problem, self.finer = problem, part is not None
         graph = problem.graph
-        self.part = part or partition(graph, refine=1, strict=is_small_chain(graph))
+        c = self.config
+        self.part = part or partition(graph, c.max_blocks, 1, is_small_chain(graph), c.min_block_ops)
         points = self.config.peak_steps * self.config.save_steps
         limit = per_ilp_limit(problem.time_limit, len(self.part.blocks), points)
         rockmate = self.config.rockmate()
@@ -773,7 +778,7 @@ class Offmate(Solver):
         again by the O-ILP over rotor's finer blocks (their bottleneck step holds less),
         where their ILPs are `affordable`."""
         if not self.finer:
-            rotors = partition(self.problem.graph)
+            rotors = partition(self.problem.graph, self.config.max_blocks)
             if affordable(rotors, self.part):
                 yield Offmate(self.problem, rotors, self.config)
 

@@ -79,6 +79,8 @@ class RockmateConfig:
     peak_steps: int = setting(3, "M_peak values per block (NOTE: [Grid] in remat_dsl.solve.solvers.ilp.rockmate)")
     save_steps: int = setting(6, "M_save values per M_peak")
     max_options: int = setting(10, "options per block beyond store-all, after the Pareto filter")
+    max_blocks: int = setting(ChainConfig.max_blocks, "chain blocks at the chosen module depth, before refining")
+    min_block_ops: int = setting(6, "refined blocks grow to at least this many forward ops (chain.partition)")
 
 
 @dataclass(frozen=True)
@@ -542,7 +544,7 @@ class Rockmate(OverBlocks):
     does there.  A budget the first cannot meet goes to the second (`fallbacks`), built
     only then, and the smallest feasible budget is the least of the two.
     Rotor's blocks are not always finer: they are cut at the deepest module depth with
-    at most MAX_BLOCKS blocks, so a model with more layers than that in few stages
+    at most `max_blocks` (40) blocks, so a model with more layers than that in few stages
     (torchvision's EfficientNet-V2-S, 43 blocks of at most 19 forward ops for Rockmate)
     gets its stages (11 blocks of up to 283 forward ops), and the RK-Checkmate ILP of
     one such block runs for many minutes (`remat plan --budget 1%` builds every fallback
@@ -559,7 +561,9 @@ class Rockmate(OverBlocks):
         self, problem: Problem, label: str = "", name: str = "rockmate", config: RockmateConfig | None = None
     ):
         self.problem = problem
-        part = partition(problem.graph, refine=1, strict=is_small_chain(problem.graph))
+        config = config or RockmateConfig()
+        strict = is_small_chain(problem.graph)
+        part = partition(problem.graph, config.max_blocks, 1, strict, config.min_block_ops)
         super().__init__(problem, part, name, label, config)
 
     @classmethod
@@ -568,7 +572,7 @@ class Rockmate(OverBlocks):
 
     def fallbacks(self):
         """NOTE: [Two partitions], each in both chain models (NOTE: [Two chain models])."""
-        rotors = partition(self.problem.graph)
+        rotors = partition(self.problem.graph, self.config.max_blocks)
         finer = (
             OverBlocks(self.problem, rotors, self.name, self.label, self.config)
             if affordable(rotors, self.part)
