@@ -58,7 +58,6 @@ from typing import Any
 import pulp
 
 from remat_dsl.solve.solvers.ilp import milp
-from remat_dsl.solve.solvers.moccasin import MoccasinConfig
 
 
 @dataclass(frozen=True)
@@ -207,11 +206,13 @@ class StageRelaxation:
     recomputations) is repaired by solving at the capacity less the excess.
 
     rel_gap: HiGHS's relative gap, of the whole time; rounds: rounds of slot rows added
-    where the schedule broke the capacity (`solve`); MoccasinConfig holds both."""
+    where the schedule broke the capacity (`solve`); None: `m.config`'s (MoccasinConfig's
+    relaxation_gap and slot_rounds)."""
 
-    def __init__(self, m, rel_gap: float = MoccasinConfig.relaxation_gap, rounds: int = MoccasinConfig.slot_rounds):
+    def __init__(self, m, rel_gap: float | None = None, rounds: int | None = None):
         self.m = m
-        self.rel_gap, self.rounds = rel_gap, rounds
+        self.rel_gap = m.config.relaxation_gap if rel_gap is None else rel_gap
+        self.rounds = m.config.slot_rounds if rounds is None else rounds
         ops = m.ops
         self.problem = pulp.LpProblem("stage_relaxation", pulp.LpMinimize)
         facts = _Facts.of(m)
@@ -422,9 +423,11 @@ class MomentRelaxation:
     32 moments (MoccasinConfig.moments) proved the highest bound on that decoder: with few moments the rows miss
     the peaks, with many HiGHS is slower (docs/measured-notes.md)."""
 
-    def __init__(self, m, moments: int = MoccasinConfig.moments, rel_gap: float = MoccasinConfig.relaxation_gap):
+    def __init__(self, m, moments: int | None = None, rel_gap: float | None = None):
+        """moments, rel_gap: None: `m.config`'s (MoccasinConfig's moments and relaxation_gap)."""
         self.m = m
-        self.rel_gap = rel_gap
+        moments = m.config.moments if moments is None else moments
+        self.rel_gap = m.config.relaxation_gap if rel_gap is None else rel_gap
         ops = m.ops
         facts = self.facts = _Facts.of(m)
         producer, size, last, ftens = facts.producer, facts.size, facts.last, facts.ftens
