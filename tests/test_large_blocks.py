@@ -83,7 +83,7 @@ def test_store_all_that_fits_builds_no_ilp(t5_graph):
 
 def test_rockmate_falls_back_on_rotors_blocks_only_where_their_ilps_are_affordable(tmp_path):
     """NOTE: [Two partitions] in remat_dsl/solve/solvers/ilp/rockmate.py: a stock ResNet with 43
-    layers in 4 stages (EfficientNet-V2-S's shape) has more layers than MAX_BLOCKS, so
+    layers in 4 stages (EfficientNet-V2-S's shape) has more layers than max_blocks (40, ChainConfig), so
     rotor's partition cuts at its stages (blocks of up to 100 forward ops) where Rockmate's
     cuts at its layers (at most 10).  The smallest-budget search builds every fallback, and
     the RK-Checkmate ILP of rotor's second stage ran for over 10 minutes (torchvision's

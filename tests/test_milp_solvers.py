@@ -249,6 +249,27 @@ def random_chain(rng: random.Random, options: bool) -> Chain:
     return Chain(tuple(blocks), 5, 5)
 
 
+def test_rockmate_grid_and_block_key_follow_its_config(tiny):
+    """RockmateConfig's grid sets the (M_peak, M_save) points and the block cache key:
+    the default's key is the one the two module constants made, another grid's differs,
+    so a block solved on one grid is never recalled for another."""
+    from remat_dsl.plan.cache import Cache
+    from remat_dsl.solve.solvers.ilp.rockmate import RockmateConfig, _block_key, _source_digest, grid
+
+    graph = tiny[1].graph
+    forward = tuple(op.name for op in graph.ops if op.phase == "forward")
+    backward = tuple(op.name for op in graph.ops if op.phase == "backward")
+    hg = op_hgraph(graph, forward, backward)
+    store_all = replay(hg, tuple(range(hg.boundary, len(hg.nodes))))
+    assert grid(hg, store_all) == grid(hg, store_all, 3, 6) and len(grid(hg, store_all, 1, 1)) == 1
+    assert len(grid(hg, store_all, 4, 8)) > len(grid(hg, store_all))
+    ilp = _source_digest("ilp/hilp.py", "ilp/checkmate.py", "ilp/milp.py")
+    today = Cache.key("rockmate-block", 3, 6, milp.REL_GAP, milp.MAX_NODES, milp.backend_versions(), ilp, hg)
+    assert _block_key(hg) == _block_key(hg, RockmateConfig()) == today
+    assert _block_key(hg, RockmateConfig(peak_steps=4)) != today != _block_key(hg, RockmateConfig(save_steps=8))
+    assert _block_key(hg, RockmateConfig(slots=1000, max_options=4)) == today  # applied after the cache
+
+
 def test_rk_rotor_without_options_is_rotor():
     rng = random.Random(0)
     for _ in range(40):

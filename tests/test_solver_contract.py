@@ -73,6 +73,25 @@ def test_every_solver_config_is_frozen_documented_and_listed_in_the_docs(name):
         assert f"`{field.name}`" in docs, f"docs/solvers.md does not list {name}'s {field.name}"
 
 
+def test_the_helpers_defaults_are_the_configs():
+    """The block partition and H-Partition sit below the solvers that hold their settings,
+    so their keyword defaults are written twice: they must agree with the Configs'."""
+    import inspect
+
+    from remat_dsl.solve.solvers.chain.partition import partition
+    from remat_dsl.solve.solvers.chain.rotor import ChainConfig
+    from remat_dsl.solve.solvers.ilp.hiremate import HiremateConfig
+    from remat_dsl.solve.solvers.ilp.hpartition import h_partition
+    from remat_dsl.solve.solvers.ilp.rockmate import RockmateConfig
+
+    part = inspect.signature(partition).parameters
+    assert part["max_blocks"].default == ChainConfig.max_blocks == RockmateConfig.max_blocks
+    assert part["min_block_ops"].default == RockmateConfig.min_block_ops
+    h = inspect.signature(h_partition).parameters
+    assert h["max_size"].default == HiremateConfig.max_children
+    assert (h["alpha"].default, h["stuck_ratio"].default) == (HiremateConfig.alpha, HiremateConfig.stuck_ratio)
+
+
 def test_unknown_and_outside_names():
     from remat_dsl.plan.errors import RematError
 

@@ -1,6 +1,6 @@
 """Stock Hugging Face ResNetForImageClassification from a config with many layers per
 stage (3 + 14 + 14 + 12 basic layers, EfficientNet-V2-S's shape: more layers than
-MAX_BLOCKS, in few stages), an `ImageClassifierOutputWithNoAttention`."""
+max_blocks (40, ChainConfig), in few stages), an `ImageClassifierOutputWithNoAttention`."""
 
 import torch
 from transformers import ResNetConfig, ResNetForImageClassification

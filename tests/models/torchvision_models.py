@@ -30,7 +30,7 @@ def build_efficientnet_b0():
 
 
 def build_efficientnet_v2_s():
-    return _build("efficientnet_v2_s")  # more blocks than rotor's MAX_BLOCKS, in 8 stages
+    return _build("efficientnet_v2_s")  # more blocks than rotor's max_blocks (40), in 8 stages
 
 
 def build_convnext_tiny():

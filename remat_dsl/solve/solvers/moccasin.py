@@ -168,6 +168,9 @@ class MoccasinConfig:
     stage_share: float = setting(
         0.5, "share of a solve's time limit, at most, for the relaxation (NOTE: [Stage bound])"
     )
+    relaxation_gap: float = setting(1e-4, "HiGHS's relative gap on the relaxations, of the whole time (as GAP_OPTIMAL)")
+    slot_rounds: int = setting(4, "rounds of slot rows added where the relaxation broke the capacity (Lazy slot rows)")
+    moments: int = setting(32, "backward moments with a memory row in moment_bound (NOTE: [Moment relaxation])")
 
 
 def _gap(value: float, bound: float) -> float:
@@ -760,15 +763,15 @@ class Moccasin(Solver):
         """A proven lower bound (microseconds) on the predicted time of every schedule of
         the model whose peak is at most `target` bytes, from the moment relaxation (NOTE:
         [Moment relaxation] in remat_dsl.solve.solvers.stage_relaxation) with `moments` backward
-        moments (default MOMENTS there), HiGHS's dual bound after at most `time_limit`
+        moments (default `config.moments`), HiGHS's dual bound after at most `time_limit`
         seconds.  None when HiGHS proved no bound in time or no schedule fits `target`.
         For graphs whose stage relaxation is not bounded in minutes (bench/decoder.py
         --bound, bench/optimality.py --moment-time); not used by `solve`."""
-        from remat_dsl.solve.solvers.stage_relaxation import MOMENTS, MomentRelaxation
+        from remat_dsl.solve.solvers.stage_relaxation import MomentRelaxation
 
-        moments = MOMENTS if moments is None else moments
+        moments = self.config.moments if moments is None else moments
         if moments not in self._moments:
-            self._moments[moments] = MomentRelaxation(self, moments)
+            self._moments[moments] = MomentRelaxation(self, moments, self.config.relaxation_gap)
         relaxation = self._moments[moments]
         result = relaxation.bound(max(target - self.offset, 0) // self._unit() * self._unit(), time_limit)
         self.seconds += relaxation.results[-1].seconds
@@ -779,7 +782,7 @@ class Moccasin(Solver):
         if self._stage is None:
             from remat_dsl.solve.solvers.stage_relaxation import StageRelaxation
 
-            self._stage = StageRelaxation(self)
+            self._stage = StageRelaxation(self, self.config.relaxation_gap, self.config.slot_rounds)
         return self._stage
 
     def _unit(self) -> int:

@@ -59,9 +59,6 @@ import pulp
 
 from remat_dsl.solve.solvers.ilp import milp
 
-REL_GAP = 1e-4  # of the whole time: what Moccasin calls optimal (GAP_OPTIMAL)
-ROUNDS = 4  # rounds of slot rows added where the schedule broke the capacity (`solve`)
-
 
 @dataclass(frozen=True)
 class StageBound:
@@ -206,10 +203,16 @@ class StageRelaxation:
     it is solved again.  Each solve's optimum is a lower bound (its rows are a subset of
     the relaxation's), so the largest proven one is kept.  A schedule that still breaks
     the capacity where no row is missing (RNG states, inputs held for later
-    recomputations) is repaired by solving at the capacity less the excess."""
+    recomputations) is repaired by solving at the capacity less the excess.
 
-    def __init__(self, m):
+    rel_gap: HiGHS's relative gap, of the whole time; rounds: rounds of slot rows added
+    where the schedule broke the capacity (`solve`); None: `m.config`'s (MoccasinConfig's
+    relaxation_gap and slot_rounds)."""
+
+    def __init__(self, m, rel_gap: float | None = None, rounds: int | None = None):
         self.m = m
+        self.rel_gap = m.config.relaxation_gap if rel_gap is None else rel_gap
+        self.rounds = m.config.slot_rounds if rounds is None else rounds
         ops = m.ops
         self.problem = pulp.LpProblem("stage_relaxation", pulp.LpMinimize)
         facts = _Facts.of(m)
@@ -290,7 +293,7 @@ class StageRelaxation:
             return None if time_limit is None else (time_limit - (time.perf_counter() - start)) / 2
 
         bound, best, closest = None, None, None
-        for _ in range(ROUNDS):
+        for _ in range(self.rounds):
             result, runs, profile = self._solve_at(capacity, half_left())
             if result.status == milp.INFEASIBLE:
                 return StageBound(bound, infeasible=True, runs=best, closest=closest)
@@ -332,7 +335,7 @@ class StageRelaxation:
             return milp.MilpResult(milp.NO_SOLUTION, None, 0.0, ""), None, None
         for constraint, fixed in self.rows:
             constraint.constant = fixed - target
-        result = milp.solve(self.problem, time_limit, rel_gap=REL_GAP, max_nodes=10**9)
+        result = milp.solve(self.problem, time_limit, rel_gap=self.rel_gap, max_nodes=10**9)
         self.results.append(result)
         if not result.has_solution:
             return result, None, None
@@ -388,9 +391,6 @@ class StageRelaxation:
         return {v: sorted(times) for v, times in runs.items()}
 
 
-MOMENTS = 32  # backward moments with a memory row (NOTE: [Moment relaxation])
-
-
 class MomentRelaxation:
     """NOTE: [Moment relaxation] for a Moccasin model `m`: the stage relaxation's rows at
     `moments` backward moments instead of every stage, for graphs whose stage relaxation
@@ -420,11 +420,14 @@ class MomentRelaxation:
     graph order, recomputing in between, is faster within the capacity.  With every
     stage a moment it is the stage relaxation without slot rows.  `point` maps a
     schedule onto it; the tests check that schedules break no row at their own peak.
-    MOMENTS = 32 proved the highest bound on that decoder: with few moments the rows miss
+    32 moments (MoccasinConfig.moments) proved the highest bound on that decoder: with few moments the rows miss
     the peaks, with many HiGHS is slower (docs/measured-notes.md)."""
 
-    def __init__(self, m, moments: int = MOMENTS):
+    def __init__(self, m, moments: int | None = None, rel_gap: float | None = None):
+        """moments, rel_gap: None: `m.config`'s (MoccasinConfig's moments and relaxation_gap)."""
         self.m = m
+        moments = m.config.moments if moments is None else moments
+        self.rel_gap = m.config.relaxation_gap if rel_gap is None else rel_gap
         ops = m.ops
         facts = self.facts = _Facts.of(m)
         producer, size, last, ftens = facts.producer, facts.size, facts.last, facts.ftens
@@ -488,7 +491,7 @@ class MomentRelaxation:
         when no schedule fits (a relaxation with no solution)."""
         for constraint, fixed in self.rows:
             constraint.constant = fixed - capacity
-        result = milp.solve(self.problem, time_limit, rel_gap=REL_GAP, max_nodes=10**9)
+        result = milp.solve(self.problem, time_limit, rel_gap=self.rel_gap, max_nodes=10**9)
         self.results.append(result)
         if result.status == milp.INFEASIBLE:
             return StageBound(None, infeasible=True)

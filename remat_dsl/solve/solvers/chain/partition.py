@@ -43,20 +43,21 @@ class ChainPartition:
     chain: Chain
 
 
-# blocks at the chosen module depth, before refining (80 split a 32-layer decoder into
-# attention and MLP blocks, but raised the Transformer example's smallest rockmate budget
-# above rotor's)
-MAX_BLOCKS = 40
-
-
-def partition(graph: ir.Graph, max_blocks: int = MAX_BLOCKS, refine: int = 0, strict: bool = True) -> ChainPartition:
+def partition(graph: ir.Graph, max_blocks: int = 40, refine: int = 0, strict: bool = True,
+              min_block_ops: int = 6) -> ChainPartition:  # fmt: skip
     """Split `graph` into a prelude and a chain of blocks with rotor's costs (bytes, us).
 
-    refine > 0 cuts `refine` module levels deeper than the depth chosen for `max_blocks`
-    and then merges small blocks into the next ones (Rockmate's blocks: a GPT-2
-    layer becomes its attention and its MLP block, thesis section 2.3).  strict: refine
-    only at separators no skip tensor crosses (for chain solvers, whose model does not
-    see skip tensors); HiRemate's H-ILP sees them and refines at every separator.
+    max_blocks: blocks at the chosen module depth, before refining (80 split a 32-layer
+    decoder into attention and MLP blocks, but raised the Transformer example's smallest
+    rockmate budget above rotor's).  refine > 0 cuts `refine` module levels deeper than
+    the depth chosen for `max_blocks` and then merges small blocks into the next ones
+    until each has `min_block_ops` forward ops (Rockmate's blocks: a GPT-2 layer becomes
+    its attention and its MLP block, thesis section 2.3).  strict: refine only at
+    separators no skip tensor crosses (for chain solvers, whose model does not see skip
+    tensors); HiRemate's H-ILP sees them and refines at every separator, and bisects
+    large blocks into halves of `min_block_ops` or more (NOTE: [Large blocks]).  The
+    chain solvers' Configs hold max_blocks and min_block_ops (ChainConfig in
+    remat_dsl.solve.solvers.chain.rotor, RockmateConfig, ...); the defaults are theirs.
     """
     tensors = graph.tensor_by_name
     forward = [op for op in graph.ops if op.phase == ir.FORWARD]
@@ -66,10 +67,11 @@ def partition(graph: ir.Graph, max_blocks: int = MAX_BLOCKS, refine: int = 0, st
     skips = _skip_tensors(chain_ops, _separators(chain_ops, set()))
     separators = _separators(chain_ops, skips)
     cuts = _choose_cuts(
-        chain_ops, separators, max_blocks, refine, _separators(chain_ops, set()) if strict else separators
-    )
+        chain_ops, separators, max_blocks, refine, _separators(chain_ops, set()) if strict else separators,
+        min_block_ops,
+    )  # fmt: skip
     if not strict:
-        cuts = _split_large_blocks(chain_ops, cuts, tensors)
+        cuts = _split_large_blocks(chain_ops, cuts, tensors, min_block_ops)
     fw_blocks = _split(chain_ops, cuts)
     bw_blocks = _assign_backward(backward, fw_blocks)
     blocks = tuple(BlockOps(tuple(o.name for o in f), tuple(o.name for o in b)) for f, b in zip(fw_blocks, bw_blocks))
@@ -143,10 +145,12 @@ def _skip_tensors(ops: list[ir.Op], separators: list[int]) -> set[str]:
     return {t for i in separators for t in ops[i].outputs}
 
 
-def _choose_cuts(ops, separators: list[int], max_blocks: int, refine: int = 0, strict: Sequence[int] = ()) -> list[int]:
+def _choose_cuts(ops, separators: list[int], max_blocks: int, refine: int = 0, strict: Sequence[int] = (),
+                 min_block_ops: int = 6) -> list[int]:  # fmt: skip
     """Cuts at the deepest module depth giving at most `max_blocks` blocks.  With refine,
     `refine` levels deeper, among the `strict` separators only (no skip tensor crosses
-    them, so the chain model sees every tensor alive between blocks)."""
+    them, so the chain model sees every tensor alive between blocks), blocks merged until
+    they hold `min_block_ops` forward ops."""
     for depth in range(8, 0, -1):
         cuts = _cuts_at(ops, separators, depth)
         if len(cuts) + 1 <= max_blocks:
@@ -154,16 +158,13 @@ def _choose_cuts(ops, separators: list[int], max_blocks: int, refine: int = 0, s
                 finer = sorted(
                     set(_cuts_at(ops, list(strict), depth + refine)) | set(_cuts_at(ops, list(strict), depth))
                 )
-                return _merge_small_blocks(finer, MIN_BLOCK_OPS)
+                return _merge_small_blocks(finer, min_block_ops)
             return _merge_small(ops, cuts, max_blocks)
     return _merge_small(ops, separators, max_blocks)
 
 
 def _cuts_at(ops: list[ir.Op], separators: list[int], depth: int) -> list[int]:
     return [i for i in separators if _prefix(ops[i].name, depth) != _prefix(ops[i + 1].name, depth)]
-
-
-MIN_BLOCK_OPS = 6  # refined blocks grow to at least this many forward ops
 
 
 def _merge_small_blocks(cuts: list[int], min_ops: int) -> list[int]:
@@ -184,7 +185,7 @@ def _merge_small_blocks(cuts: list[int], min_ops: int) -> list[int]:
 MAX_CLUSTER_FORWARD_OPS = 32  # HiRemate's level-1 blocks hold at most this many forward ops
 
 
-def _split_large_blocks(ops: list[ir.Op], cuts: list[int], tensors) -> list[int]:
+def _split_large_blocks(ops: list[ir.Op], cuts: list[int], tensors, min_block_ops: int = 6) -> list[int]:
     """`cuts` plus cuts inside every block of more than MAX_CLUSTER_FORWARD_OPS forward ops.
 
     NOTE: [Large blocks] Separators are rare where a tensor made inside one layer is read
@@ -195,7 +196,7 @@ def _split_large_blocks(ops: list[ir.Op], cuts: list[int], tensors) -> list[int]
     crosses its children (thesis section 3.3: H-Partition cuts any DAG, not only at
     separators), so such a block is bisected recursively at a module boundary: the
     outermost module change (a layer before a sub-layer before an op), then the fewest
-    bytes crossing, then the middle; both halves keep MIN_BLOCK_OPS ops or more."""
+    bytes crossing, then the middle; both halves keep `min_block_ops` ops or more."""
     crossing = [0] * (len(ops) + 1)  # bytes alive across the cut after position i (difference array)
     made = {t for op in ops for t in op.outputs}
     for iv in live_intervals([(op_uses(op, made), op.outputs) for op in ops]):  # NOTE: [Liveness]
@@ -216,7 +217,7 @@ def _split_large_blocks(ops: list[ir.Op], cuts: list[int], tensors) -> list[int]
         if last - first + 1 <= MAX_CLUSTER_FORWARD_OPS:
             return []
         middle = (first + last) / 2
-        candidates = range(first + MIN_BLOCK_OPS - 1, last - MIN_BLOCK_OPS + 1)
+        candidates = range(first + min_block_ops - 1, last - min_block_ops + 1)
         cut = min(candidates, key=lambda i: (depth_of_change(i), crossing[i], abs(i - middle), i))
         return bisect(first, cut) + [cut] + bisect(cut + 1, last)
 

@@ -64,11 +64,12 @@ from remat_dsl.solve.solvers.chain.model import (
 
 @dataclass(frozen=True)
 class ChainConfig:
-    """The chain dynamic program's discretization (rotor, and RK-Rotor in rockmate, hiremate, offmate)."""
+    """Rotor's chain: the dynamic program's discretization and how many blocks the graph is cut into."""
 
     slots: int = setting(
         500, "memory slots of the DP's table: the budget is rounded down to a multiple of budget/slots"
     )
+    max_blocks: int = setting(40, "chain blocks at the chosen module depth, before refining (chain.partition)")
 
 
 _SEARCH_FANOUT = 64  # budgets tried at once by min_feasible_budget
@@ -366,7 +367,7 @@ class Rotor(Solver):
     def __init__(self, problem: Problem, config: ChainConfig | None = None):
         self.config = config or ChainConfig()
         start = time.perf_counter()
-        self.part = partition(problem.graph)
+        self.part = partition(problem.graph, self.config.max_blocks)
         self.seconds = time.perf_counter() - start
         self.counted = True  # kept gradients counted (NOTE: [Two chain models])
 

@@ -44,7 +44,6 @@ from remat_dsl.plan import ir
 from remat_dsl.plan.ir import op_uses, pinned_tensors
 from remat_dsl.solve.api import Problem, Solver, SolverInfo, SolverResult, fallbacks, floor_targets, setting
 from remat_dsl.solve.solvers.chain.partition import ChainPartition, is_small_chain, partition
-from remat_dsl.solve.solvers.chain.rotor import ChainConfig
 from remat_dsl.solve.solvers.ilp import milp
 from remat_dsl.solve.solvers.ilp.checkmate import op_hgraph
 from remat_dsl.solve.solvers.ilp.hilp import HILP, CNode, HGraph, Option, TargetSolver, Value, ops_of
@@ -52,6 +51,7 @@ from remat_dsl.solve.solvers.ilp.hpartition import HCluster, h_partition
 from remat_dsl.solve.solvers.ilp.rockmate import (
     Rockmate,
     RockmateChain,
+    RockmateConfig,
     grid,
     pareto_schedules,
     per_ilp_limit,
@@ -61,10 +61,23 @@ from remat_dsl.solve.solvers.ilp.rockmate import (
 
 @dataclass(frozen=True)
 class HiremateConfig:
-    """HiRemate's hierarchy and the RK-Rotor of its chain root."""
+    """HiRemate's hierarchy (H-Partition), its blocks' and clusters' grid, and the RK-Rotor of a chain root."""
 
     max_children: int = setting(12, "children per cluster above the blocks (M^l = M^t of Algorithm 7)")
-    slots: int = setting(ChainConfig.slots, "memory slots of RK-Rotor's table when the root is a chain (as rockmate's)")
+    alpha: float = setting(0.5, "score exponent of H-Partition's eq. 3.1 (the default of the HiRemate paper, 3.1)")
+    stuck_ratio: float = setting(0.75, "an H-Partition level that keeps more than this share of its units is stuck")
+    slots: int = setting(RockmateConfig.slots, "RK-Rotor's memory slots when the root is a chain (as rockmate)")
+    peak_steps: int = setting(RockmateConfig.peak_steps, "M_peak values per block and cluster (as rockmate)")
+    save_steps: int = setting(RockmateConfig.save_steps, "M_save values per M_peak (as rockmate)")
+    max_options: int = setting(RockmateConfig.max_options, "options per block or cluster past store-all (as rockmate)")
+    max_blocks: int = setting(RockmateConfig.max_blocks, "blocks at one module depth, before refining (as rockmate)")
+    min_block_ops: int = setting(RockmateConfig.min_block_ops, "refined and bisected blocks' least forward ops")
+
+    def rockmate(self) -> RockmateConfig:
+        """The settings of its blocks' grid and of RK-Rotor (a chain root), as Rockmate's Config."""
+        return RockmateConfig(
+            self.slots, self.peak_steps, self.save_steps, self.max_options, self.max_blocks, self.min_block_ops
+        )
 
 
 @dataclass(frozen=True)
@@ -83,15 +96,15 @@ class Hierarchy:
     H-ILP graph and `model` its H-ILP, `results` every MILP solve made on the way."""
 
     def __init__(self, graph: ir.Graph, part: ChainPartition, rc: RockmateChain, time_limit: float | None = None,
-                 max_children: int = HiremateConfig.max_children):  # fmt: skip
-        self.graph, self.part, self.time_limit = graph, part, time_limit
+                 config: HiremateConfig = HiremateConfig()):  # fmt: skip
+        self.graph, self.part, self.time_limit, self.config = graph, part, time_limit, config
         self.results: list[milp.MilpResult] = list(rc.results)
         self._solved: dict[str, list[tuple[int, ...]]] = {}  # key -> option sequences, by position
         blocks = [
             Child(b.forward, b.backward, rc.options[l].backward, _digest(repr(rc_key)))
             for l, (b, rc_key) in enumerate(zip(part.blocks, rc.keys))
         ]
-        tree = _group_blocks(graph, part, max_children)
+        tree = _group_blocks(graph, part, config)
         children = [self._child(node, blocks) for node in tree.children]
         self.levels = 2 + _depth(tree)
         self.clusters = len(blocks)
@@ -120,7 +133,8 @@ class Hierarchy:
         position = {n.name: i for i, n in enumerate(ops_hg.nodes)}
         store_all = tuple(range(ops_hg.boundary, len(ops_hg.nodes)))
         found: list[tuple[int, ...]] = [store_all]
-        for peak, save in grid(ops_hg, replay(ops_hg, store_all)):
+        steps = self.config.peak_steps, self.config.save_steps
+        for peak, save in grid(ops_hg, replay(ops_hg, store_all), *steps):
             schedule = model.solve(peak, save, self.time_limit)
             self.results.append(model.last_result)
             if schedule is None:
@@ -128,7 +142,7 @@ class Hierarchy:
             seq = tuple(position[n] for n in ops_of(hg, schedule.steps[schedule.boundary_step :]))
             if seq not in found:
                 found.append(seq)
-        return pareto_schedules(ops_hg, found)[1:]
+        return pareto_schedules(ops_hg, found, self.config.max_options)[1:]
 
 
 
@@ -151,12 +165,11 @@ class Hiremate(Solver):
     def __init__(self, problem: Problem, config: HiremateConfig | None = None):
         self.config = config or HiremateConfig()
         if is_small_chain(problem.graph):
-            chain = ChainConfig(slots=self.config.slots)
             self.inner: Rockmate | _Root = Rockmate(
-                problem, label="levels=2 root=rk-rotor", name=self.name, config=chain
+                problem, label="levels=2 root=rk-rotor", name=self.name, config=self.config.rockmate()
             )
         else:
-            self.inner = _Root(problem, self.config.max_children)
+            self.inner = _Root(problem, self.config)
 
     @classmethod
     def fits(cls, problem: Problem) -> bool:
@@ -185,21 +198,22 @@ class Hiremate(Solver):
 class _Root(TargetSolver):
     """The hierarchy built bottom-up (NOTE: [Hierarchy]); its root H-ILP solved at the target."""
 
-    def __init__(self, problem: Problem, max_children: int):
+    def __init__(self, problem: Problem, config: HiremateConfig):
         start = time.perf_counter()
         graph = problem.graph
-        part = partition(graph, refine=1, strict=False)
+        part = partition(graph, config.max_blocks, 1, False, config.min_block_ops)
         rc = rockmate_chain(
             graph,
             part,
-            per_ilp_limit(problem.time_limit, len(part.blocks)),
+            per_ilp_limit(problem.time_limit, len(part.blocks), config.peak_steps * config.save_steps),
             problem.report,
             problem.cache,
             problem.jobs,
+            config.rockmate(),
         )
         if problem.report:
             problem.report(f"solving the clusters above the {len(part.blocks)} blocks (H-ILP per cluster class)")
-        h = Hierarchy(graph, part, rc, problem.time_limit, max_children)
+        h = Hierarchy(graph, part, rc, problem.time_limit, config)
         super().__init__(problem, h.model, lambda schedule: ops_of(h.top, schedule.steps), "hiremate")
         self.results = list(h.results)
         self.seconds = time.perf_counter() - start
@@ -220,9 +234,9 @@ def _depth(cluster: HCluster) -> int:
     return 1 + max((_depth(c) for c in cluster.children if not isinstance(c, str)), default=0)
 
 
-def _group_blocks(graph: ir.Graph, part: ChainPartition, max_children: int) -> HCluster:
-    """H-Partition (Algorithm 7) of the quotient DAG of blocks; leaves are block indices
-    as strings.  NOTE: [Hierarchy]."""
+def _group_blocks(graph: ir.Graph, part: ChainPartition, config: HiremateConfig) -> HCluster:
+    """H-Partition (Algorithm 7) of the quotient DAG of blocks, with `config`'s max_children,
+    alpha and stuck_ratio; leaves are block indices as strings.  NOTE: [Hierarchy]."""
     ops = graph.op_by_name
     block_of = {name: l for l, b in enumerate(part.blocks) for name in b.forward}
     made_in = {t: block_of[n] for n in block_of for t in ops[n].outputs}
@@ -236,9 +250,9 @@ def _group_blocks(graph: ir.Graph, part: ChainPartition, max_children: int) -> H
                 dag.add_edge(str(made_in[t]), str(l))
                 out_bytes[str(made_in[t])] += tensors[t].nbytes
     labels = {str(l): str(len(b.forward)) + "/" + str(len(b.backward)) for l, b in enumerate(part.blocks)}
-    if len(part.blocks) <= max_children:
+    if len(part.blocks) <= config.max_children:
         return HCluster(tuple(str(l) for l in range(len(part.blocks))), "root")
-    return h_partition(dag, out_bytes, labels, max_size=max_children)
+    return h_partition(dag, out_bytes, labels, config.max_children, config.alpha, config.stuck_ratio)
 
 
 def _level_graph(graph: ir.Graph, singles: list[tuple[str, ...]], children: list[Child]) -> HGraph:

@@ -127,10 +127,6 @@ import networkx as nx
 
 from remat_dsl.plan import ir
 
-ALPHA = 0.5  # score exponent of eq. 3.1 (default of [HR] Section 3.1)
-STUCK_RATIO = 0.75  # a level that keeps more than this fraction of its units is stuck
-
-
 @dataclass(frozen=True)
 class HCluster:
     """A convex group of the forward DAG: `children` are node names (str, leaves) or HCluster,
@@ -633,16 +629,19 @@ def _intervals(count: int, limit: int) -> list[range]:
 
 
 def h_partition(dag: nx.DiGraph, value_bytes: dict[str, int], labels: dict[str, str],
-                max_size: int = 12) -> HCluster:
+                max_size: int = 12, alpha: float = 0.5, stuck_ratio: float = 0.75) -> HCluster:
     """dag: nodes are op names (str); an edge u->v means v reads a value u produces.
     value_bytes[u]: bytes of the values u produces (the interface cost used by eq. 3.1).
     labels[u]: a structural label of op u (its target and shapes) used to detect identical clusters.
     Returns the root cluster; every cluster has at most max_size children, is convex
     (no path leaves it and re-enters it), and the leaves of the root are exactly the nodes of dag.
     Deterministic: same input -> same output (tie-break on node order / names, never on hash order).
+    alpha: the score exponent of eq. 3.1 (0.5, the default of [HR] Section 3.1).  stuck_ratio: a
+    level that keeps more than this fraction of its units is stuck (NOTE: [Fallback]).
+    HiremateConfig holds both (remat_dsl.solve.solvers.ilp.hiremate); the defaults are its.
 
     Algorithm 7 of the thesis (Algorithm 1/2 of the HiRemate paper) with M^l = M^t =
-    max_size and alpha = 0.5; see the module NOTEs for how a(x), convexity, the update
+    max_size; see the module NOTEs for how a(x), convexity, the update
     of candidates (3.3.4), identical clusters (3.3.5) and the interval fallback are done.
     """
     if max_size < 2:
@@ -651,7 +650,7 @@ def h_partition(dag: nx.DiGraph, value_bytes: dict[str, int], labels: dict[str, 
     units: list[Unit] = list(base.names)
     while len(units) > max_size:
         level = _Level(units, base)
-        merger = _Merger(level, base, max_size, ALPHA)
+        merger = _Merger(level, base, max_size, alpha)
         merger.form_candidates()
         merger.run()
         parts = merger.groups()
@@ -659,7 +658,7 @@ def h_partition(dag: nx.DiGraph, value_bytes: dict[str, int], labels: dict[str, 
             level.units[p[0]] if len(p) == 1 else _make_cluster(_ordered_children(p, level), base)
             for p in parts
         ]
-        if len(next_units) > max_size and len(next_units) > STUCK_RATIO * len(units):
+        if len(next_units) > max_size and len(next_units) > stuck_ratio * len(units):
             next_units = _fallback(next_units, base, max_size)
         units = next_units
     if len(units) == 1 and isinstance(units[0], HCluster):

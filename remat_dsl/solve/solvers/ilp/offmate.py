@@ -59,7 +59,7 @@ Time (eq. 4.19-4.22; beta the host link bandwidth):
     B_l:  Time >= sum_o u_b^{l,o} Comp[l,o] + Prf[l,l] / beta (4.20),
           Time >= sum_{j<=l} Prf[j,l] / beta (4.21)
 
-and the objective is min sum_t Time[t] (plus TIE per offloaded MiB and per MiB and step a
+and the objective is min sum_t Time[t] (plus `tie` per offloaded MiB and per MiB and step a
 prefetch comes early: among plans of equal time, fewer transfers and later prefetches,
 which leave room for what no model sees).  Bytes are MiB and times milliseconds inside the
 ILP (HiGHS's tolerances suit numbers near 1); the solution goes back to bytes.
@@ -136,6 +136,7 @@ from remat_dsl.solve.api import (
     SolverResult,
     Status,
     Transfer,
+    setting,
 )
 from remat_dsl.solve.solvers.chain.model import Chain
 from remat_dsl.solve.solvers.chain.partition import (
@@ -149,17 +150,42 @@ from remat_dsl.solve.solvers.chain.partition import (
 )
 from remat_dsl.solve.solvers.chain.rk_rotor import min_feasible_budget as rk_min_feasible_budget
 from remat_dsl.solve.solvers.chain.rk_rotor import try_rk_rotor
-from remat_dsl.solve.solvers.chain.rotor import ChainConfig
 from remat_dsl.solve.solvers.ilp import milp
 from remat_dsl.solve.solvers.ilp.checkmate import op_hgraph
 from remat_dsl.solve.solvers.ilp.hilp import HGraph
-from remat_dsl.solve.solvers.ilp.rockmate import _block_with_options, block_intervals, per_ilp_limit, rockmate_chain
+from remat_dsl.solve.solvers.ilp.rockmate import (
+    RockmateConfig,
+    _block_with_options,
+    block_intervals,
+    per_ilp_limit,
+    rockmate_chain,
+)
 from remat_dsl.solve.lowering import lowered_plan
 
 MIB = 2**20  # bytes per ILP memory unit
 MS = 1000  # microseconds per ILP time unit
-TIE = 1e-6  # ms per MiB (and per MiB and step of early prefetch): breaks ties, never trades time
-NEGLIGIBLE = 1 / 1024  # MiB: an ILP offload below 1 KiB is rounding noise, not a decision
+
+
+@dataclass(frozen=True)
+class OffmateConfig:
+    """The O-ILP's tie-break and rounding, the shaving post-pass, and Rockmate's grid and RK-Rotor."""
+
+    tie: float = setting(1e-6, "ms per offloaded MiB (and per MiB and step of early prefetch): breaks ties")
+    negligible: float = setting(1 / 1024, "MiB: an O-ILP offload below this is rounding noise, not a decision")
+    max_shaves: int = setting(64, "transfers the shaving post-pass may add to one plan (NOTE: [Shaving the peak])")
+    slots: int = setting(RockmateConfig.slots, "RK-Rotor's memory slots (Rockmate's plan, its floor; as rockmate)")
+    peak_steps: int = setting(RockmateConfig.peak_steps, "M_peak values per block (as rockmate)")
+    save_steps: int = setting(RockmateConfig.save_steps, "M_save values per M_peak (as rockmate)")
+    max_options: int = setting(RockmateConfig.max_options, "options per block beyond store-all (as rockmate)")
+    max_blocks: int = setting(RockmateConfig.max_blocks, "blocks at one module depth, before refining (as rockmate)")
+    min_block_ops: int = setting(RockmateConfig.min_block_ops, "refined blocks' least forward ops (as rockmate)")
+
+    def rockmate(self) -> RockmateConfig:
+        """The settings of its blocks' grid and of RK-Rotor, as Rockmate's Config."""
+        return RockmateConfig(
+            self.slots, self.peak_steps, self.save_steps, self.max_options, self.max_blocks, self.min_block_ops
+        )
+
 
 AS_PYTORCH, ROCKMATE, FORGET, CHEAP = "as PyTorch", "Rockmate", "forward-and-forget", "recompute cheap ops"
 
@@ -328,9 +354,11 @@ class Oilp:
     at a device budget (bytes), `floor()` the least budget it accepts (bytes)."""
 
     def __init__(
-        self, chain: Chain, plans, bandwidth: int, host_budget: int | None, unseen: dict | None = None, outputs=None
-    ):
+        self, chain: Chain, plans, bandwidth: int, host_budget: int | None, unseen: dict | None = None, outputs=None,
+        tie: float = OffmateConfig.tie,
+    ):  # fmt: skip
         self.chain, self.plans, self.bandwidth, self.host_budget = chain, plans, bandwidth, host_budget
+        self.tie = tie  # OffmateConfig.tie
         self.L = chain.length
         # outputs[l-1]: bytes of block l's offloadable outputs (NOTE: [Offloaded block outputs]); none by default
         self.outputs = tuple(outputs) if outputs is not None else (0,) * self.L
@@ -414,10 +442,10 @@ class Oilp:
             incoming = [prf[j, l] for j in range(1, l + 1)] + [prf_i[j, l] for j in range(1, l) if j in ofl_i]
             problem += times["B", l] >= per_ms * pulp.lpSum(incoming), f"prefetch_B_{l}"  # (4.21)
         # Ties (time equal) go to fewer offloaded bytes and later prefetches: less memory the ILP does not see
-        # (parameter gradients) and fewer transfers; TIE is far below one microsecond per MiB.
+        # (parameter gradients) and fewer transfers; `tie` is far below one microsecond per MiB.
         late = pulp.lpSum((k - j) * var for (j, k), var in [*prf.items(), *prf_i.items()])
         moved = pulp.lpSum([*ofl.values(), *ofl_i.values()])
-        problem += memory if target is None else pulp.lpSum(times.values()) + TIE * (moved + late)
+        problem += memory if target is None else pulp.lpSum(times.values()) + self.tie * (moved + late)
         return problem, comp, ofl, prf, memory, times, ofl_i, prf_i
 
     @functools.cached_property
@@ -512,12 +540,10 @@ def prefetch_steps(tensors, prefetched: dict[int, float], last: int) -> dict[str
 # Shaving the peak (a post-pass on the exact simulation)
 # ---------------------------------------------------------------------------
 
-MAX_SHAVES = 64  # transfers the post-pass may add to one plan
-
-
 def shaved(
-    graph: ir.Graph, order, transfers, target: int, simulated, excluded: set[str], bandwidth: int, host_budget=None
-):
+    graph: ir.Graph, order, transfers, target: int, simulated, excluded: set[str], bandwidth: int, host_budget=None,
+    max_shaves: int = OffmateConfig.max_shaves,
+):  # fmt: skip
     """NOTE: [Shaving the peak] (transfers, plan): `transfers` and more, one saved tensor at
     a time, while the exact simulation of (`order`, transfers) peaks above `target` bytes.
 
@@ -540,7 +566,7 @@ def shaved(
     its prefetch goes after the peak, placed the same way.  A tensor absent over an
     interval where it was resident lowers memory there and nowhere raises it, so the peak
     never rises; the round is kept when the peak fell (or moved), and the pass stops at
-    `target`, after MAX_SHAVES rounds, or when no tensor qualifies; it returns the plan
+    `target`, after `max_shaves` rounds, or when no tensor qualifies; it returns the plan
     given when its peak did not fall at all.  The bytes offloaded stay within
     `host_budget` (eq. 4.18; None: unlimited).  The time may grow by the copies the
     compute does not hide: callers
@@ -561,7 +587,7 @@ def shaved(
     reads = [set(op_uses(ops[name], names)) for name in order]
     room = None if host_budget is None else host_budget - sum(nbytes[t.tensor] for t in transfers)
     makes = [set(ops[name].outputs) for name in order]
-    for _ in range(MAX_SHAVES):
+    for _ in range(max_shaves):
         sim = simulate(plan)
         instructions = (*plan.forward, *plan.backward)
         peak = next(k for k, step in enumerate(sim.timeline) if step.mem_peak == sim.peak_bytes)
@@ -686,16 +712,19 @@ class Offmate(Solver):
     name = "offmate"
     auto_rank = 0
     optimizes = True
-    Config = ChainConfig
+    Config = OffmateConfig
 
-    def __init__(self, problem: Problem, part: ChainPartition | None = None, config: ChainConfig | None = None):
-        self.config = config or ChainConfig()
+    def __init__(self, problem: Problem, part: ChainPartition | None = None, config: OffmateConfig | None = None):
+        self.config = config or OffmateConfig()
         start = time.perf_counter()
         self.problem, self.finer = problem, part is not None
         graph = problem.graph
-        self.part = part or partition(graph, refine=1, strict=is_small_chain(graph))
-        limit = per_ilp_limit(problem.time_limit, len(self.part.blocks))
-        self.rc = rockmate_chain(graph, self.part, limit, problem.report, jobs=problem.jobs)
+        c = self.config
+        self.part = part or partition(graph, c.max_blocks, 1, is_small_chain(graph), c.min_block_ops)
+        points = self.config.peak_steps * self.config.save_steps
+        limit = per_ilp_limit(problem.time_limit, len(self.part.blocks), points)
+        rockmate = self.config.rockmate()
+        self.rc = rockmate_chain(graph, self.part, limit, problem.report, jobs=problem.jobs, config=rockmate)
         excluded = pinned_tensors(graph)
         for kind in ("offload", "no-offload", "recompute"):
             excluded |= set(matching(graph, problem.constraints, kind))
@@ -708,6 +737,7 @@ class Offmate(Solver):
             problem.bandwidth,
             problem.host_budget,
             outputs=[sum(b for _, b in o) for o in self.outputs],
+            tie=self.config.tie,
         )
         self.oilp.unseen = self._unseen()
         self.seconds = time.perf_counter() - start
@@ -748,7 +778,7 @@ class Offmate(Solver):
         again by the O-ILP over rotor's finer blocks (their bottleneck step holds less),
         where their ILPs are `affordable`."""
         if not self.finer:
-            rotors = partition(self.problem.graph)
+            rotors = partition(self.problem.graph, self.config.max_blocks)
             if affordable(rotors, self.part):
                 yield Offmate(self.problem, rotors, self.config)
 
@@ -810,7 +840,10 @@ class Offmate(Solver):
         if any(c.kind in ("keep", "recompute") for c in self.problem.constraints):
             return tuple(transfers), self._simulated(order, transfers)
         p = self.problem
-        return shaved(p.graph, order, transfers, target, self._simulated, self.excluded, p.bandwidth, p.host_budget)
+        return shaved(
+            p.graph, order, transfers, target, self._simulated, self.excluded, p.bandwidth, p.host_budget,
+            self.config.max_shaves,
+        )  # fmt: skip
 
     def _unseen(self) -> dict[tuple[str, int, int], int]:
         """NOTE: [A_t from the simulation] ("F" | "B", l, o) -> bytes: the exact peak of
@@ -902,14 +935,14 @@ class Offmate(Solver):
         for l in range(1, L + 1):
             o = solution.options[l - 1]
             moved, steps = [], {}
-            if solution.offloaded[l - 1] >= NEGLIGIBLE * MIB:
+            if solution.offloaded[l - 1] >= self.config.negligible * MIB:
                 chosen = select_at_least(self.plans[l - 1].offloadable[o], solution.offloaded[l - 1])
                 steps = prefetch_steps(chosen, solution.prefetched[l - 1], l)
                 end = position[self.part.blocks[l - 1].forward[-1]]
                 for name, _ in chosen:
                     transfers.append(Transfer(name, position[producers[name]], end, starts["B", steps[name]]))
                 moved += chosen
-            if solution.outputs_offloaded and solution.outputs_offloaded[l - 1] >= NEGLIGIBLE * MIB:
+            if solution.outputs_offloaded and solution.outputs_offloaded[l - 1] >= self.config.negligible * MIB:
                 # NOTE: [Offloaded block outputs]: deleted at the end of F_{l+1}, back by B_{l+1}
                 chosen = select_at_least(self.outputs[l - 1], solution.outputs_offloaded[l - 1])
                 out_steps = prefetch_steps(chosen, solution.outputs_prefetched[l - 1], l + 1)

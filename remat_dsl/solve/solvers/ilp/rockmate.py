@@ -42,7 +42,7 @@ from typing import ClassVar
 
 from remat_dsl.plan import ir
 from remat_dsl.plan.liveness import Interval, live_intervals, memory_profile
-from remat_dsl.solve.api import BudgetError, Problem, Solver, SolverInfo, SolverResult, Status
+from remat_dsl.solve.api import BudgetError, Problem, Solver, SolverInfo, SolverResult, Status, setting
 from remat_dsl.solve.solvers.chain.model import (
     Block,
     BlockOption,
@@ -67,8 +67,20 @@ from remat_dsl.solve.solvers.ilp import milp, workers
 from remat_dsl.solve.solvers.ilp.checkmate import op_hgraph
 from remat_dsl.solve.solvers.ilp.hilp import HGraph, HILP
 
-PEAK_STEPS = 3  # M_peak values per block (section 2.6.0.0.1; NOTE: [Grid] below)
-SAVE_STEPS = 6  # M_save values per M_peak
+
+
+@dataclass(frozen=True)
+class RockmateConfig:
+    """RK-Rotor's discretization and the RK-Checkmate grid of each block (thesis section 2.6.0.0.1)."""
+
+    slots: int = setting(
+        ChainConfig.slots, "memory slots of RK-Rotor's table: the budget is rounded down to a multiple of budget/slots"
+    )
+    peak_steps: int = setting(3, "M_peak values per block (NOTE: [Grid] in remat_dsl.solve.solvers.ilp.rockmate)")
+    save_steps: int = setting(6, "M_save values per M_peak")
+    max_options: int = setting(10, "options per block beyond store-all, after the Pareto filter")
+    max_blocks: int = setting(ChainConfig.max_blocks, "chain blocks at the chosen module depth, before refining")
+    min_block_ops: int = setting(6, "refined blocks grow to at least this many forward ops (chain.partition)")
 
 
 @dataclass(frozen=True)
@@ -173,13 +185,15 @@ class RockmateChain:
     keys: tuple[int, ...]  # per block: the index of the first block identical to it
 
 
-def grid(hg: HGraph, store_all: Replay) -> list[tuple[int, int]]:
-    """(M_peak, M_save) pairs of section 2.6.0.0.1, bytes, deterministic.
+def grid(hg: HGraph, store_all: Replay, peak_steps: int = RockmateConfig.peak_steps,
+         save_steps: int = RockmateConfig.save_steps) -> list[tuple[int, int]]:  # fmt: skip
+    """(M_peak, M_save) pairs of section 2.6.0.0.1, bytes, deterministic: `peak_steps`
+    M_peak values, `save_steps` M_save values under each (RockmateConfig).
 
     NOTE: [Grid]
     Three M_peak values (the store-all peak, then a quarter and a half of the way down to
     the largest temporary of an op) and six M_save values under each, so 18 ILPs per block
-    class; at most MAX_OPTIONS = 10 schedules after the Pareto filter.  The third, lowest
+    class; at most `max_options` = 10 schedules after the Pareto filter.  The third, lowest
     M_peak is what makes an option recompute a block's normalized input after the
     attention's backward, which a Llama decoder's floor needs (the first layer's attention
     backward, beside the parameter gradients of the whole model).  A finer grid (4 x 8
@@ -189,21 +203,22 @@ def grid(hg: HGraph, store_all: Replay) -> list[tuple[int, int]]:
     low = max((n.options[0].overhead for n in hg.nodes), default=0)
     out = sum(v.size for v in hg.values if v.producer < hg.boundary and (v.keep_at_boundary or v.keep_at_end))
     pairs = []
-    for i in range(PEAK_STEPS):
-        peak = top - (top - low) * i // (PEAK_STEPS + 1)
-        for j in range(SAVE_STEPS):
-            save = out + (min(peak, store_all.xbar) - out) * j // SAVE_STEPS
+    for i in range(peak_steps):
+        peak = top - (top - low) * i // (peak_steps + 1)
+        for j in range(save_steps):
+            save = out + (min(peak, store_all.xbar) - out) * j // save_steps
             pairs.append((peak, save))
     return list(dict.fromkeys(pairs))  # a block whose saved tensors are its outputs has one M_save
 
 
 def rockmate_chain(graph: ir.Graph, part: ChainPartition, time_limit: float | None = None, report=None, cache=None,
-                   jobs: int = 1) -> RockmateChain:  # fmt: skip
+                   jobs: int = 1, config: RockmateConfig = RockmateConfig()) -> RockmateChain:  # fmt: skip
     """The chain of `part` with every block's RK-Checkmate options (NOTE: [Option costs]).
     report: optional callable(str), told of each block class as its ILPs start.  cache: a
     remat_dsl.plan.cache.Cache whose block solutions are reused (NOTE: [Solution cache]).
     jobs: processes that may solve a block's grid ILPs at once (NOTE: [Parallel grid] in
-    remat_dsl.solve.solvers.ilp.workers); the result does not depend on it."""
+    remat_dsl.solve.solvers.ilp.workers); the result does not depend on it.  config: the
+    grid and the Pareto filter's size (`slots` is not read here)."""
     by_class: dict[tuple, int] = {}
     solved: dict[int, list[tuple[int, ...]]] = {}
     results: list[milp.MilpResult] = []
@@ -218,7 +233,7 @@ def rockmate_chain(graph: ir.Graph, part: ChainPartition, time_limit: float | No
         cls = by_class.setdefault(signature, l)
         keys.append(cls)
         if cls not in solved:
-            key, hit = _cached_block(hg, time_limit, cache)
+            key, hit = _cached_block(hg, time_limit, cache, config)
             if report and 0 < hg.boundary < len(hg.nodes):
                 same = f", solved once for {members[signature]} identical blocks" if members[signature] > 1 else ""
                 same += " (from the cache)" if hit is not None else ""
@@ -227,9 +242,9 @@ def rockmate_chain(graph: ir.Graph, part: ChainPartition, time_limit: float | No
                     f"solving block class {reported} of {with_ilps}: {block_name(part, l + 1)}, {len(hg.nodes)}"
                     f" ops{same}"
                 )
-            solved[cls] = _solve_block(hg, time_limit, results, cache, key, hit, jobs)
+            solved[cls] = _solve_block(hg, time_limit, results, cache, key, hit, jobs, config)
         names = ops.forward + ops.backward
-        schedules = pareto_schedules(hg, [tuple(range(hg.boundary, len(hg.nodes)))] + solved[cls])
+        schedules = pareto_schedules(hg, [tuple(range(hg.boundary, len(hg.nodes)))] + solved[cls], config.max_options)
         blocks.append(_block_with_options(part.chain.blocks[l], part.chain.delta_bytes(l), hg, schedules))
         options.append(BlockOptions(tuple(tuple(names[k] for k in s) for s in schedules)))
     chain = replace(part.chain, blocks=tuple(blocks))
@@ -237,8 +252,8 @@ def rockmate_chain(graph: ir.Graph, part: ChainPartition, time_limit: float | No
 
 
 def _solve_block(hg: HGraph, time_limit: float | None, results: list[milp.MilpResult], cache=None, key=None, hit=None,
-                 jobs: int = 1) -> list[tuple[int, ...]]:  # fmt: skip
-    """Distinct backward schedules (node indices) found over the budget grid, in grid
+                 jobs: int = 1, config: RockmateConfig = RockmateConfig()) -> list[tuple[int, ...]]:  # fmt: skip
+    """Distinct backward schedules (node indices) found over the budget grid (`config`), in grid
     order; `key` and `hit` from `_cached_block`: the cached solution is returned, or the
     new one stored under `key` (NOTE: [Solution cache]).  With jobs > 1 the points after
     the first may be solved in worker processes (NOTE: [Parallel grid])."""
@@ -250,7 +265,7 @@ def _solve_block(hg: HGraph, time_limit: float | None, results: list[milp.MilpRe
     first = len(results)
     store_all = replay(hg, tuple(range(hg.boundary, len(hg.nodes))))
     model = HILP(hg)
-    points = grid(hg, store_all)
+    points = grid(hg, store_all, config.peak_steps, config.save_steps)
     solved: list = []
     while len(solved) < len(points):
         if jobs > 1 and len(points) - len(solved) >= 2 and workers.slow(r.seconds for _, r in solved):
@@ -298,34 +313,32 @@ def _grid_point(token: int, hg: HGraph, peak: int, save: int, time_limit: float 
     return _solve_point(_worker_model[1], peak, save, time_limit)
 
 
-def _block_key(hg: HGraph) -> str:
-    """What a block's schedules depend on: its H-graph, the grid, the MILP settings and
-    the ILP's source."""
+def _block_key(hg: HGraph, config: RockmateConfig = RockmateConfig()) -> str:
+    """What a block's schedules depend on: its H-graph, the grid (`config`'s steps), the
+    MILP settings and the ILP's source."""
     from remat_dsl.plan.cache import Cache
 
     ilp = _source_digest("ilp/hilp.py", "ilp/checkmate.py", "ilp/milp.py")  # the model the grid is solved with
-    return Cache.key(
-        "rockmate-block", PEAK_STEPS, SAVE_STEPS, milp.REL_GAP, milp.MAX_NODES, milp.backend_versions(), ilp, hg
-    )
+    steps = config.peak_steps, config.save_steps  # as the two constants were: the default's key is unchanged
+    return Cache.key("rockmate-block", *steps, milp.REL_GAP, milp.MAX_NODES, milp.backend_versions(), ilp, hg)
 
 
-def _cached_block(hg: HGraph, time_limit: float | None, cache) -> tuple[str | None, dict | None]:
+def _cached_block(hg: HGraph, time_limit: float | None, cache,
+                  config: RockmateConfig = RockmateConfig()) -> tuple[str | None, dict | None]:  # fmt: skip
     """(the key `hg`'s solution is stored under, the cached solution or None); no key when
     nothing is cached: no cache, no ILP to solve, or a time limit, whose result depends on
     the machine's load."""
     if cache is None or not cache.enabled or time_limit is not None or hg.boundary in (0, len(hg.nodes)):
         return None, None
-    key = _block_key(hg)
+    key = _block_key(hg, config)
     hit = cache.get("blocks", key)
     return key, hit if isinstance(hit, dict) and {"schedules", "results"} <= set(hit) else None
 
 
-MAX_OPTIONS = 10  # options per block beyond store-all, after the Pareto filter (NOTE: [Grid])
-
-
-def pareto_schedules(hg: HGraph, schedules: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+def pareto_schedules(hg: HGraph, schedules: list[tuple[int, ...]],
+                     max_options: int = RockmateConfig.max_options) -> list[tuple[int, ...]]:  # fmt: skip
     """Store-all first, then the schedules no other one beats on every cost of `replay`
-    (abar, forward peak, backward time, backward peak), at most MAX_OPTIONS of them,
+    (abar, forward peak, backward time, backward peak), at most `max_options` of them (NOTE: [Grid]),
     spread evenly over abar (the memory RK-Rotor trades against time)."""
     costs = {s: replay(hg, s) for s in schedules}
     key = {s: (c.xbar, c.fwd_peak, c.bwd_us, c.bwd_peak) for s, c in costs.items()}
@@ -337,9 +350,9 @@ def pareto_schedules(hg: HGraph, schedules: list[tuple[int, ...]]) -> list[tuple
         and not any(o != s and all(a <= b for a, b in zip(key[o], key[s])) and key[o] != key[s] for o in schedules)
     ]
     kept = sorted(dict.fromkeys(kept), key=lambda s: (key[s], s))
-    if len(kept) > MAX_OPTIONS:
-        step = (len(kept) - 1) / (MAX_OPTIONS - 1)
-        kept = [kept[round(i * step)] for i in range(MAX_OPTIONS)]
+    if len(kept) > max_options:
+        step = (len(kept) - 1) / (max_options - 1)
+        kept = [kept[round(i * step)] for i in range(max_options)]
     return [store_all, *kept]
 
 
@@ -379,22 +392,23 @@ class OverBlocks(Solver):
     auto_rank: ClassVar[int | None] = None
     optimizes = True
     cheap_targets = True  # another target runs the chain DP only (NOTE: [Budget correction] in remat_dsl.solve.driver)
-    Config = ChainConfig
+    Config = RockmateConfig
 
     def __init__(
-        self, problem: Problem, part: ChainPartition, name: str, label: str = "", config: ChainConfig | None = None
+        self, problem: Problem, part: ChainPartition, name: str, label: str = "", config: RockmateConfig | None = None
     ):
-        self.config = config or ChainConfig()
+        self.config = config or RockmateConfig()
         start = time.perf_counter()
         self.name, self.label, self.part = name, label, part
         self.cache = problem.cache if problem.cache is not None and problem.cache.enabled else None
         self.rc = rockmate_chain(
             problem.graph,
             part,
-            per_ilp_limit(problem.time_limit, len(part.blocks)),
+            per_ilp_limit(problem.time_limit, len(part.blocks), self.config.peak_steps * self.config.save_steps),
             problem.report,
             problem.cache,
             problem.jobs,
+            self.config,
         )
         status, gap = milp.status_of(self.rc.results)
         self.info = SolverInfo(Status(status), gap, time.perf_counter() - start)
@@ -510,11 +524,12 @@ def _recalled_schedule(entry, chain: Chain, target: int) -> _Recalled | None:
     return _Recalled(ChainSchedule(ops, us, peak))
 
 
-def per_ilp_limit(time_limit: float | None, blocks: int) -> float | None:
-    """A user's time limit (seconds) shared by the grid's ILPs of every block."""
+def per_ilp_limit(time_limit: float | None, blocks: int,
+                  points: int = RockmateConfig.peak_steps * RockmateConfig.save_steps) -> float | None:  # fmt: skip
+    """A user's time limit (seconds) shared by the grid's ILPs (`points` per block) of every block."""
     if time_limit is None:
         return None
-    return max(0.05, time_limit / max(1, blocks) / (PEAK_STEPS * SAVE_STEPS))
+    return max(0.05, time_limit / max(1, blocks) / points)
 
 
 class Rockmate(OverBlocks):
@@ -529,7 +544,7 @@ class Rockmate(OverBlocks):
     does there.  A budget the first cannot meet goes to the second (`fallbacks`), built
     only then, and the smallest feasible budget is the least of the two.
     Rotor's blocks are not always finer: they are cut at the deepest module depth with
-    at most MAX_BLOCKS blocks, so a model with more layers than that in few stages
+    at most `max_blocks` (40) blocks, so a model with more layers than that in few stages
     (torchvision's EfficientNet-V2-S, 43 blocks of at most 19 forward ops for Rockmate)
     gets its stages (11 blocks of up to 283 forward ops), and the RK-Checkmate ILP of
     one such block runs for many minutes (`remat plan --budget 1%` builds every fallback
@@ -542,9 +557,13 @@ class Rockmate(OverBlocks):
     name = "rockmate"
     auto_rank = 2
 
-    def __init__(self, problem: Problem, label: str = "", name: str = "rockmate", config: ChainConfig | None = None):
+    def __init__(
+        self, problem: Problem, label: str = "", name: str = "rockmate", config: RockmateConfig | None = None
+    ):
         self.problem = problem
-        part = partition(problem.graph, refine=1, strict=is_small_chain(problem.graph))
+        config = config or RockmateConfig()
+        strict = is_small_chain(problem.graph)
+        part = partition(problem.graph, config.max_blocks, 1, strict, config.min_block_ops)
         super().__init__(problem, part, name, label, config)
 
     @classmethod
@@ -553,7 +572,7 @@ class Rockmate(OverBlocks):
 
     def fallbacks(self):
         """NOTE: [Two partitions], each in both chain models (NOTE: [Two chain models])."""
-        rotors = partition(self.problem.graph)
+        rotors = partition(self.problem.graph, self.config.max_blocks)
         finer = (
             OverBlocks(self.problem, rotors, self.name, self.label, self.config)
             if affordable(rotors, self.part)

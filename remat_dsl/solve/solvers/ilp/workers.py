@@ -1,7 +1,7 @@
 """Worker processes that solve independent MILPs at once (NOTE: [Parallel grid]).
 
 NOTE: [Parallel grid]
-A block's RK-Checkmate grid (thesis section 2.6.0.0.1: PEAK_STEPS x SAVE_STEPS pairs of
+A block's RK-Checkmate grid (thesis section 2.6.0.0.1: `peak_steps` x `save_steps` pairs of
 budgets) is a set of independent ILPs: each solve starts from a cleared model (NOTE:
 [Model reuse] in milp.py) and stops at a node count, not a time (NOTE: [Effort bound]),
 so the schedule it finds does not depend on which process solves it, nor in what order.
