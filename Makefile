@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml $(LOCK) | $(PY)
 # two workers, one test file each at a time (module fixtures are built once per file), in
 # the order tests/conftest.py gives (the longest files first); one torch (OpenMP) thread
 # per process, so that two workers and the commands they run do not fight over the two
-# cores (2026-11-27, same commit: 25:08 against 26:04, summed durations 2,928 s against 3,065 s)
+# cores (docs/measurements.md, "The test suite")
 test: venv
 	$(VENV)/bin/ruff check remat_dsl tests bench examples
 	$(VENV)/bin/mypy
