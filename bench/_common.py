@@ -26,7 +26,6 @@ import platform
 import shlex
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -63,18 +62,12 @@ def replace_section(text: str, script: str, title: str, body: str) -> str:
 
 
 def write_section(script: str, title: str, body: str, doc: Path = DOC) -> None:
-    """Replace `script`'s section of `doc` by `body` (replace_section), atomically: a
-    temporary file beside it, then os.replace, so a reader never sees half a file."""
-    text = replace_section(doc.read_text(), script, title, body)
-    handle, temporary = tempfile.mkstemp(dir=doc.parent, prefix=f".{doc.name}.")
-    try:
-        with os.fdopen(handle, "w") as file:
-            file.write(text)
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, doc)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    """Replace `script`'s section of `doc` by `body` (replace_section), atomically, as
+    `remat` writes its outputs (remat_dsl.cli.console.write_atomically): a reader never
+    sees half a file."""
+    from remat_dsl.cli.console import write_atomically
+
+    write_atomically(doc, replace_section(doc.read_text(), script, title, body))
 
 
 def machine() -> str:

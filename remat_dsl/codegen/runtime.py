@@ -369,22 +369,9 @@ def _add_gradients(a, b, a_absent, b_absent, any_layout, device):
     """`a + b` (aten.add.Tensor), or the operand that is not an absent output gradient
     when it has the sum's shape, dtype and, unless what reads the sum takes it in
     `any_layout`, strides (NOTE: [Absent output gradients])."""
-    if (
-        a_absent
-        and not b_absent
-        and b.shape == a.shape
-        and b.dtype == a.dtype
-        and (any_layout or b.stride() == a.stride())
-    ):
-        return b
-    if (
-        b_absent
-        and not a_absent
-        and a.shape == b.shape
-        and a.dtype == b.dtype
-        and (any_layout or a.stride() == b.stride())
-    ):
-        return a
+    one_absent = a_absent != b_absent
+    if one_absent and a.shape == b.shape and a.dtype == b.dtype and (any_layout or a.stride() == b.stride()):
+        return a if b_absent else b
     return torch.ops.aten.add.Tensor(_zeros_if_absent(a, device), _zeros_if_absent(b, device))
 
 

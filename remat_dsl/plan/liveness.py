@@ -85,16 +85,11 @@ def live_intervals(
             current[t] = start(t, i)
     result = []
     for j, t in enumerate(tensors):
-        if t in pinned:
-            end = None
-        else:
-            read = last[j]
-            end_at = made[j] if read is None else max(made[j], read)
-            floor = held.get(t)
-            if floor is not None and made[j] <= floor:
-                end_at = max(end_at, floor)
-            end = end_at
-        result.append(Interval(t, made[j], last[j], end))
+        read, floor = last[j], held.get(t)
+        end = made[j] if read is None else max(made[j], read)
+        if floor is not None and made[j] <= floor:
+            end = max(end, floor)
+        result.append(Interval(t, made[j], read, None if t in pinned else end))
     return result
 
 

@@ -88,7 +88,7 @@ def outside_solver(spec: str):
             f"error: solver {spec}: {attribute} is not a subclass of remat_dsl.solve.api.Solver",
             hint="write `class MySolver(Solver)` with `from remat_dsl.solve.api import Solver` (docs/solvers.md)",
         )
-    name = cls.__dict__.get("name", getattr(cls, "name", None))
+    name = getattr(cls, "name", None)  # Solver only annotates it
     if not isinstance(name, str) or not OUTSIDE_NAME.fullmatch(name) or name in NAMES:
         raise RematError(
             f"error: solver {spec}: its `name` is {name!r}",

@@ -60,24 +60,13 @@ from remat_dsl.solve.solvers.ilp.rockmate import (
 )
 
 @dataclass(frozen=True)
-class HiremateConfig:
-    """HiRemate's hierarchy (H-Partition), its blocks' and clusters' grid, and the RK-Rotor of a chain root."""
+class HiremateConfig(RockmateConfig):
+    """HiRemate's hierarchy (H-Partition) on top of Rockmate's settings, which its blocks' and
+    clusters' grid and the RK-Rotor of a chain root take as they are."""
 
     max_children: int = setting(12, "children per cluster above the blocks (M^l = M^t of Algorithm 7)")
     alpha: float = setting(0.5, "score exponent of H-Partition's eq. 3.1 (the default of the HiRemate paper, 3.1)")
     stuck_ratio: float = setting(0.75, "an H-Partition level that keeps more than this share of its units is stuck")
-    slots: int = setting(RockmateConfig.slots, "RK-Rotor's memory slots when the root is a chain (as rockmate)")
-    peak_steps: int = setting(RockmateConfig.peak_steps, "M_peak values per block and cluster (as rockmate)")
-    save_steps: int = setting(RockmateConfig.save_steps, "M_save values per M_peak (as rockmate)")
-    max_options: int = setting(RockmateConfig.max_options, "options per block or cluster past store-all (as rockmate)")
-    max_blocks: int = setting(RockmateConfig.max_blocks, "blocks at one module depth, before refining (as rockmate)")
-    min_block_ops: int = setting(RockmateConfig.min_block_ops, "refined and bisected blocks' least forward ops")
-
-    def rockmate(self) -> RockmateConfig:
-        """The settings of its blocks' grid and of RK-Rotor (a chain root), as Rockmate's Config."""
-        return RockmateConfig(
-            self.slots, self.peak_steps, self.save_steps, self.max_options, self.max_blocks, self.min_block_ops
-        )
 
 
 @dataclass(frozen=True)
@@ -166,7 +155,7 @@ class Hiremate(Solver):
         self.config = config or HiremateConfig()
         if is_small_chain(problem.graph):
             self.inner: Rockmate | _Root = Rockmate(
-                problem, label="levels=2 root=rk-rotor", name=self.name, config=self.config.rockmate()
+                problem, label="levels=2 root=rk-rotor", name=self.name, config=self.config
             )
         else:
             self.inner = _Root(problem, self.config)
@@ -209,7 +198,7 @@ class _Root(TargetSolver):
             problem.report,
             problem.cache,
             problem.jobs,
-            config.rockmate(),
+            config,
         )
         if problem.report:
             problem.report(f"solving the clusters above the {len(part.blocks)} blocks (H-ILP per cluster class)")

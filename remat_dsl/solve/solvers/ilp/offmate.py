@@ -167,24 +167,13 @@ MS = 1000  # microseconds per ILP time unit
 
 
 @dataclass(frozen=True)
-class OffmateConfig:
-    """The O-ILP's tie-break and rounding, the shaving post-pass, and Rockmate's grid and RK-Rotor."""
+class OffmateConfig(RockmateConfig):
+    """The O-ILP's tie-break and rounding and the shaving post-pass, on top of Rockmate's
+    settings, which its chain (Rockmate's plan, its floor) takes as they are."""
 
     tie: float = setting(1e-6, "ms per offloaded MiB (and per MiB and step of early prefetch): breaks ties")
     negligible: float = setting(1 / 1024, "MiB: an O-ILP offload below this is rounding noise, not a decision")
     max_shaves: int = setting(64, "transfers the shaving post-pass may add to one plan (NOTE: [Shaving the peak])")
-    slots: int = setting(RockmateConfig.slots, "RK-Rotor's memory slots (Rockmate's plan, its floor; as rockmate)")
-    peak_steps: int = setting(RockmateConfig.peak_steps, "M_peak values per block (as rockmate)")
-    save_steps: int = setting(RockmateConfig.save_steps, "M_save values per M_peak (as rockmate)")
-    max_options: int = setting(RockmateConfig.max_options, "options per block beyond store-all (as rockmate)")
-    max_blocks: int = setting(RockmateConfig.max_blocks, "blocks at one module depth, before refining (as rockmate)")
-    min_block_ops: int = setting(RockmateConfig.min_block_ops, "refined blocks' least forward ops (as rockmate)")
-
-    def rockmate(self) -> RockmateConfig:
-        """The settings of its blocks' grid and of RK-Rotor, as Rockmate's Config."""
-        return RockmateConfig(
-            self.slots, self.peak_steps, self.save_steps, self.max_options, self.max_blocks, self.min_block_ops
-        )
 
 
 AS_PYTORCH, ROCKMATE, FORGET, CHEAP = "as PyTorch", "Rockmate", "forward-and-forget", "recompute cheap ops"
@@ -723,8 +712,7 @@ class Offmate(Solver):
         self.part = part or partition(graph, c.max_blocks, 1, is_small_chain(graph), c.min_block_ops)
         points = self.config.peak_steps * self.config.save_steps
         limit = per_ilp_limit(problem.time_limit, len(self.part.blocks), points)
-        rockmate = self.config.rockmate()
-        self.rc = rockmate_chain(graph, self.part, limit, problem.report, jobs=problem.jobs, config=rockmate)
+        self.rc = rockmate_chain(graph, self.part, limit, problem.report, jobs=problem.jobs, config=self.config)
         excluded = pinned_tensors(graph)
         for kind in ("offload", "no-offload", "recompute"):
             excluded |= set(matching(graph, problem.constraints, kind))
