@@ -41,6 +41,10 @@ and `1_000` are both fine::
     [vector_flops]                 # FLOP/s of other operations, by dtype (same keys)
     float32  = 67e12
 
+One key is optional: `multiprocessors = 132`, the GPU's streaming multiprocessors, which
+matrix operations fill in waves of output tiles (NOTE: [Matmul tiles]); without it a
+matrix operation of any shape reaches `matmul_efficiency`.
+
 Integer and boolean tensors are costed at the float32 figures.  The device's name is
 the file's stem (`h100-sxm`); `load_device` also knows the shipped files by name.
 docs/devices.md says the same for users; the shipped files cite a source per figure.
@@ -75,6 +79,7 @@ NUMBERS = (
     "memory_efficiency",
 )
 TABLES = ("matmul_flops", "vector_flops")
+OPTIONAL = ("multiprocessors",)  # NOTE: [Matmul tiles]: without it, no tile or wave quantization
 FORMAT_HINT = "see the device file format in docs/devices.md"
 
 
@@ -100,6 +105,7 @@ class DeviceModel:
     matmul_efficiency: float = 1.0
     conv_efficiency: float = 1.0
     memory_efficiency: float = 1.0
+    multiprocessors: int = 0  # streaming multiprocessors; 0: unknown (NOTE: [Matmul tiles])
 
     def matmul_peak(self, dtype: str) -> float:
         """Peak FLOP/s of matrix-class operations on `dtype` (float32's for others)."""
@@ -188,11 +194,11 @@ def _device(data: dict[str, Any], path: Path, text: str) -> DeviceModel:
         span = _key_span(text, key, table)
         return PlanError(message, span=span, path=str(path), source=text, hint=hint, length=len(key) if span else 1)
 
-    allowed = ("kind", *NUMBERS, *TABLES)
+    allowed = ("kind", *NUMBERS, *TABLES, *OPTIONAL)
     for key in data:
         if key not in allowed:
             raise error(f"unknown key `{key}` in the device file", key, hint=_closest(key, allowed, "keys"))
-    for key in allowed:
+    for key in ("kind", *NUMBERS, *TABLES):
         if key not in data:
             raise PlanError(
                 f"the device file has no `{key}`", path=str(path), hint=f"add `{key} = ...` ({FORMAT_HINT})"
@@ -212,6 +218,16 @@ def _device(data: dict[str, Any], path: Path, text: str) -> DeviceModel:
                 hint=f"write {key} = 0.8 for 80%",
             )
     tables = {table: _dtype_table(data[table], table, error) for table in TABLES}
+    multiprocessors = 0
+    if "multiprocessors" in data:
+        value = data["multiprocessors"]
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise error(
+                f"`multiprocessors` is {value!r}, not a positive whole number",
+                "multiprocessors",
+                hint="write multiprocessors = 132 (the GPU's streaming multiprocessors)",
+            )
+        multiprocessors = value
     return DeviceModel(
         name=path.stem,
         kind=data["kind"],
@@ -225,6 +241,7 @@ def _device(data: dict[str, Any], path: Path, text: str) -> DeviceModel:
         matmul_efficiency=numbers["matmul_efficiency"],
         conv_efficiency=numbers["conv_efficiency"],
         memory_efficiency=numbers["memory_efficiency"],
+        multiprocessors=multiprocessors,
     )
 
 
