@@ -366,14 +366,16 @@ ALLOCATE_ONLY = frozenset({"empty", "empty_like", "empty_strided", "new_empty", 
 class Work:
     """What one operation does, whatever the device: `flops` (FLOPs or, for `vector`
     operations, FLOP-equivalents: NOTE: [Work per element]), `bytes` moved (read and
-    written), its `kind` (`matmul`, `conv`, `vector` or `view`), the `dtype` name that
-    selects the peak and how many kernels it `launches`."""
+    written), its `kind` (`matmul`, `conv`, `attention`, `vector` or `view`), the `dtype`
+    name that selects the peak, how many kernels it `launches` and, for a matrix product,
+    its output's `gemm` shape (NOTE: [Matmul tiles])."""
 
     flops: float
     bytes: int
     kind: str
     dtype: str
     launches: int = 1
+    gemm: tuple[int, int, int] | None = None  # (batch, rows, columns) of a matrix product's output
 
 
 def op_time_us(device: DeviceModel, target, args, kwargs, output) -> int:
@@ -397,9 +399,59 @@ def roofline_seconds(device: DeviceModel, work: Work) -> float:
     if work.kind == "vector":
         compute_s = work.flops / device.vector_peak(work.dtype)
     else:
-        efficiency = device.conv_efficiency if work.kind == "conv" else device.matmul_efficiency
-        compute_s = work.flops / (device.matmul_peak(work.dtype) * efficiency)
+        efficiency = {"conv": device.conv_efficiency, "attention": ATTENTION_EFFICIENCY}.get(
+            work.kind, device.matmul_efficiency
+        )
+        compute_s = work.flops / (device.matmul_peak(work.dtype) * efficiency * tile_utilisation(device, work.gemm))
     return max(compute_s, memory_s) + work.launches * device.launch_latency
+
+
+# NOTE: [Matmul tiles]
+# A GPU computes a matrix product's output in tiles, each on one streaming multiprocessor
+# (SM), in waves of as many tiles as the device has SMs.  A product whose output does not
+# fill whole tiles computes the padding anyway, and its last wave leaves SMs idle: "tile
+# quantization" and "wave quantization" in NVIDIA's Matrix Multiplication Background
+# User's Guide (Deep Learning Performance documentation).  So a matrix product reaches
+# `matmul_efficiency` x the fraction of the work its tiles and waves do usefully: for
+# rows M and columns N of a batch of B outputs, with tiles of TILE x TILE (half that edge
+# for an edge shorter than TILE, as cuBLAS then picks narrower tiles),
+#     useful = M x N / (padded M x padded N)   x   tiles / (waves x SMs)
+# This is what makes a skinny or small GEMM (a LoRA adapter, a small batch) far slower per
+# FLOP than a large one.  Without `multiprocessors` in the device file (the CPU) the
+# utilisation is 1.
+TILE = 128
+
+
+def tile_utilisation(device: DeviceModel, gemm: tuple[int, int, int] | None) -> float:
+    """The fraction of a matrix product's tile work that is useful on `device` (NOTE:
+    [Matmul tiles]); 1 without a GEMM shape or a multiprocessor count."""
+    if gemm is None or not device.multiprocessors or min(gemm) <= 0:
+        return 1.0
+    batch, rows, columns = gemm
+    row_tile, column_tile = (TILE if edge >= TILE else TILE // 2 for edge in (rows, columns))
+    row_tiles, column_tiles = -(-rows // row_tile), -(-columns // column_tile)
+    tiles = batch * row_tiles * column_tiles
+    waves = -(-tiles // device.multiprocessors)
+    padding = rows * columns / (row_tiles * row_tile * column_tiles * column_tile)
+    return padding * tiles / (waves * device.multiprocessors)
+
+
+# NOTE: [Attention kernels]
+# The fused attention kernels (NOTE: [Fused attention] in capture/attention.py) reach a
+# smaller fraction of the tensor-core peak than cuBLAS GEMMs: FlashAttention-2 reaches
+# "50-73% of the theoretical maximum FLOPs/s on A100" in its forward pass, less in its
+# backward (Dao, "FlashAttention-2: faster attention with better parallelism and work
+# partitioning", 2023, abstract and section 4.1).  ATTENTION_EFFICIENCY takes the low end
+# for forward and backward, for flash and memory-efficient attention alike.  Their FLOPs
+# are torch.utils.flop_counter's (every score of the s x s matrix), halved for causal
+# attention, whose kernels skip the blocks above the diagonal.
+ATTENTION_EFFICIENCY = 0.5
+ATTENTION_OPS = (
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_cudnn_attention_backward",
+)  # fmt: skip
+GEMMS = ("mm", "addmm", "bmm", "baddbmm")
 
 
 def op_work(target, args, kwargs, output) -> Work:
@@ -423,7 +475,11 @@ def op_work(target, args, kwargs, output) -> Work:
     moved = 0 if name in ALLOCATE_ONLY else sum(_nbytes(t) for t in (*inputs, *outputs))
     flops = _matmul_flops(target, args, kwargs, output)
     if flops is not None:
-        return Work(float(flops), moved, "conv" if "conv" in name else "matmul", _dtype(inputs))
+        if name in ATTENTION_OPS:
+            causal = _argument(target, args, kwargs, "is_causal")
+            return Work(float(flops) / (2 if causal else 1), moved, "attention", _dtype(inputs))
+        kind = "conv" if "conv" in name else "matmul"
+        return Work(float(flops), moved, kind, _dtype(inputs), gemm=_gemm_shape(name, output))
     elements = max((t.numel() for t in (*inputs, *outputs)), default=0)
     return Work(
         ELEMENT_FLOPS.get(name, 1.0) * elements, moved, "vector", _dtype(outputs or inputs), LAUNCHES.get(name, 1)
@@ -463,6 +519,29 @@ def op_temp_bytes(device: DeviceModel, target, args, kwargs, output) -> int:
 #   layout: the larger of the two.
 # * convolution_backward: the reordered gradients, twice the bytes of the outputs, or
 #   the reordered grad_output (its first argument) when that is larger.
+
+
+def _argument(target, args, kwargs, name: str):
+    """The value of argument `name` of an aten call (by its schema), None if absent."""
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return None
+    for index, argument in enumerate(schema.arguments):
+        if argument.name == name:
+            if name in (kwargs or {}):
+                return kwargs[name]
+            return args[index] if index < len(args) else argument.default_value
+    return None
+
+
+def _gemm_shape(name: str, output) -> tuple[int, int, int] | None:
+    """(batch, rows, columns) of the output of a matrix product (NOTE: [Matmul tiles])."""
+    import torch
+
+    if name not in GEMMS or not isinstance(output, torch.Tensor) or output.dim() not in (2, 3):
+        return None
+    shape = tuple(output.shape)
+    return (1, *shape) if len(shape) == 2 else shape  # type: ignore[return-value]
 
 
 def _name(target) -> str:

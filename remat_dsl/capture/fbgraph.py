@@ -32,6 +32,22 @@ from remat_dsl.plan.operators import is_view
 from remat_dsl.capture.profile import NodeProfile, StepProfile, dtype_name, is_call
 
 
+# NOTE: [CUDA blocks]
+# PyTorch's CUDA caching allocator hands out blocks of a multiple of 512 bytes, at least
+# 512 (`round_size` and kMinBlockSize in c10/cuda/CUDACachingAllocator.cpp), and
+# `torch.cuda.max_memory_allocated` counts those blocks.  So in a CUDA plan each
+# allocation's bytes are its block's: the simulated peak is what that counter reports.
+# Not modelled: a cached block reused for a request up to 1 MiB smaller (the allocator
+# does not split it) counts whole; that depends on the allocator's history, not the plan.
+CUDA_BLOCK = 512
+
+
+def cuda_block_bytes(nbytes: int) -> int:
+    """Bytes of the CUDA caching allocator's block for an allocation of `nbytes` (NOTE:
+    [CUDA blocks]); 0 stays 0 (nothing is allocated)."""
+    return -(-nbytes // CUDA_BLOCK) * CUDA_BLOCK
+
+
 def build_graph(
     captured: Captured, step: StepProfile, inputs: Inputs, device_kinds: dict[str, str] | None = None
 ) -> ir.Graph:
@@ -216,7 +232,8 @@ class _Builder:
                 outputs.append(None)
                 continue
             tensor = name if index == 0 else f"{name}:{index}"
-            self.tensors.append(ir.TensorDecl(tensor, out.shape, out.dtype, out.nbytes, name, index))
+            nbytes = cuda_block_bytes(out.nbytes) if "cuda" in self.device_kinds.values() else out.nbytes
+            self.tensors.append(ir.TensorDecl(tensor, out.shape, out.dtype, nbytes, name, index))
             outputs.append(ir.Ref(tensor))
         self.ops.append(
             ir.Op(

@@ -102,7 +102,7 @@ class Captured:
 def capture(
     model: torch.nn.Module,
     inputs: Inputs,
-    portable: bool = False,
+    portable: str | None = None,
     autocast: torch.dtype | None = None,
     copy_model: bool = True,
     recall: Callable[[tuple], object] | None = None,
@@ -110,10 +110,12 @@ def capture(
     """Trace `model(*inputs.args, **inputs.kwargs)` and its backward into two FX graphs
     (NOTE: [Stock models]).
 
-    portable: the plan is for another device kind than the one capturing (a CUDA plan
-    made on this CPU): scaled-dot-product attention is captured as its math decomposition
-    (matmuls and a softmax, which every device runs), not as this device's fused kernel
-    (`_scaled_dot_product_flash_attention_for_cpu` has no CUDA kernel).
+    portable: the device kind the plan is for when it is not the capturing one (`cuda`
+    for a CUDA plan made on this CPU): scaled-dot-product attention is captured as the
+    fused kernel a CUDA device runs (NOTE: [Fused attention] in capture/attention.py), and
+    for another kind as its math decomposition (matmuls and a softmax, which every device
+    runs), never as this device's own kernel (`_scaled_dot_product_flash_attention_for_cpu`
+    has no CUDA kernel).
     autocast: the forward runs under `torch.autocast(device, autocast)` (NOTE: [Autocast]).
     copy_model: False captures `model` itself, not a deep copy: for a caller that built
     the model for this capture alone (its buffers may then hold a forward's updates, and the
@@ -145,7 +147,7 @@ def capture(
         return recall(key) if key is not None else None
 
     with torch.random.fork_rng(devices=cuda_devices(call.leaves())):
-        with _math_attention() if portable else contextlib.nullcontext(), _autocast(call.leaves(), model, autocast):
+        with _portable_attention(portable), _autocast(call.leaves(), model, autocast):
             with _eager_branches(model, named), _native_kernels():
                 trace = functools.partial(
                     _compile_and_run, model, call, record, not portable, lookup if recall is not None else None
@@ -222,7 +224,7 @@ class Recalled:
 # compared with the stored one.  Dynamic or data-dependent shapes give no key.
 
 
-def _graph_key(gm: fx.GraphModule, example_inputs, names, constants, portable: bool, autocast) -> tuple | None:
+def _graph_key(gm: fx.GraphModule, example_inputs, names, constants, portable: str | None, autocast) -> tuple | None:
     """NOTE: [Capture key]: what AOTAutograd's graphs of dynamo's `gm` depend on, as a
     tuple with a canonical repr, or None when a shape is not static."""
     try:
@@ -575,7 +577,15 @@ def _native_kernel_ops() -> list[torch._ops.OpOverload]:
     return ops
 
 
-def _math_attention():
+def _portable_attention(kind: str | None):
+    """How attention is captured for a plan of device kind `kind` made on another kind
+    (None: the capturing device's own choice)."""
+    if kind is None:
+        return contextlib.nullcontext()
+    if kind == "cuda":
+        from remat_dsl.capture.attention import cuda_attention
+
+        return cuda_attention()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     return sdpa_kernel([SDPBackend.MATH])

@@ -65,6 +65,19 @@ def device_of(inputs, model: torch.nn.Module) -> str:
 
 FAKE_FRACTION = 0.4
 FAKE_COSTS = ", fake tensors"  # the end of a plan's `costs` header after a fake capture
+MEASURED_TEMPORARIES = ", temporaries measured"  # ... after NOTE: [Load-independent costs]
+
+# NOTE: [Load-independent costs]
+# A plan is what a team reviews, so the same model, inputs, device and budget must give
+# the same plan on any machine, at any load.  Op times measured here cannot: on a busy
+# 2-core machine a profile came out 100 times slower than idle and the schedules differed.
+# So by default (`remat plan` without --device, --profile or --measure) each op's time is
+# predicted from its shapes by the device description of the device the model runs on
+# (the `cpu` one here; a GPU's by its name: remat_dsl/capture/gpus.py), while its sizes
+# and temporary bytes are measured in one run (the allocator's events: exact, and the same
+# at any load).  The plan's header says so: `costs "roofline cpu, temporaries measured"`.
+# A GPU without a shipped description is measured (CUDA events), and the tool says so.
+# `--measure` times every op here instead (NOTE: [Robust timing] in profile.py).
 
 
 def host_available_bytes() -> int | None:
@@ -166,6 +179,7 @@ def capture_graph(
     kind: str | None = None,
     cache=None,
     check_eager: bool = False,
+    local_model: bool = False,
 ) -> Captured:
     """Build the model, capture its training step and measure (or predict) every op.
 
@@ -186,6 +200,9 @@ def capture_graph(
     The model file's `autocast` (torch.bfloat16, torch.float16, None) is the autocast
     state it is captured under (NOTE: [Autocast] in capture/fx.py); `dataclasses.replace`
     the ModelFile to override it.
+    local_model: without a device model, predict op times with the description of the
+    device the model is captured on, measuring sizes and temporaries here (NOTE:
+    [Load-independent costs]); a GPU without a shipped description is timed instead.
     Raises RematError (the model file's errors, capture failures).
     """
     if fake and device_model is None:
@@ -196,17 +213,33 @@ def capture_graph(
     # (T5's `torch.tensor(0)`) stay real values
     captured_on = device_of(inputs, model)
     kind = kind or (device_model.kind if device_model is not None else captured_on)
+    if kind == "cuda" and captured_on != "cuda" and not fake:
+        # the fused CUDA attention kernels a CUDA plan holds (NOTE: [Fused attention] in
+        # capture/attention.py) have no kernel here to run on real tensors
+        from remat_dsl.capture.cost import load_device
+
+        fake, mode, device_model = True, _fake_mode(), device_model or load_device("cpu")
+        model, inputs = build_fake(model_file, mode)
+        captured_on = device_of(inputs, model)
+    portable = kind if kind != captured_on else None
     autocast = model_file.autocast
     device_kinds = {captured_on: kind}
+    time_model = local_device_model(captured_on) if local_model and device_model is None and measure_time else None
     use_cache = cache is not None and cache.enabled and measure_time and device_model is None
+    timing = repeats if time_model is None else ("roofline", repr(time_model))  # what the op times depend on
+    costs = None
+    if device_model is not None:
+        costs = f"roofline {device_model.name}" + (FAKE_COSTS if fake else "")
+    elif time_model is not None:
+        costs = f"roofline {time_model.name}{MEASURED_TEMPORARIES}"
 
     def recall(parts: tuple):  # NOTE: [Capture key]
-        return cache.get("graphs", _graph_cache_key(parts, device_kinds, repeats))
+        return cache.get("graphs", _graph_cache_key(parts, device_kinds, timing))
 
     with _fake_warnings_silenced():
         # the model was built for this capture alone: no copy of it
         captured = capture(
-            model, inputs, kind != captured_on, autocast, copy_model=False, recall=recall if use_cache else None
+            model, inputs, portable, autocast, copy_model=False, recall=recall if use_cache else None
         )
     if isinstance(captured, Recalled):
         recalled = _graph_of(captured)
@@ -215,14 +248,14 @@ def capture_graph(
             if progress:  # nothing runs, nothing is traced further
                 progress.start(len(graph.ops))
                 progress.advance(len(graph.ops))
-            return Captured(graph, kind, None, noisy, cached=True, eager=eager)
+            return Captured(graph, kind, costs, noisy, cached=True, eager=eager)
         with _fake_warnings_silenced():  # the output's structure changed: capture it all, and store it anew
             captured = capture(
-                model, inputs, kind != captured_on, autocast, copy_model=False, recall=lambda parts: None
+                model, inputs, portable, autocast, copy_model=False, recall=lambda parts: None
             )
     assert not isinstance(captured, Recalled)  # recall gave nothing: the capture traced the whole step
     calls = sum(1 for g in (captured.forward, captured.backward) for n in g.graph.nodes if is_call(n))
-    key = _profile_key(captured, device_kinds, repeats) if use_cache else None  # NOTE: [Profile key]
+    key = _profile_key(captured, device_kinds, timing) if use_cache else None  # NOTE: [Profile key]
     step = _step_of(cache.get("profiles", key), captured) if key is not None else None
     cached = step is not None
     if cached:
@@ -231,11 +264,11 @@ def capture_graph(
             progress.advance(calls)
     else:
         if progress:
-            progress.start(calls * timing_passes(measure_time, device_model))
+            progress.start(calls * timing_passes(measure_time, device_model or time_model))
         with mode, _fake_warnings_silenced():
             step = profile_step(
                 captured, captured.example_primals, repeats, progress.advance if progress else None,
-                measure_time, device_model,
+                measure_time, device_model, time_model,
             )  # fmt: skip
     assert step is not None  # from the cache when `cached`, else just profiled
     graph, noisy = build_graph(captured, step, inputs, device_kinds), step.noisy
@@ -247,19 +280,32 @@ def capture_graph(
         step.outputs, step.gradients = [], []
         if key is not None:
             cache.put("profiles", key, _step_entry(step))
-    costs = None
-    if device_model is not None:
-        costs = f"roofline {device_model.name}" + (FAKE_COSTS if fake else "")
     if autocast is not None:
         graph = replace(graph, autocast=ir.Autocast(str(autocast).removeprefix("torch.")))
     if use_cache and captured.graph_key is not None:
         _keep_graph(
-            cache, _graph_cache_key(captured.graph_key, device_kinds, repeats), graph, noisy, captured, step.eager
+            cache, _graph_cache_key(captured.graph_key, device_kinds, timing), graph, noisy, captured, step.eager
         )
     return Captured(graph, kind, costs, noisy, cached, step.eager)
 
 
-def _graph_cache_key(parts: tuple, device_kinds: dict[str, str], repeats: int) -> str:
+def local_device_model(kind: str):
+    """The device description that predicts op times on this machine's device of `kind`
+    (NOTE: [Load-independent costs]): `cpu`, or the shipped description of the current
+    GPU; None for a GPU without one."""
+    from remat_dsl.capture.cost import load_device
+
+    if kind == "cpu":
+        return load_device("cpu")
+    if kind == "cuda" and torch.cuda.is_available():
+        from remat_dsl.capture.gpus import device_for_gpu
+
+        name = device_for_gpu(torch.cuda.get_device_name())
+        return load_device(name) if name is not None else None
+    return None
+
+
+def _graph_cache_key(parts: tuple, device_kinds: dict[str, str], repeats: object) -> str:
     """NOTE: [Capture key]: fx's key of dynamo's graph, with what the profiled FB-graph
     also depends on: torch, its AOTAutograd settings and the flags that choose kernels,
     this machine and `repeats` (op times), the device kinds, and the source of this
@@ -362,7 +408,7 @@ def _machine() -> tuple:
 # data-dependent shapes) gets no key and is measured every time.
 
 
-def _profile_key(captured, device_kinds: dict[str, str], repeats: int) -> str | None:
+def _profile_key(captured, device_kinds: dict[str, str], repeats: object) -> str | None:
     """NOTE: [Profile key]: the cache key of the step profile of `captured`, or None when a
     shape in its graphs is not a number (nothing is cached then)."""
     from remat_dsl.plan.cache import Cache

@@ -27,6 +27,12 @@ whose two least pass minima disagree by more than SPREAD_LIMIT (and by more than
 SPREAD_FLOOR_US, the timer's jitter on tiny ops) is timed again, in at most MAX_PASSES
 passes in all; an op still unsettled then is counted in `StepProfile.noisy`, which
 `remat plan` and `remat profile` report, so a plan made on a busy machine says so.
+The clock counts the op's own work where it can: on the GPU, CUDA events (the device's
+clock); on the CPU with one torch thread, the thread's CPU time (`time.thread_time_ns`:
+time another process takes from the core is not counted); with several torch threads,
+wall time (the calling thread's CPU time would miss the work of the others).  Even so
+a measured profile is this machine's, at this load: plans are the same everywhere only
+with costs from a device description (NOTE: [Load-independent costs] in pipeline.py).
 
 Identical calls are timed once: the calls of one operator on arguments alike in
 everything its kernel sees (each tensor's shape, strides, storage offset, dtype and
@@ -144,6 +150,7 @@ def profile_step(
     progress=None,
     measure_time: bool = True,
     device_model=None,
+    time_model=None,
 ) -> StepProfile:
     """Run the forward then the backward graph node by node and measure each node.
 
@@ -154,10 +161,13 @@ def profile_step(
     measure_time: False skips the timing loop (every time_us stays 0).
     device_model: a `cost.DeviceModel`: every op's time (microseconds) and temporary bytes
     are predicted for that device instead of measured here.
+    time_model: a `cost.DeviceModel` of this device: every op's time is predicted for it,
+    its sizes and temporary bytes are measured here (NOTE: [Load-independent costs] in
+    pipeline.py); nothing is timed.
     """
     result = StepProfile()
     devices = sorted({t.device.index or 0 for t in inputs_by_primal if t.is_cuda})
-    run = _Run(repeats, progress, measure_time, device_model)
+    run = _Run(repeats, progress, measure_time and time_model is None, device_model, time_model)
     with torch.random.fork_rng(devices=devices), torch.no_grad():
         env = run.graph(captured.forward, inputs_by_primal, result.forward)
         result.outputs = _model_outputs(captured, env)
@@ -200,6 +210,7 @@ class _Run:
     progress: Callable[[int], object] | None
     measure_time: bool
     device_model: DeviceModel | None
+    time_model: DeviceModel | None = None
     noisy: int = 0
 
     def graph(self, gm: fx.GraphModule, args: list, profiles: dict) -> dict[str, object]:
@@ -213,6 +224,12 @@ class _Run:
                 calls.append((node, fn_args, fn_kwargs))
                 profiles[node] = _describe(node, value, fn_args, fn_kwargs)
         _attribute_temp(prof, [node for node, _, _ in calls], profiles)
+        if self.time_model is not None:
+            from remat_dsl.capture.cost import op_time_us
+
+            for node, fn_args, fn_kwargs in calls:
+                if profiles[node].allocates:
+                    profiles[node].time_us = op_time_us(self.time_model, node.target, fn_args, fn_kwargs, env[node.name])
         if not self.measure_time:
             if self.progress:
                 self.progress(len(calls))
@@ -338,8 +355,11 @@ def _describe(node: fx.Node, value, args, kwargs) -> NodeProfile:
     inputs = _storages(args, kwargs)
     multi = isinstance(value, (tuple, list))
     outputs: list[OutputInfo | None] = []
-    for item in value if multi else [value]:
-        if item is None:
+    read = {user.args[1] for user in node.users if user.target is operator.getitem} if multi else {0}
+    for index, item in enumerate(value if multi else [value]):
+        if item is None or (index not in read and not isinstance(item, torch.Tensor)):
+            # a number no op reads: flash attention's `max_q` and `max_k`, which the
+            # trace passes on as constants (NOTE: [Fused attention] in capture/attention.py)
             outputs.append(None)
             continue
         if not isinstance(item, torch.Tensor):
@@ -415,21 +435,31 @@ def _settled(minima: list[int]) -> bool:
 
 def _least_ns(node: fx.Node, args, kwargs, repeats: int, warm_up: bool = True) -> int:
     """The least of `repeats` timed runs of the node's call (nanoseconds), after a warm-up
-    run when `warm_up`."""
-    sync = (
-        torch.cuda.synchronize
-        if any(isinstance(t, torch.Tensor) and t.is_cuda for t in pytree.tree_leaves(args))
-        else (lambda: None)
-    )
+    run when `warm_up`, on the clock NOTE: [Robust timing] names."""
     target = node.target
     assert callable(target)  # a call_function node's target is the function it calls
     if warm_up:
         target(*args, **kwargs)
+    if any(isinstance(t, torch.Tensor) and t.is_cuda for t in pytree.tree_leaves(args)):
+        return _least_cuda_ns(target, args, kwargs, repeats)
+    clock = time.thread_time_ns if torch.get_num_threads() == 1 else time.perf_counter_ns
     samples = []
     for _ in range(repeats):
-        sync()
-        start = time.perf_counter_ns()
+        start = clock()
         target(*args, **kwargs)
-        sync()
-        samples.append(time.perf_counter_ns() - start)
+        samples.append(clock() - start)
+    return min(samples)
+
+
+def _least_cuda_ns(target, args, kwargs, repeats: int) -> int:
+    """The least of `repeats` runs timed on the GPU with CUDA events (the kernels' time on
+    the device's own clock, whatever the host does meanwhile)."""
+    samples = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        target(*args, **kwargs)
+        end.record()
+        end.synchronize()
+        samples.append(round(start.elapsed_time(end) * 1e6))  # milliseconds -> nanoseconds
     return min(samples)

@@ -135,8 +135,17 @@ def register(subparsers) -> None:
         metavar="NAME|FILE",
         help=(
             "plan for this device with costs predicted from op shapes (roofline): a100, h100 (= h100-sxm), h100-pcie,"
-            " l4, cpu (this machine kind), or a device-description .toml file (docs/devices.md); default: measure every"
-            " op here"
+            " l4, cpu (this machine kind), or a device-description .toml file (docs/devices.md); default: op times"
+            " predicted for the device the model is on (its description: `cpu` here), sizes and temporaries measured"
+            " here, so that the plan does not depend on this machine's load"
+        ),
+    )
+    plan.add_argument(
+        "--measure",
+        action="store_true",
+        help=(
+            "time every operation here instead (--repeats runs; CUDA events on a GPU): the plan then depends on this"
+            " machine and its load"
         ),
     )
     plan.add_argument(
@@ -313,6 +322,12 @@ def read_request(args) -> PlanRequest:
     if args.constraints:
         constraints += read_constraints(args.constraints)
     profile = None
+    if args.measure and (device_model is not None or args.profile or args.fake):
+        given = "--device" if device_model is not None else "--profile" if args.profile else "--fake"
+        raise RematError(
+            f"error: --measure and {given} both give the op costs",
+            hint=f"pass --measure to time every op here, or {given} alone",
+        )
     if args.profile and device_model is not None:
         raise RematError(
             "error: --profile and --device both give the op costs",
@@ -450,7 +465,7 @@ def _captured(model_file, args, request: PlanRequest):
         device_model = load_device("cpu")
         status("op costs predicted for this CPU (the `cpu` device description); pass --device for another device")
     if request.profile is None:
-        verb = "capturing" if device_model is not None else "profiling"
+        verb = "profiling" if args.measure else "capturing"
         with Progress(f"{verb} {model_file.spec}" + (" with fake tensors" if fake else "")) as progress:
             captured = capture_graph(
                 model_file,
@@ -460,12 +475,12 @@ def _captured(model_file, args, request: PlanRequest):
                 fake=fake,
                 cache=_cache(args),
                 check_eager=True,
+                local_model=not args.measure,
             )
         report_noisy_timing(captured)
         if captured.cached:
-            status(
-                "op times from the cache: measured on this machine in an earlier run (--no-cache measures them again)"
-            )
+            what = "op times" if args.measure else "op sizes and temporaries"
+            status(f"{what} from the cache: measured on this machine in an earlier run (--no-cache measures them again)")
         return captured.graph, captured.device, captured.costs, captured.eager
     from remat_dsl.capture.profile_file import apply_profile
 
