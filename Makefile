@@ -57,6 +57,8 @@ measurements: venv
 	$(PY) bench/optimality.py examples/gpt2.py --fractions 0.5,0.3 --solvers auto --no-smallest
 	$(PY) bench/frontier.py
 	$(PY) bench/stock_sweep.py
+	$(PY) bench/load_independence.py
+	$(PY) bench/llama2_7b.py
 	$(PY) bench/test_suite.py
 
 # write grammar/*.tables.json again after a grammar edit (NOTE: [Parser tables] in remat_dsl/plan/parser.py)

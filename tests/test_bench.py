@@ -5,6 +5,7 @@ the end, the write is atomic, and every script `make measurements` runs has its 
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -89,3 +90,18 @@ def test_every_script_make_measurements_runs_has_its_markers():
     assert sorted(set(scripts)) == sorted(
         f"bench/{p.name}" for p in (ROOT / "bench").glob("*.py") if not p.name.startswith("_")
     ), "every bench script is in make measurements"
+
+
+def test_plans_do_not_depend_on_the_load(tmp_path):
+    """bench/load_independence.py as `make measurements` runs it, on a small model: the plan
+    made while every core is busy is the idle one, byte for byte (NOTE: [Load-independent
+    costs]); the script exits 1 when they differ."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "load_independence.py"), "tests/models/sdpa_dropout.py",
+         "--budgets", "60%", "--no-write", "--workdir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert "60%: idle" in result.stdout and result.stdout.rstrip().endswith("same"), result.stdout
+    idle, loaded = (tmp_path / f"sdpa_dropout-60-{run}.plan" for run in ("idle", "loaded"))
+    assert idle.read_bytes() == loaded.read_bytes()

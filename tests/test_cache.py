@@ -161,10 +161,10 @@ def test_a_second_budget_reuses_times_and_block_solutions(tmp_path):
     first = plan(tmp_path, "700000B", "a.plan")
     assert "from the cache" not in first and "solving block class" in first
     again = plan(tmp_path, "700000B", "b.plan")
-    assert "op times from the cache" in again and "(from the cache)" in again
+    assert "op costs from the cache" in again and "(from the cache)" in again
     assert (tmp_path / "a.plan").read_bytes() == (tmp_path / "b.plan").read_bytes()
     other = plan(tmp_path, "760000B", "c.plan")
-    assert "op times from the cache" in other and "(from the cache)" in other
+    assert "op costs from the cache" in other and "(from the cache)" in other
     fresh = plan(tmp_path, "700000B", "d.plan", "--no-cache")
     assert "from the cache" not in fresh
 
@@ -198,10 +198,10 @@ def test_the_profile_key_holds_the_token_ids_not_the_weights(tmp_path):
         assert result.returncode == 0, result.stderr
         return result.stderr
 
-    assert "op times from the cache" not in run("1", "a.plan")
-    assert "op times from the cache" in run("1", "b.plan")
+    assert "op costs from the cache" not in run("1", "a.plan")
+    assert "op costs from the cache" in run("1", "b.plan")
     assert (tmp_path / "a.plan").read_bytes() == (tmp_path / "b.plan").read_bytes()
-    assert "op times from the cache" not in run("2", "c.plan")
+    assert "op costs from the cache" not in run("2", "c.plan")
 
 
 def test_a_forward_that_updates_buffers_still_runs_when_captured():

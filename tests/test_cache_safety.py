@@ -90,7 +90,7 @@ def test_an_edited_graph_entry_is_a_miss_and_the_plan_is_the_same(filled, tmp_pa
     rewrite(graph, dropout_p(0.5))
     plan, err = planned(cache, str(TINY_MLP), "--budget", "90%")
     assert plan == filled[1] and "aten.native_dropout.default(%relu, 0.1, True)" in plan
-    assert "op times from the cache" in err  # the profile was still a hit: only the edited graph was redone
+    assert "op costs from the cache" in err  # the profile was still a hit: only the edited graph was redone
     rewrite(
         graph, dropout_p(0.5), reseal=True
     )  # what a writer who recomputes the hash gets: why the root is owner-only
@@ -109,11 +109,11 @@ def test_an_edited_profile_entry_is_a_miss(filled, tmp_path):
 
     rewrite(profile, slower)
     plan, err = planned(cache, str(TINY_MLP), "--budget", "90%")
-    assert "op times from the cache" not in err and "987654" not in plan  # measured again
+    assert "op costs from the cache" not in err and "987654" not in plan  # measured again
     rewrite(entries(cache, "profiles")[0], slower, reseal=True)
     shutil.rmtree(cache / "graphs")
     _, err = planned(cache, str(TINY_MLP), "--budget", "90%")
-    assert "op times from the cache" in err  # the control: a resealed edit is read
+    assert "op costs from the cache" in err  # the control: a resealed edit is read
 
 
 def test_a_graph_entry_that_does_not_decode_is_a_miss(filled, tmp_path):
@@ -137,9 +137,10 @@ def test_a_graph_entry_that_does_not_decode_is_a_miss(filled, tmp_path):
 def test_an_edited_block_entry_is_a_miss_and_the_plan_is_the_same(tmp_path):
     cache = tmp_path / "cache"
     args = (str(ROOT / "tests" / "models" / "tiny_cnn.py"), "--budget", "90%", "--solver", "rockmate")
-    first, _ = planned(cache, *args)
+    first, err = planned(cache, *args)
     blocks = entries(cache, "blocks")
-    assert len(blocks) == 3
+    classes = err.count("solving block class")
+    assert blocks and classes
 
     def store_all_only(value: dict) -> None:
         value["schedules"] = value["schedules"][:1]
@@ -150,7 +151,8 @@ def test_an_edited_block_entry_is_a_miss_and_the_plan_is_the_same(tmp_path):
         rewrite(block, store_all_only)
     again, err = planned(cache, *args)
     assert again == first
-    assert err.count("solving block class") == 3 and err.count("(from the cache)") == 3 - len(edited)
+    assert err.count("solving block class") == classes  # the edited entries are misses, solved again
+    assert 0 < classes - err.count("(from the cache)") <= len(edited)
 
 
 class Payload:
@@ -237,7 +239,7 @@ def test_a_cache_directory_others_can_write_is_not_used(filled, tmp_path):
         f"warning: not using the cache {cache}: group or others can write it (mode 0o775); "
         f"run `chmod go-w {cache}` or set REMAT_CACHE_DIR (it only saves time)"
     ]
-    assert "op times from the cache" not in result.stderr
+    assert "op costs from the cache" not in result.stderr
     assert sorted(p.relative_to(cache) for p in cache.rglob("*")) == before
 
 
@@ -248,7 +250,7 @@ def test_a_cache_directory_of_another_user_is_not_used(filled, tmp_path):
     result = remat(cache, "plan", str(TINY_MLP), "--budget", "90%")
     assert result.returncode == 0, result.stderr
     assert f"warning: not using the cache {cache}: it belongs to user id 65534, not to you;" in result.stderr
-    assert "op times from the cache" not in result.stderr
+    assert "op costs from the cache" not in result.stderr
 
 
 def test_a_new_cache_directory_is_owner_only(tmp_path):

@@ -21,16 +21,22 @@ from remat_dsl.capture.fx import capture
 from remat_dsl.capture.model_file import Inputs
 from remat_dsl.capture.profile import MAX_PASSES, PASSES, SPREAD_LIMIT, profile_step
 
-STALLS: dict[str, object] = {"calls": 0, "sleep": None}
+STALLS: dict[str, object] = {"calls": 0, "sleep": None, "work": None}
 
 
 @torch.library.custom_op("remat_test::stalling_scale", mutates_args=())
 def stalling_scale(x: torch.Tensor) -> torch.Tensor:
-    """x * 2, sleeping STALLS["sleep"](call number) seconds first."""
+    """x * 2, sleeping STALLS["sleep"](call number) seconds first (the core taken by
+    another job), then working STALLS["work"](call number) seconds of this thread's CPU
+    time (the op's own work)."""
     call = STALLS["calls"]
     STALLS["calls"] = call + 1
     if STALLS["sleep"] is not None:
         time.sleep(STALLS["sleep"](call))
+    if STALLS["work"] is not None:
+        end = time.thread_time() + STALLS["work"](call)
+        while time.thread_time() < end:
+            pass
     return x * 2
 
 
@@ -63,10 +69,38 @@ def pass_of(call: int) -> int:
 @pytest.fixture(autouse=True)
 def no_stalls_after():
     yield
-    STALLS.update(calls=0, sleep=None)
+    STALLS.update(calls=0, sleep=None, work=None)
 
 
-def test_a_stall_over_a_whole_pass_is_not_the_ops_time():
+@pytest.fixture
+def threads(request):
+    """torch's intra-op threads for the test (the clock depends on it: NOTE: [Robust
+    timing]); the count as it was afterwards."""
+    was = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(was)
+
+
+# with several torch threads the clock is wall time, which a stall slows down
+WALL_CLOCK = pytest.mark.parametrize("threads", [2], indirect=True)
+
+
+@pytest.mark.parametrize("threads", [1], indirect=True)
+def test_with_one_thread_a_stall_is_not_the_ops_time(threads):
+    """With one torch thread the clock is the thread's CPU time: a first pass that loses
+    the core for 20 ms on every run times the op's own 2 ms, and the passes agree."""
+    captured = capture(Stalling(), Inputs((torch.randn(8, 16),)))
+    STALLS.update(calls=0, sleep=lambda call: 0.02 if call and pass_of(call) == 0 else 0.0, work=lambda call: 0.002)
+    step = profile_step(captured, captured.example_primals, 5)
+    (node,) = [n for n in step.forward if "stalling_scale" in str(n.target)]
+    assert 2_000 <= step.forward[node].time_us < 3_000
+    assert STALLS["calls"] == 1 + FIRST + RUNS * (PASSES - 1)  # no pass again
+    assert step.noisy == 0
+
+
+@WALL_CLOCK
+def test_a_stall_over_a_whole_pass_is_not_the_ops_time(threads):
     """Every run of the first timing pass stalls 20 ms (a median of its runs would be
     20 ms): the second pass disagrees, a third agrees with it, the op's time is its own.
     Later runs take 2 ms, as in test_a_quiet_op_is_timed_in_two_passes: a bare `x * 2` of
@@ -81,7 +115,8 @@ def test_a_stall_over_a_whole_pass_is_not_the_ops_time():
     assert step.noisy == 0
 
 
-def test_timings_that_never_settle_are_reported():
+@WALL_CLOCK
+def test_timings_that_never_settle_are_reported(threads):
     """Each pass runs twice as slow as the one before: no two passes agree within
     SPREAD_LIMIT, so after MAX_PASSES the op is counted noisy (and `remat plan` says so)."""
     assert SPREAD_LIMIT < 2
@@ -94,7 +129,8 @@ def test_timings_that_never_settle_are_reported():
     assert 1_000 <= step.forward[node].time_us < 2_000  # the least of its runs: the first pass's
 
 
-def test_a_quiet_op_is_timed_in_two_passes():
+@WALL_CLOCK
+def test_a_quiet_op_is_timed_in_two_passes(threads):
     captured = capture(Stalling(), Inputs((torch.randn(8, 16),)))
     STALLS.update(calls=0, sleep=lambda call: 0.002 if call else 0.0)
     step = profile_step(captured, captured.example_primals, 5)
@@ -118,7 +154,11 @@ def test_remat_profile_warns_when_the_machine_was_busy(tmp_path):
         @torch.library.custom_op("remat_busy::scale", mutates_args=())
         def scale(x: torch.Tensor) -> torch.Tensor:
             CALLS[0] += 1
-            time.sleep(0.0 if CALLS[0] <= 1 else 0.001 * 2 ** (0 if CALLS[0] <= 5 else 1 + (CALLS[0] - 6) // 3))
+            # work (this thread's CPU time, which every clock counts) doubling from pass to pass
+            doublings = 0 if CALLS[0] <= 5 else 1 + (CALLS[0] - 6) // 3
+            end = time.thread_time() + (0.0 if CALLS[0] <= 1 else 0.001 * 2**doublings)
+            while time.thread_time() < end:
+                pass
             return x * 2
 
         scale.register_fake(lambda x: torch.empty_like(x))
@@ -179,7 +219,8 @@ class Twice(torch.nn.Module):
         return (counted_shift(a, first) + counted_shift(b, second)).sum()
 
 
-def test_identical_calls_are_timed_once_and_integer_arguments_alone():
+@WALL_CLOCK
+def test_identical_calls_are_timed_once_and_integer_arguments_alone(threads):
     """The two stalling_scale calls run the same kernel on alike arguments: one is timed,
     both get its time.  The two counted_shift calls take integer tensors (values a time may
     depend on): each is timed."""

@@ -399,7 +399,7 @@ def test_a_step_traced_other_than_eager_is_said(tmp_path):
     comparison = compare_training(load_model_file(str(model)), load_generated(tmp_path / "fast.py"), steps=1)
     assert not comparison.identical  # the warning is true: the module computes the traced step
     again = shell(f"remat plan {model} --budget 100% --repeats 1 > again.plan", tmp_path)
-    assert "op times from the cache" in again.stderr and EAGER_WARNING in again.stderr
+    assert "op costs from the cache" in again.stderr and EAGER_WARNING in again.stderr
     assert (tmp_path / "again.plan").read_text() == text
     single = shell(f"remat plan {model} --budget 100% --repeats 1 --autocast none > single.plan", tmp_path)
     assert single.returncode == 0, single.stderr[-3000:]  # float32: they agree, and nothing is said

@@ -490,6 +490,8 @@ def op_temp_bytes(device: DeviceModel, target, args, kwargs, output) -> int:
     """Temporary bytes `target(*args, **kwargs)` allocates beyond its inputs and outputs
     on `device`, from shapes alone (NOTE: [Temporary memory]); 0 for most operations."""
     name = _name(target)
+    if device.kind == "cuda":
+        return _flash_backward_workspace(args) if name == "_scaled_dot_product_flash_attention_backward" else 0
     if device.kind != "cpu":
         return 0
     inputs, outputs = _tensors((args, kwargs)), _tensors(output)
@@ -508,7 +510,7 @@ def op_temp_bytes(device: DeviceModel, target, args, kwargs, output) -> int:
 
 # NOTE: [Temporary memory]
 # Rules measured on the CPU (remat_dsl.capture.profile, the allocator's events inside
-# each operation), per op family; on a GPU every family is 0: cuBLAS keeps its workspace
+# each operation), per op family; on a GPU every family but one is 0: cuBLAS keeps its workspace
 # per handle, dropout and batch norm are fused kernels, and the workspace cuDNN takes for
 # a convolution depends on the algorithm it picks at run time (not modelled).
 # * native_dropout, native_dropout_backward: the mask in the input's dtype (bytes of the
@@ -519,6 +521,8 @@ def op_temp_bytes(device: DeviceModel, target, args, kwargs, output) -> int:
 #   layout: the larger of the two.
 # * convolution_backward: the reordered gradients, twice the bytes of the outputs, or
 #   the reordered grad_output (its first argument) when that is larger.
+# On a CUDA device one family is not 0: flash attention's backward, whose float32
+# accumulators are sized by its arguments (`_flash_backward_workspace`).
 
 
 def _argument(target, args, kwargs, name: str):
@@ -542,6 +546,23 @@ def _gemm_shape(name: str, output) -> tuple[int, int, int] | None:
         return None
     shape = tuple(output.shape)
     return (1, *shape) if len(shape) == 2 else shape  # type: ignore[return-value]
+
+
+def _flash_backward_workspace(args) -> int:
+    """Bytes flash attention's backward allocates beside its outputs (NOTE: [Temporary
+    memory]): FlashAttention-2's `mha_bwd` (flash_api.cpp, as PyTorch builds it) makes a
+    float32 accumulator of dQ, [batch, queries rounded up to 128, heads, head size rounded
+    up to 32 (256 above 192)], the float32 row sums softmax_d, [batch, heads, queries
+    rounded up to 128], and with fewer key/value heads than query heads (grouped-query
+    attention) dK and dV for every query head before summing them."""
+    grad_out, key = args[0], args[2]
+    batch, heads, queries, head = grad_out.shape
+    rounded_queries = -(-queries // 128) * 128
+    rounded_head = -(-head // 32) * 32 if head <= 192 else 256
+    workspace = 4 * batch * rounded_queries * heads * (rounded_head + 1)
+    if key.shape[1] != heads:
+        workspace += 2 * batch * key.shape[2] * heads * head * key.element_size()
+    return workspace
 
 
 def _name(target) -> str:

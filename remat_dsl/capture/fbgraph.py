@@ -58,7 +58,7 @@ def build_graph(
     on this CPU for a GPU).
     """
     _drop_dead_backward_nodes(captured.backward)
-    names = _op_names(captured, step)
+    names = op_names(captured, step)
     builder = _Builder(names, device_kinds or {})
     fw_env = builder.walk(captured.forward, step.forward, ir.FORWARD, _primal_refs(captured))
     bw_refs = _backward_refs(captured, fw_env)
@@ -152,7 +152,7 @@ def _allocates(info: NodeProfile) -> bool:
     return any(o is not None and not o.alias for o in info.outputs)
 
 
-def _op_names(captured: Captured, step: StepProfile) -> dict[fx.Node, str]:
+def op_names(captured: Captured, step: StepProfile) -> dict[fx.Node, str]:
     names: dict[fx.Node, str] = {}
     for phase, profiles in ((ir.FORWARD, step.forward), (ir.BACKWARD, step.backward)):
         nodes = [n for n, info in profiles.items() if _allocates(info)]

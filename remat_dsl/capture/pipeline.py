@@ -13,7 +13,7 @@ import torch.utils._pytree as pytree
 
 from remat_dsl.plan import ir
 from remat_dsl.capture.fx import Recalled, capture, tensor_attributes
-from remat_dsl.capture.fbgraph import build_graph
+from remat_dsl.capture.fbgraph import build_graph, op_names
 from remat_dsl.capture.keys import NotStatic, node_key, primal_keys
 from remat_dsl.capture.model_file import Inputs, ModelFile
 from remat_dsl.capture.profile import NodeProfile, OutputInfo, StepProfile, is_call, profile_step, timing_passes
@@ -25,14 +25,15 @@ class Captured:
 
     costs: None when every op was measured here; else what predicted the costs, as the
     plan's header says it (`roofline h100-sxm`, `roofline cpu, fake tensors`).
-    noisy: how many ops' timing passes never agreed (NOTE: [Robust timing] in
-    remat_dsl.capture.profile): the machine was busy while they were measured.
+    noisy: the names of the ops whose timing passes never agreed (NOTE: [Robust timing]
+    in remat_dsl.capture.profile), in graph order: the machine was busy while they were
+    measured.
     """
 
     graph: ir.Graph
     device: str
     costs: str | None = None
-    noisy: int = 0
+    noisy: tuple[str, ...] = ()
     cached: bool = False  # the step profile from the cache (NOTE: [Profile key])
     eager: tuple[str, ...] = ()  # NOTE: [Eager agreement]: comment lines where eager computes other bits
 
@@ -271,7 +272,9 @@ def capture_graph(
                 measure_time, device_model, time_model,
             )  # fmt: skip
     assert step is not None  # from the cache when `cached`, else just profiled
-    graph, noisy = build_graph(captured, step, inputs, device_kinds), step.noisy
+    graph = build_graph(captured, step, inputs, device_kinds)
+    names = op_names(captured, step)
+    noisy = tuple(dict.fromkeys(names[node] for node in step.unsettled if node in names))
     if not cached:
         if check_eager and not fake and kind == captured_on:  # NOTE: [Eager agreement]
             from remat_dsl.capture.agreement import disagreement
@@ -323,7 +326,7 @@ def _graph_cache_key(parts: tuple, device_kinds: dict[str, str], repeats: object
     )
 
 
-def _keep_graph(cache, key: str, graph: ir.Graph, noisy: int, captured, eager: tuple[str, ...]) -> None:
+def _keep_graph(cache, key: str, graph: ir.Graph, noisy: tuple[str, ...], captured, eager: tuple[str, ...]) -> None:
     """Store the profiled graph under NOTE: [Capture key], with the output structure to
     compare on a hit; a graph whose JSON does not read back equal is not stored."""
     from remat_dsl.plan.cache import decode_ir, encode_ir
@@ -332,12 +335,12 @@ def _keep_graph(cache, key: str, graph: ir.Graph, noisy: int, captured, eager: t
     if decode_ir(encoded) != graph:
         return
     cache.put("graphs", key, {
-        "graph": encoded, "noisy": noisy, "out_spec": repr(captured.out_spec), "none_leaves": captured.none_leaves,
-        "order": captured.order, "eager": list(eager),
+        "graph": encoded, "noisy": list(noisy), "out_spec": repr(captured.out_spec),
+        "none_leaves": captured.none_leaves, "order": captured.order, "eager": list(eager),
     })  # fmt: skip
 
 
-def _graph_of(recalled: Recalled) -> tuple[ir.Graph, int, tuple[str, ...]] | None:
+def _graph_of(recalled: Recalled) -> tuple[ir.Graph, tuple[str, ...], tuple[str, ...]] | None:
     """(graph, noisy, NOTE: [Eager agreement]'s lines) of a cache entry found by NOTE:
     [Capture key], or None when the entry is not one or the model's output is now built into
     another structure (or from the graph's outputs in another order: NOTE: [Output order]
@@ -354,7 +357,8 @@ def _graph_of(recalled: Recalled) -> tuple[ir.Graph, int, tuple[str, ...]] | Non
             return None
         graph = decode_ir(entry["graph"])
         eager = tuple(str(line) for line in entry["eager"])
-        return (graph, int(entry["noisy"]), eager) if isinstance(graph, ir.Graph) else None
+        noisy = tuple(str(name) for name in entry["noisy"])
+        return (graph, noisy, eager) if isinstance(graph, ir.Graph) else None
     except (KeyError, TypeError, ValueError):
         return None
 

@@ -107,6 +107,7 @@ class StepProfile:
     forward: dict[fx.Node, NodeProfile] = field(default_factory=dict)
     backward: dict[fx.Node, NodeProfile] = field(default_factory=dict)
     noisy: int = 0  # ops whose timing passes never agreed (NOTE: [Robust timing])
+    unsettled: list[fx.Node] = field(default_factory=list)  # those ops' nodes, in graph order
     # the traced step's values on the sample inputs, first runs (NOTE: [Eager agreement] in
     # capture/agreement.py): the forward's model outputs, and the backward's outputs (one per
     # forward placeholder, None where it computes none); not cached
@@ -177,7 +178,7 @@ def profile_step(
         gradients = captured.backward.graph.output_node().args[0]
         assert isinstance(gradients, (tuple, list))  # fx: the output node's one argument holds the returned values
         result.gradients = [bw_env[n.name] if isinstance(n, fx.Node) else n for n in gradients]
-    result.noisy = run.noisy
+    result.noisy, result.unsettled = run.noisy, run.unsettled
     return result
 
 
@@ -212,6 +213,7 @@ class _Run:
     device_model: DeviceModel | None
     time_model: DeviceModel | None = None
     noisy: int = 0
+    unsettled: list[fx.Node] = field(default_factory=list)
 
     def graph(self, gm: fx.GraphModule, args: list, profiles: dict) -> dict[str, object]:
         """Interpret `gm` on `args`, filling `profiles`; returns name -> value."""
@@ -229,7 +231,8 @@ class _Run:
 
             for node, fn_args, fn_kwargs in calls:
                 if profiles[node].allocates:
-                    profiles[node].time_us = op_time_us(self.time_model, node.target, fn_args, fn_kwargs, env[node.name])
+                    value = env[node.name]
+                    profiles[node].time_us = op_time_us(self.time_model, node.target, fn_args, fn_kwargs, value)
         if not self.measure_time:
             if self.progress:
                 self.progress(len(calls))
@@ -255,7 +258,9 @@ class _Run:
             samples = minima[members[0]]
             for node in members:
                 profiles[node].time_us = max(1, round(min(samples) / 1000))
-            self.noisy += 0 if _settled(samples) else len(members)
+            if not _settled(samples):
+                self.noisy += len(members)
+                self.unsettled.extend(members)
         return env
 
     def _predicted(self, gm: fx.GraphModule, args: list, profiles: dict) -> dict[str, object]:

@@ -115,15 +115,20 @@ def status(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+NAMED = 5  # unsettled ops a warning names
+
+
 def report_noisy_timing(captured) -> None:
     """Say when some ops' timings never settled (NOTE: [Robust timing] in
     remat_dsl.capture.profile): costs measured on a busy machine make plans that differ."""
     if captured.noisy:
         ops = sum(1 for op in captured.graph.ops)
+        more = len(captured.noisy) - NAMED
+        named = ", ".join(captured.noisy[:NAMED]) + (f" and {more} more" if more > 0 else "")
         status(
-            f"warning: the timings of {captured.noisy} of {ops} ops did not settle (their timing passes disagreed "
-            "by more than 1.5x): the machine was busy; measure on an idle machine (`remat profile`) for costs that "
-            "do not depend on its load"
+            f"warning: the timings of {len(captured.noisy)} of {ops} ops did not settle (their timing passes disagreed "
+            f"by more than 1.5x): {named}; the machine was busy: measure on an idle machine, or leave out --measure "
+            "for op times predicted from shapes, which do not depend on its load"
         )
 
 

@@ -459,6 +459,9 @@ def _captured(model_file, args, request: PlanRequest):
                 f" {format_bytes(sizes[1])} of host memory available: capturing it with fake tensors"
             )
             fake = True
+    if not fake and device_model is not None and device_model.kind == "cuda" and not torch_cuda_available():
+        fake = True  # NOTE: [Fused attention]: the GPU's attention kernels do not run here
+        status(f"capturing with fake tensors: a plan for {device_model.name} holds kernels that run on CUDA only")
     if fake and device_model is None:
         from remat_dsl.capture.cost import load_device
 
@@ -479,8 +482,8 @@ def _captured(model_file, args, request: PlanRequest):
             )
         report_noisy_timing(captured)
         if captured.cached:
-            what = "op times" if args.measure else "op sizes and temporaries"
-            status(f"{what} from the cache: measured on this machine in an earlier run (--no-cache measures them again)")
+            what = "times" if args.measure else "sizes and temporaries"
+            status(f"op costs from the cache: {what} measured here in an earlier run (--no-cache measures them again)")
         return captured.graph, captured.device, captured.costs, captured.eager
     from remat_dsl.capture.profile_file import apply_profile
 
@@ -496,6 +499,12 @@ def _captured(model_file, args, request: PlanRequest):
         )
     status(f"costs from {args.profile}")
     return apply_profile(captured.graph, request.profile, model=model_file.spec), captured.device, None, captured.eager
+
+
+def torch_cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _cache(args):

@@ -90,6 +90,7 @@ def plan_model(
     repeats: int = 5,
     time_limit: float | None = None,
     report: Callable[[str], None] | None = None,
+    measure: bool = False,
 ) -> ir.Plan:
     """Capture `model`'s training step (forward, loss, backward), cost every op, solve for
     `budget` and return the plan (print it with `plan_text`).
@@ -99,8 +100,11 @@ def plan_model(
     autograd peak ("50%"); None: the autograd peak, the store-all plan's memory.
     solver: a name of `remat plan --solver` (auto, rockmate, hiremate, rotor, ...), or a
     subclass of remat_dsl.solve.api.Solver (an outside solver: docs/solvers.md).
-    device: None measures every op on this machine; a device name (h100, a100, cpu) or a
-    device-description TOML file predicts the costs for that device (docs/devices.md).
+    device: a device name (h100, a100, cpu) or a device-description TOML file: the costs
+    are predicted for that device (docs/devices.md); None: op times predicted by the
+    description of the device the model is on, sizes and temporaries measured here (NOTE:
+    [Load-independent costs] in capture/pipeline.py).
+    measure: with no device, time every op here instead (`repeats` runs each).
     constraints: a constraints file (keep/recompute/offload lines; docs/plan-language.md).
     repeats: timing runs per op.  time_limit: seconds per solve for the MILP solvers.
     report: called with each progress line (default: none).
@@ -122,7 +126,7 @@ def plan_model(
     model_file = model_of(model, inputs, loss_fn, autocast)
     device_model = load_device(device) if device is not None else None
     rules = read_constraints(str(constraints)) if constraints is not None else ()
-    captured = capture_model(model_file, device=device, repeats=repeats)
+    captured = capture_model(model_file, device=device, repeats=repeats, measure=measure)
     options: dict[str, Any] = {"bandwidth": int(device_model.host_to_device)} if device_model is not None else {}
     plan = solve_captured(
         captured.graph, amount, solver, percent=percent, model=model_file.spec, device=captured.device,
@@ -141,14 +145,16 @@ def capture_model(
     device: str | None = None,
     repeats: int = 5,
     cache: bool = False,
+    measure: bool = False,
 ):
     """Capture `model`'s training step and cost every op, as `plan_model` does before it
     solves: a capture.pipeline.Captured (its `graph`, the ir.Graph that `solve_captured`
     plans for any number of budgets; `device`, `costs`, `eager` for the plan's header).
 
     model, inputs, loss_fn, autocast: as `model_of` takes them, or a ModelFile that
-    `model_of` returned.  device: None measures every op on this machine (`repeats` timing
-    runs each); a device name or description file predicts the costs (docs/devices.md).
+    `model_of` returned.  device: a device name or description file predicts the costs
+    (docs/devices.md); None predicts op times for the device the model is on and measures
+    sizes and temporaries here, or with `measure`, times every op here (`repeats` runs).
     cache: take the measured costs from remat's cache when this graph was profiled here
     before, and store them otherwise, as `remat plan` does (docs/profiles.md).  The step is
     also run eagerly once and compared with the traced one (NOTE: [Eager agreement] in
@@ -159,10 +165,12 @@ def capture_model(
     from remat_dsl.plan.cache import default_cache
 
     model_file = model if isinstance(model, ModelFile) else model_of(model, inputs, loss_fn, autocast)
+    if measure and device is not None:
+        raise RematError("error: measure=True and a device both give the op costs", hint="pass one of them")
     device_model = load_device(device) if device is not None else None
     store = default_cache() if cache else None
     return capture_graph(
-        model_file, repeats, device_model=device_model, cache=store, check_eager=True
+        model_file, repeats, device_model=device_model, cache=store, check_eager=True, local_model=not measure
     )  # as `remat plan`
 
 
