@@ -77,7 +77,7 @@ from _common import ROOT, Report, add_write_flag  # noqa: E402
 
 SCRIPT = "bench/gpu_check.py"
 TITLE = "On a GPU: `make gpu-check`"
-SKIP_LINE = "gpu-check: no CUDA GPU found (torch.cuda.is_available() is False): skipped"
+SKIP_LINE = "gpu-check: no CUDA GPU found (torch.cuda.is_available() is False): skipped"  # then torch's build
 FALLBACK_DEVICE = "h100"  # the device file for a GPU that remat_dsl.capture.gpus does not know
 SEED = 1234  # torch.manual_seed before every step: dropout draws the same masks
 SMOKE_BANDWIDTH = None  # --cpu-smoke: the `cpu` device file's host_to_device
@@ -727,7 +727,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available() and not args.cpu_smoke
     if not cuda and not args.cpu_smoke:
-        print(SKIP_LINE)
+        print(f"{SKIP_LINE} (torch {torch.__version__}, built for CUDA {torch.version.cuda or 'no'})")
         return 0
     args.steps = args.steps or (5 if cuda else 2)
     clock = Clock(args.time_limit or (450.0 if cuda else 300.0))
