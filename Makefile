@@ -10,7 +10,7 @@ LOCK   := requirements.lock
 TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test test-slow demo bench measurements tables lock clean
+.PHONY: venv test test-slow demo bench gpu-check measurements tables lock clean
 
 venv: $(STAMP)
 
@@ -41,6 +41,12 @@ demo: venv
 
 bench: venv
 	$(PY) bench/overhead.py
+
+# the GPU acceptance run (bench/gpu_check.py, docs/devices.md): plans, their modules and two
+# baselines measured on one CUDA GPU in at most 8 minutes; it writes its own section of
+# docs/measurements.md.  Without a GPU it says so and exits 0: not part of `make measurements`.
+gpu-check: venv
+	$(PY) bench/gpu_check.py
 
 # docs/measurements.md again: each bench script in turn writes its own section (bench/_common.py;
 # `--no-write` prints only).  Hours on 2 cores; timings need an idle machine.

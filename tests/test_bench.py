@@ -1,6 +1,7 @@
 """docs/measurements.md is written by the bench scripts (bench/_common.py): replacing one
 script's section leaves every other byte as it was, a section without markers is added at
-the end, the write is atomic, and every script `make measurements` runs has its markers."""
+the end, the write is atomic, and every script `make measurements` runs has its markers
+(as do the scripts with their own target: `make gpu-check`)."""
 
 from __future__ import annotations
 
@@ -72,6 +73,10 @@ def test_write_section_replaces_the_file_atomically(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["measurements.md"]  # no temporary file left
 
 
+# bench scripts that `make measurements` (this CPU machine) does not run, with the target that does
+OWN_TARGET = {"bench/gpu_check.py": "gpu-check"}  # needs a CUDA GPU
+
+
 def test_every_script_make_measurements_runs_has_its_markers():
     makefile = (ROOT / "Makefile").read_text()
     target = re.search(r"^measurements:.*\n((?:\t.*\n)+)", makefile, re.M)
@@ -87,9 +92,15 @@ def test_every_script_make_measurements_runs_has_its_markers():
         ), f"{script}: no markers in docs/measurements.md"
         assert "--no-write" in (ROOT / script).read_text(), f"{script} has no --no-write"
     assert "make measurements" in doc.split("\n## ")[0], "the doc's head does not say how it is regenerated"
-    assert sorted(set(scripts)) == sorted(
+    assert not set(scripts) & set(OWN_TARGET), "a script with its own target is not in make measurements"
+    for script, name in OWN_TARGET.items():
+        own = re.search(rf"^{name}:.*\n((?:\t.*\n)+)", makefile, re.M)
+        assert own and script in own.group(1), f"{script}: no `make {name}` target runs it"
+        assert doc.count(markers(script)[0] + "\n") == 1 and doc.count(markers(script)[1] + "\n") == 1, script
+        assert "--no-write" in (ROOT / script).read_text(), f"{script} has no --no-write"
+    assert sorted(set(scripts) | set(OWN_TARGET)) == sorted(
         f"bench/{p.name}" for p in (ROOT / "bench").glob("*.py") if not p.name.startswith("_")
-    ), "every bench script is in make measurements"
+    ), "every bench script is in make measurements, or in OWN_TARGET"
 
 
 def test_plans_do_not_depend_on_the_load(tmp_path):
