@@ -10,7 +10,7 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from remat_dsl.capture.cost import DEVICES, load_device, op_temp_bytes, op_time_us, shipped_devices
+from remat_dsl.capture.cost import DEVICES, load_device, op_temp_bytes, op_time_us, shipped_devices, tile_utilisation
 from remat_dsl.capture.fx import capture
 from remat_dsl.capture.model_file import load_model_file
 from remat_dsl.capture.profile import is_call
@@ -19,7 +19,7 @@ from remat_dsl.plan.errors import PlanError, RematError
 ROOT = Path(__file__).resolve().parent.parent
 GPT2 = str(ROOT / "tests" / "models" / "hf_gpt2.py")
 aten = torch.ops.aten
-GPUS = ("a100", "h100-sxm", "h100-pcie", "l4")
+GPUS = ("a100", "a100-40gb", "h100-sxm", "h100-pcie", "h200", "gh200", "l4", "l40s")  # fp32 < half the bf16 rate
 
 
 def meta(*shape: int, dtype=torch.float32) -> torch.Tensor:
@@ -31,7 +31,19 @@ def predict(device, target, *args, **kwargs) -> int:
 
 
 def test_every_shipped_device_loads():
-    assert shipped_devices() == ("a100", "cpu", "h100-pcie", "h100-sxm", "l4")
+    assert shipped_devices() == (
+        "a100",
+        "a100-40gb",
+        "cpu",
+        "gh200",
+        "h100-pcie",
+        "h100-sxm",
+        "h200",
+        "l4",
+        "l40s",
+        "rtx3060",
+        "rtx4090",
+    )
     for name in shipped_devices():
         device = load_device(name)
         assert device.name == name
@@ -56,7 +68,9 @@ def test_a_device_file_by_path_is_named_by_its_stem(tmp_path):
 def test_a_large_bf16_matmul_runs_at_the_h100_peak():
     device = load_device("h100-sxm")
     a = meta(4096, 4096, dtype=torch.bfloat16)
-    seconds = 2 * 4096**3 / (989e12 * device.matmul_efficiency) + device.launch_latency
+    # 32 x 32 output tiles of 128 x 128 in 8 waves of 132 SMs (NOTE: [Matmul tiles])
+    assert tile_utilisation(device, (1, 4096, 4096)) == 1024 / (8 * 132)
+    seconds = 2 * 4096**3 / (989e12 * device.matmul_efficiency * 1024 / (8 * 132)) + device.launch_latency
     assert device.matmul_flops["bfloat16"] == 989e12
     assert predict(device, aten.mm.default, a, a) == round(seconds * 1e6)
     assert 2 * 4096**3 / 989e12 * 1e6 <= predict(device, aten.mm.default, a, a) <= 1.5 * 2 * 4096**3 / 989e12 * 1e6

@@ -46,8 +46,10 @@ matrix operations fill in waves of output tiles (NOTE: [Matmul tiles]); without 
 matrix operation of any shape reaches `matmul_efficiency`.
 
 Integer and boolean tensors are costed at the float32 figures.  The device's name is
-the file's stem (`h100-sxm`); `load_device` also knows the shipped files by name.
-docs/devices.md says the same for users; the shipped files cite a source per figure.
+the file's stem (`h100-sxm`); `load_device` also knows the shipped files by name, and
+ALIASES' other names for them (`h100`, `a100-80gb`).  docs/devices.md says the same for
+users.  The shipped files cite a source per figure: a tag their header comment defines
+(`("datasheet")`), or ASSUMPTION with a reason; tests/test_device_files.py checks that.
 Temporary memory follows a rule per op family: NOTE: [Temporary memory].
 """
 
@@ -65,7 +67,7 @@ from remat_dsl.plan.errors import PlanError, RematError
 from remat_dsl.plan.ir import Span
 
 DEVICES = Path(__file__).resolve().parent / "devices"
-ALIASES = {"h100": "h100-sxm"}
+ALIASES = {"h100": "h100-sxm", "a100-80gb": "a100"}
 KINDS = ("cuda", "cpu")
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 NUMBERS = (
@@ -142,12 +144,17 @@ def load_device(spec: str) -> DeviceModel:
     return _unknown_device(spec)
 
 
+def _aliases() -> str:
+    """`h100 is h100-sxm, a100-80gb is a100`: the other names of shipped devices."""
+    return ", ".join(f"{alias} is {name}" for alias, name in ALIASES.items())
+
+
 def _unknown_device(spec: str) -> DeviceModel:
     names = (*shipped_devices(), *ALIASES)
     close = difflib.get_close_matches(spec, names, n=1, cutoff=0.5)
     other = f"pass the path of a .toml device file ({FORMAT_HINT})"
     raise RematError(
-        f"error: unknown device `{spec}`; the shipped devices are {', '.join(shipped_devices())} (h100 is h100-sxm)",
+        f"error: unknown device `{spec}`; the shipped devices are {', '.join(shipped_devices())} ({_aliases()})",
         hint=f"did you mean `{close[0]}`? Otherwise {other}" if close else other[0].upper() + other[1:],
     )
 

@@ -134,8 +134,9 @@ def register(subparsers) -> None:
         "--device",
         metavar="NAME|FILE",
         help=(
-            "plan for this device with costs predicted from op shapes (roofline): a100, h100 (= h100-sxm), h100-pcie,"
-            " l4, cpu (this machine kind), or a device-description .toml file (docs/devices.md); default: op times"
+            "plan for this device with costs predicted from op shapes (roofline): a100 (= a100-80gb), a100-40gb,"
+            " h100 (= h100-sxm), h100-pcie, h200, gh200, l4, l40s, rtx3060, rtx4090, cpu (this machine kind), or a"
+            " device-description .toml file (docs/devices.md); default: op times"
             " predicted for the device the model is on (its description: `cpu` here), sizes and temporaries measured"
             " here, so that the plan does not depend on this machine's load"
         ),
