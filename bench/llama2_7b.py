@@ -6,8 +6,8 @@ prints the seconds it took, the plan's predicted peak, time, compute (every op o
 recompute, the compute over the physical limit 6 x N x T / peak (N parameters, T tokens,
 the device's bf16 tensor-core peak: 6 x 6.74e9 x 4096 / 989e12 = 167.5 ms on an H100 SXM),
 the share of compute in attention, matrix products and the rest, the solver the header
-names, and the tensors of the plan as large as a score matrix ([..., 4096, 4096] with more
-than two dimensions, or boolean: a causal mask), which the GPU's fused attention never
+names, and the tensors of the plan as large as a layer's attention scores (32 heads x 4096 x
+4096 elements) or a 4096 x 4096 boolean causal mask, which the GPU's fused attention never
 allocates (NOTE: [Fused attention]).
 
 Usage: python bench/llama2_7b.py [--device h100] [--budgets 40GiB,16GiB] [--no-write]
@@ -16,6 +16,7 @@ Usage: python bench/llama2_7b.py [--device h100] [--budgets 40GiB,16GiB] [--no-w
 from __future__ import annotations
 
 import argparse
+import math
 import subprocess
 import sys
 import tempfile
@@ -32,10 +33,17 @@ from remat_dsl.plan.parser import parse_file  # noqa: E402
 
 PARAMETERS = 6_738_415_616  # LlamaForCausalLM(examples/llama2_7b.config()): its parameters
 TOKENS = 4096
+HEADS = 32
 ABOUT = """Llama-2-7B (32 layers, bf16, 1 x 4096 tokens) planned here for a GPU with `remat plan`
 as a subprocess: seconds, predicted peak and time, compute against the physical limit
 6 x parameters x tokens / bf16 peak, where the compute goes, and the tensors as large as an
 attention score matrix (none: the plan holds the GPU's fused attention)."""
+
+
+def score_sized(shape: tuple[int, ...], dtype: str) -> bool:
+    """Whether a tensor is as large as one layer's attention scores (heads x tokens x
+    tokens elements), or is a tokens x tokens mask: what math attention allocates."""
+    return math.prod(shape) >= HEADS * TOKENS * TOKENS or (dtype == "bool" and tuple(shape[-2:]) == (TOKENS, TOKENS))
 
 
 def family(target: str) -> str:
@@ -77,10 +85,7 @@ def main() -> None:
             for op in plan.graph.ops:
                 by_family[family(op.target)] += op.time_us
             shares = ", ".join(f"{name} {100 * us / h.compute_us:.0f}%" for name, us in by_family.most_common())
-            squares = [
-                t.name for t in plan.graph.tensors
-                if tuple(t.shape[-2:]) == (TOKENS, TOKENS) and (len(t.shape) > 2 or t.dtype == "bool")
-            ]  # fmt: skip
+            squares = [t.name for t in plan.graph.tensors if score_sized(t.shape, t.dtype)]
             report.line(
                 f"{budget}: planned in {seconds:.0f} s; peak {h.peak_bytes / 2**30:.2f} GiB,"
                 f" time {h.time_us / 1e3:,.1f} ms (compute {h.compute_us / 1e3:,.1f},"
