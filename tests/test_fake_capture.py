@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from remat_dsl.capture.cost import load_device
 from remat_dsl.capture.model_file import load_model_file
 from remat_dsl.capture.pipeline import FAKE_FRACTION, host_available_bytes, too_large_for_host
 from remat_dsl.codegen.compare import compare_training, load_generated
@@ -83,7 +84,7 @@ def test_a_gpu_plan_made_here_names_cuda_and_generates(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     plan = parse_file(tmp_path / "l.plan")
     assert plan.header.device == "cuda" and plan.header.costs == "roofline h100-sxm, fake tensors"
-    assert plan.header.bandwidth == 64 * 10**9  # the H100's host link, from its description
+    assert plan.header.bandwidth == load_device("h100").host_to_device  # the H100's host link, from its description
     assert {d.dtype for d in plan.graph.parameters} == {"bfloat16"}
     targets = {op.target for op in plan.graph.ops}
     assert not any(t.endswith("_for_cpu.default") or "_for_cpu_backward" in t for t in targets)  # portable attention

@@ -79,7 +79,7 @@ def test_progress_shows_in_a_log_and_stdout_stays_clean(tmp_path):
     result = shell(f"remat plan {TINY} --budget 100% --repeats 1 -o t.plan 2> log.txt > out.txt\n", tmp_path)
     assert result.returncode == 0
     log = (tmp_path / "log.txt").read_text()
-    assert f"profiling {TINY} ..." in log and "ops," in log  # the plain progress lines
+    assert f"capturing {TINY} ..." in log and "ops," in log  # the plain progress lines
     assert (tmp_path / "out.txt").read_text() == ""
 
 

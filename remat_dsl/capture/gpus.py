@@ -5,9 +5,8 @@ devices/*.toml) to plan with on that GPU (`plan_model(..., device=NAME)`,
 `remat plan --device NAME`): "NVIDIA H100 80GB HBM3" is `h100-sxm`, "NVIDIA A100-SXM4-80GB"
 is `a100`.  A GPU is matched by the first pattern of GPUS that finds its name, and gets
 the first of that pattern's candidates that ships: each list starts with the file made
-for that GPU and goes on with the closest shipped ones, so a GPU whose own file does not
-ship yet (an H200 before `h200.toml`) is planned with its nearest neighbour, and gets its
-own file as soon as one ships, with no change here.  "Closest" is stated per line: the
+for that GPU and goes on with the closest ones, so that a description left out of an
+installation (or a user's `shipped` list) falls back to its nearest neighbour.  "Closest" is stated per line: the
 same chip in another form factor, else the nearest bf16 matmul peak and memory
 bandwidth (datasheet figures, dense).  A GPU no pattern knows gives None: the caller
 picks a default and says so.
@@ -27,8 +26,8 @@ GPUS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # Grace Hopper: the H200's (or H100's) chip and HBM beside a Grace CPU; its host link
     # is NVLink-C2C, far faster than PCIe, which only gh200.toml describes
     (r"\bgh200\b", ("gh200", "h200", "h100-sxm")),
-    # H200 SXM and H200 NVL (PCIe card): the H100's compute with 4.8 TB/s of HBM3e; until
-    # h200.toml ships, the H100 SXM (same matmul peak, 3.35 TB/s) is the closest
+    # H200 SXM and H200 NVL (PCIe card): the H100's compute with 4.8 TB/s of HBM3e; the
+    # H100 SXM (same matmul peak, 3.35 TB/s) is the closest other
     (r"\bh200\b", ("h200", "h100-sxm")),
     # H100 PCIe, and H100 NVL (a PCIe card, two bridged): the PCIe host link
     (r"\bh100\b.*\b(pcie|nvl)\b", ("h100-pcie",)),
@@ -38,8 +37,8 @@ GPUS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (r"\ba[18]00\b.*\b40\s?gb\b", ("a100-40gb", "a100")),
     # A100 80 GB (SXM4; the PCIe card's 1.94 TB/s is close to the SXM4's 2.04), and the A800
     (r"\ba[18]00\b", ("a100",)),
-    # L40S and L40 (Ada, 0.86 TB/s): until l40s.toml ships, the A100 is the nearest in
-    # matmul peak and bandwidth (the L4 has a third of the L40S's peak)
+    # L40S and L40 (Ada, 0.86 TB/s): the A100 is the nearest other in matmul peak and
+    # bandwidth (the L4 has a third of the L40S's peak)
     (r"\bl40s?\b", ("l40s", "a100")),
     # RTX 6000 Ada: the L40's chip
     (r"\brtx 6000 ada\b", ("l40s", "a100")),
