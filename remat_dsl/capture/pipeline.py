@@ -78,6 +78,11 @@ MEASURED_TEMPORARIES = ", temporaries measured"  # ... after NOTE: [Load-indepen
 # and temporary bytes are measured in one run (the allocator's events: exact, and the same
 # at any load).  The plan's header says so: `costs "roofline cpu, temporaries measured"`.
 # A GPU without a shipped description is measured (CUDA events), and the tool says so.
+# The temporaries are this machine's kernels': oneDNN's convolutions take other workspaces
+# with another number of threads (tests/models/tiny_cnn.py peaks at 89,040 B with torch's
+# 2 threads and 62,128 B with OMP_NUM_THREADS=1), so such a model's plan follows the
+# thread count, as its real peak does; `--device cpu` predicts the temporaries from shapes
+# too and gives the same plan on every machine.
 # `--measure` times every op here instead (NOTE: [Robust timing] in profile.py).
 
 
