@@ -471,6 +471,7 @@ def op_work(target, args, kwargs, output) -> Work:
     each; allocations without a value (`empty`) and views move nothing.
     """
     import torch
+    from torch.fx.operator_schemas import normalize_function
 
     from remat_dsl.plan.operators import is_view
 
@@ -483,7 +484,8 @@ def op_work(target, args, kwargs, output) -> Work:
     flops = _matmul_flops(target, args, kwargs, output)
     if flops is not None:
         if name in ATTENTION_OPS:
-            causal = _argument(target, args, kwargs, "is_causal")
+            normalized = normalize_function(target, args, kwargs, normalize_to_only_use_kwargs=True)
+            causal = normalized is not None and normalized.kwargs.get("is_causal", False)
             return Work(float(flops) / (2 if causal else 1), moved, "attention", _dtype(inputs))
         kind = "conv" if "conv" in name else "matmul"
         return Work(float(flops), moved, kind, _dtype(inputs), gemm=_gemm_shape(name, output))
@@ -530,19 +532,6 @@ def op_temp_bytes(device: DeviceModel, target, args, kwargs, output) -> int:
 #   the reordered grad_output (its first argument) when that is larger.
 # On a CUDA device one family is not 0: flash attention's backward, whose float32
 # accumulators are sized by its arguments (`_flash_backward_workspace`).
-
-
-def _argument(target, args, kwargs, name: str):
-    """The value of argument `name` of an aten call (by its schema), None if absent."""
-    schema = getattr(target, "_schema", None)
-    if schema is None:
-        return None
-    for index, argument in enumerate(schema.arguments):
-        if argument.name == name:
-            if name in (kwargs or {}):
-                return kwargs[name]
-            return args[index] if index < len(args) else argument.default_value
-    return None
 
 
 def _gemm_shape(name: str, output) -> tuple[int, int, int] | None:

@@ -278,8 +278,10 @@ def capture_graph(
             )  # fmt: skip
     assert step is not None  # from the cache when `cached`, else just profiled
     graph = build_graph(captured, step, inputs, device_kinds)
-    names = op_names(captured, step)
-    noisy = tuple(dict.fromkeys(names[node] for node in step.unsettled if node in names))
+    noisy = ()
+    if step.unsettled:  # their plan names, for the warning
+        names = op_names(captured, step)
+        noisy = tuple(dict.fromkeys(names[node] for node in step.unsettled if node in names))
     if not cached:
         if check_eager and not fake and kind == captured_on:  # NOTE: [Eager agreement]
             from remat_dsl.capture.agreement import disagreement

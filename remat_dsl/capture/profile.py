@@ -25,7 +25,7 @@ undisturbed time, as `timeit` advises), taken in PASSES passes over the whole gr
 passes are a whole graph's timing apart, so one stall spoils at most one of them.  An op
 whose two least pass minima disagree by more than SPREAD_LIMIT (and by more than
 SPREAD_FLOOR_US, the timer's jitter on tiny ops) is timed again, in at most MAX_PASSES
-passes in all; an op still unsettled then is counted in `StepProfile.noisy`, which
+passes in all; an op still unsettled then is listed in `StepProfile.unsettled`, which
 `remat plan` and `remat profile` report, so a plan made on a busy machine says so.
 The clock counts the op's own work where it can: on the GPU, CUDA events (the device's
 clock); on the CPU with one torch thread, the thread's CPU time (`time.thread_time_ns`:
@@ -106,14 +106,18 @@ class StepProfile:
 
     forward: dict[fx.Node, NodeProfile] = field(default_factory=dict)
     backward: dict[fx.Node, NodeProfile] = field(default_factory=dict)
-    noisy: int = 0  # ops whose timing passes never agreed (NOTE: [Robust timing])
-    unsettled: list[fx.Node] = field(default_factory=list)  # those ops' nodes, in graph order
+    unsettled: list[fx.Node] = field(default_factory=list)  # ops whose timing passes never agreed
     # the traced step's values on the sample inputs, first runs (NOTE: [Eager agreement] in
     # capture/agreement.py): the forward's model outputs, and the backward's outputs (one per
     # forward placeholder, None where it computes none); not cached
     outputs: list = field(default_factory=list, repr=False)
     gradients: list = field(default_factory=list, repr=False)
     eager: tuple[str, ...] = ()  # NOTE: [Eager agreement]'s comment lines (cached with the profile)
+
+    @property
+    def noisy(self) -> int:
+        """How many ops' timing passes never agreed (NOTE: [Robust timing])."""
+        return len(self.unsettled)
 
 
 PASSES = 2  # timing passes over every op (NOTE: [Robust timing])
@@ -178,7 +182,7 @@ def profile_step(
         gradients = captured.backward.graph.output_node().args[0]
         assert isinstance(gradients, (tuple, list))  # fx: the output node's one argument holds the returned values
         result.gradients = [bw_env[n.name] if isinstance(n, fx.Node) else n for n in gradients]
-    result.noisy, result.unsettled = run.noisy, run.unsettled
+    result.unsettled = run.unsettled
     return result
 
 
@@ -212,7 +216,6 @@ class _Run:
     measure_time: bool
     device_model: DeviceModel | None
     time_model: DeviceModel | None = None
-    noisy: int = 0
     unsettled: list[fx.Node] = field(default_factory=list)
 
     def graph(self, gm: fx.GraphModule, args: list, profiles: dict) -> dict[str, object]:
@@ -259,7 +262,6 @@ class _Run:
             for node in members:
                 profiles[node].time_us = max(1, round(min(samples) / 1000))
             if not _settled(samples):
-                self.noisy += len(members)
                 self.unsettled.extend(members)
         return env
 

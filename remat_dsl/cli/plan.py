@@ -448,6 +448,8 @@ def _captured(model_file, args, request: PlanRequest):
     """(graph, device kind, costs, comment lines) of the model: measured, predicted for
     --device (NOTE: [Fake capture] in capture/pipeline.py), or with costs from --profile;
     the lines say where eager PyTorch computes other bits (NOTE: [Eager agreement])."""
+    import torch
+
     from remat_dsl.capture.pipeline import capture_graph, too_large_for_host
     from remat_dsl.plan.units import format_bytes
 
@@ -460,7 +462,7 @@ def _captured(model_file, args, request: PlanRequest):
                 f" {format_bytes(sizes[1])} of host memory available: capturing it with fake tensors"
             )
             fake = True
-    if not fake and device_model is not None and device_model.kind == "cuda" and not torch_cuda_available():
+    if not fake and device_model is not None and device_model.kind == "cuda" and not torch.cuda.is_available():
         fake = True  # NOTE: [Fused attention]: the GPU's attention kernels do not run here
         status(f"capturing with fake tensors: a plan for {device_model.name} holds kernels that run on CUDA only")
     if fake and device_model is None:
@@ -500,12 +502,6 @@ def _captured(model_file, args, request: PlanRequest):
         )
     status(f"costs from {args.profile}")
     return apply_profile(captured.graph, request.profile, model=model_file.spec), captured.device, None, captured.eager
-
-
-def torch_cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def _cache(args):
