@@ -33,7 +33,10 @@ latency) by least absolute deviations of log(predicted/measured) over every oper
 (coordinate descent on a log grid), prints them as cpu.toml lines, and reports the
 figures above with the fitted device as well as with the shipped one.  It also measures
 host-to-device and device-to-host bandwidth as the copy rate of a 64 MiB tensor (both
-are host memory on a CPU).
+are host memory on a CPU), the host update rate as the bytes of a 64 MiB float32 parameter
+that one step of torch.optim.AdamW (PyTorch's default implementation on CPU tensors)
+updates a second, and the host update overhead as such a step's time on a 1-element
+parameter.
 
 Threads: torch's default (2 on this 2-core machine) unless `--threads N`: cpu.toml
 describes the device as PyTorch runs it by default.  Another process holding a core
@@ -240,6 +243,38 @@ def copy_bandwidth(nbytes: int = 64 << 20, repeats: int = 10) -> float:
     return nbytes / statistics.median(samples)
 
 
+def host_update_rate(nbytes: int = 64 << 20, repeats: int = 10) -> float:
+    """Bytes/s of float32 parameters that torch.optim.AdamW, as PyTorch runs it on CPU
+    tensors by default, updates: one step of a `nbytes` parameter with its gradient and two
+    optimizer states (median of `repeats`, after the step that creates the states)."""
+    parameter = torch.nn.Parameter(torch.randn(nbytes // 4))
+    parameter.grad = torch.randn(nbytes // 4)
+    optimizer = torch.optim.AdamW([parameter], lr=1e-3)
+    optimizer.step()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        optimizer.step()
+        samples.append(time.perf_counter() - start)
+    return nbytes / statistics.median(samples)
+
+
+def host_update_overhead(repeats: int = 2000) -> float:
+    """Seconds of one default AdamW step on a 1-element parameter: what a host update
+    costs beyond its bytes (median of `repeats`, after 100 warm-up steps)."""
+    parameter = torch.nn.Parameter(torch.randn(1))
+    parameter.grad = torch.randn(1)
+    optimizer = torch.optim.AdamW([parameter], lr=1e-3)
+    for _ in range(100):
+        optimizer.step()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        optimizer.step()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
 # ---------------------------------------------------------------------------
 # Comparing
 # ---------------------------------------------------------------------------
@@ -352,6 +387,8 @@ def cpu_toml_lines(device: DeviceModel) -> str:
             f"memory_bandwidth = {device.memory_bandwidth:.3g}",
             f"host_to_device = {device.host_to_device:.3g}",
             f"device_to_host = {device.device_to_host:.3g}",
+            f"host_update = {device.host_update:.3g}",
+            f"host_update_overhead = {device.host_update_overhead:.3g}",
             f"launch_latency = {device.launch_latency:.3g}",
             f"conv_efficiency = {device.conv_efficiency:.3g}",
             f"matmul_flops.float32 = {device.matmul_flops['float32']:.3g}",
@@ -398,7 +435,14 @@ def run(args: argparse.Namespace) -> None:
         ops = [op for example in examples for op in example.ops.values()]
         fitted = fit(shipped, ops)
         rate = copy_bandwidth()
-        fitted = dataclasses.replace(fitted, name="cpu (fitted)", host_to_device=rate, device_to_host=rate)
+        fitted = dataclasses.replace(
+            fitted,
+            name="cpu (fitted)",
+            host_to_device=rate,
+            device_to_host=rate,
+            host_update=host_update_rate(),
+            host_update_overhead=host_update_overhead(),
+        )
         print(
             f"\nfitted (least absolute log error over {len(ops)} ops; paste into remat_dsl/capture/devices/cpu.toml):"
         )

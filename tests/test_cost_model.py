@@ -50,6 +50,7 @@ def test_every_shipped_device_loads():
         assert device.kind == ("cpu" if name == "cpu" else "cuda")
         assert device.matmul_flops["float32"] > 0 and device.memory_bandwidth > 0 and device.memory > 0
         assert device.host_to_device > 0 and device.device_to_host > 0 and device.launch_latency > 0
+        assert device.host_update > 0 and device.host_update_overhead > 0
 
 
 def test_h100_is_h100_sxm():
@@ -219,6 +220,26 @@ def test_a_value_that_is_not_a_positive_number_is_refused(tmp_path, value):
         text
     )
     assert "hint: write memory_bandwidth = 1e12" in text
+
+
+@pytest.mark.parametrize("key", ["host_update", "host_update_overhead"])
+def test_the_host_update_keys_are_required_and_checked(tmp_path, key):
+    """The host CPU's optimizer speed and its management time (OffMate's alpha_C and H)
+    are required like the host link, and refused unless positive numbers, at their place."""
+    assert getattr(load_device("rtx3060"), key) == {"host_update": 1.1e9, "host_update_overhead": 0.05}[key]
+    path = tmp_path / "gpu.toml"
+    path.write_text(device_text(**{key: None}))
+    with pytest.raises(PlanError) as error:
+        load_device(str(path))
+    assert error.value.format().startswith(f"{path}: error: the device file has no `{key}`")
+    assert f"hint: add `{key} = ...`" in error.value.format()
+    for value in ("0", '"1.1 GB/s"'):
+        path.write_text(device_text(**{key: value}))
+        with pytest.raises(PlanError) as error:
+            load_device(str(path))
+        text = error.value.format()
+        assert re.match(rf"{re.escape(str(path))}:\d+:1: error: `{key}` is .*, not a positive number", text), text
+        assert f"hint: write {key} = 1e12" in text
 
 
 def test_an_unknown_kind_and_an_efficiency_above_one_are_refused(tmp_path):

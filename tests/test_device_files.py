@@ -5,7 +5,9 @@ document's title; each `key = value` line's comment names one of them or says AS
 (with its reason).  cpu.toml's figures are calibrated on this machine: their comments say
 fitted, measured or calibrated instead.  Every GPU file gives `multiprocessors`, and its
 host link figures (the offload bandwidth) each name a source, measured where one is
-published (docs/devices.md, "Shipped devices").
+published (docs/devices.md, "Shipped devices").  Every file gives the host CPU's optimizer
+speed and management time (`host_update`, `host_update_overhead`: OffMate's alpha_C and H),
+cited or marked ASSUMPTION like any figure.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from remat_dsl.capture.cost import ALIASES, DEVICES, load_device, shipped_device
 SHIPPED = ("a100", "a100-40gb", "cpu", "gh200", "h100-pcie", "h100-sxm", "h200", "l4", "l40s", "rtx3060", "rtx4090")
 TAG = re.compile(r'\("([A-Za-z][\w.-]*)"\)')
 KEY_LINE = re.compile(r"^\s*([A-Za-z_][\w]*)\s*=\s*([^#]*?)\s*(?:#\s*(.*))?$")
+HOST_KEYS = ("host_to_device", "device_to_host", "host_update", "host_update_overhead")
 CALIBRATED = re.compile(r"\b(fitted|measured|calibrated)\b", re.IGNORECASE)
 
 
@@ -71,7 +74,7 @@ def uncited(path: Path) -> list[str]:
     keys = {key for _number, key, _value, _comment in figures}
     if path.stem != "cpu" and "multiprocessors" not in keys:
         problems.append(f"{path.name}: a GPU file without `multiprocessors`")
-    for key in ("host_to_device", "device_to_host"):
+    for key in HOST_KEYS:
         if key not in keys:
             problems.append(f"{path.name}: no `{key}`")
     return problems
@@ -106,7 +109,7 @@ def test_a_figure_without_a_source_fails(tmp_path):
         load_device(str(path))  # still a valid device file: only the citation is wrong
         return [problem.split(": ", 1)[1] for problem in uncited(path)]
 
-    tags = "(datasheet, nvbandwidth-24, whitepaper)"
+    tags = "(datasheet, nvbandwidth-24, thesis, whitepaper)"
     assert problems("# bytes; datasheet: GPU memory 80 GB", "# bytes") == [
         f"`memory` names no source tag of the header {tags} nor ASSUMPTION"
     ]
@@ -125,6 +128,22 @@ def test_a_figure_without_a_source_fails(tmp_path):
     assert problems("# ASSUMPTION: cuDNN convolutions", "# cuDNN convolutions") == [
         f"`conv_efficiency` names no source tag of the header {tags} nor ASSUMPTION"
     ]
+    assert problems("# bytes/s; ASSUMPTION: thesis's 1.1 GB/s", "# bytes/s; 1.1 GB/s") == [
+        f"`host_update` names no source tag of the header {tags} nor ASSUMPTION"
+    ]
+    assert problems("# seconds; ASSUMPTION: thesis's H = 50 ms", "# seconds; H = 50 ms") == [
+        f"`host_update_overhead` names no source tag of the header {tags} nor ASSUMPTION"
+    ]
+
+
+@pytest.mark.parametrize("key", ["host_update", "host_update_overhead"])
+def test_a_file_without_a_host_update_key_fails(tmp_path, key):
+    """Every shipped file gives the host's optimizer figures (the loader requires them too)."""
+    for name in ("h100-sxm", "cpu"):
+        lines = (DEVICES / f"{name}.toml").read_text(encoding="utf-8").splitlines()
+        path = tmp_path / f"{name}.toml"
+        path.write_text("\n".join(line for line in lines if not line.startswith(f"{key} ")) + "\n", encoding="utf-8")
+        assert [problem.split(": ", 1)[1] for problem in uncited(path)] == [f"no `{key}`"]
 
 
 def test_cpu_figures_say_they_are_calibrated(tmp_path):

@@ -29,6 +29,8 @@ and `1_000` are both fine::
     memory_bandwidth  = 3.35e12    # bytes/s, device memory
     host_to_device    = 64e9       # bytes/s, host memory -> device (offload: prefetch)
     device_to_host    = 64e9       # bytes/s, device -> host memory (offload: store)
+    host_update       = 2e9        # bytes/s of fp32 parameters the host's AdamW updates
+    host_update_overhead = 0.05    # seconds of host management a step adds to its updates (H)
     launch_latency    = 5e-6       # seconds per kernel an operation launches
     matmul_efficiency = 0.8        # fraction of the matmul peak that matrix operations reach
     conv_efficiency   = 0.6        # the same for convolutions (and their backward)
@@ -75,6 +77,8 @@ NUMBERS = (
     "memory_bandwidth",
     "host_to_device",
     "device_to_host",
+    "host_update",
+    "host_update_overhead",
     "launch_latency",
     "matmul_efficiency",
     "conv_efficiency",
@@ -93,6 +97,10 @@ class DeviceModel:
     matmul_flops / vector_flops: peak FLOP/s by dtype name (`float32` always present) of
     matrix-class operations and of the others.  The efficiencies (0 < e <= 1) scale the
     matmul peak (convolutions have their own) and the memory bandwidth.
+    host_update / host_update_overhead: the host CPU's optimizer (OffMate's, Zhao's thesis,
+    chapter 4): bytes of fp32 parameters its AdamW updates a second (reading each parameter,
+    its gradient and two fp32 states, writing them back; the thesis' alpha_C), and the
+    seconds of management time H that eq. 4.23 adds to a step's CPU time.
     """
 
     name: str
@@ -102,6 +110,8 @@ class DeviceModel:
     memory_bandwidth: float  # bytes/s
     host_to_device: float  # bytes/s
     device_to_host: float  # bytes/s
+    host_update: float  # bytes/s
+    host_update_overhead: float  # seconds
     launch_latency: float  # seconds
     memory: int  # bytes
     matmul_efficiency: float = 1.0
@@ -243,6 +253,8 @@ def _device(data: dict[str, Any], path: Path, text: str) -> DeviceModel:
         memory_bandwidth=numbers["memory_bandwidth"],
         host_to_device=numbers["host_to_device"],
         device_to_host=numbers["device_to_host"],
+        host_update=numbers["host_update"],
+        host_update_overhead=numbers["host_update_overhead"],
         launch_latency=numbers["launch_latency"],
         memory=int(numbers["memory"]),
         matmul_efficiency=numbers["matmul_efficiency"],
