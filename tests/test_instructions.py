@@ -41,7 +41,7 @@ def test_handlers_are_callable_methods_of_their_stage():
 def test_declarations_are_consistent():
     for name, verb in ir.INSTRUCTIONS.items():
         assert verb.name == name
-        assert verb.operand in ("op", "tensor")
+        assert verb.operand in ("op", "tensor", "parameter")
         assert verb.stream in ir.STREAMS
         assert not verb.runs_op or verb.operand == "op", f"{name} runs an op but does not name one"
         assert not (verb.runs_op and verb.transfer)

@@ -621,7 +621,7 @@ def test_unknown_stream():
         f"{location(where(text, 'gpu'))}: error: unknown stream `gpu`",
         "  offload  mm on gpu  # keep a host copy",
         "                 ^^^",
-        "  hint: `offload` runs on `d2h`: write `offload mm` (the streams are `compute`, `d2h` or `h2d`)",
+        "  hint: `offload` runs on `d2h`: write `offload mm` (the streams are `compute`, `d2h`, `h2d` or `host`)",
     ]
 
 

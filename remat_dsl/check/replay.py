@@ -21,6 +21,13 @@ bytes) and frees it after its last `recompute`; while it is recomputed, the gene
 current state is set aside (one more state) and restored after.  `prefetch` allocates on the device at
 once; `offload` allocates on the host only (host copies are kept to the end of the step
 and reported as `host_peak_bytes`).
+With an optimizer in the step (NOTE: [Optimizer in the step] in remat_dsl.plan.optimizer),
+the optimizer states of the parameters updated on the device are held through the whole
+step, an `update` holds its temporaries while it runs, and a parameter's gradient is
+no longer held to the end: it may be deleted after its update.  The parameters updated on
+the host keep their master copy and their states in host memory for the whole step; on a
+"cpu" device, host and device share one allocator, so a `host_update`'s temporaries are
+counted in device memory too.
 
 NOTE: [Time model]
 Three streams, each with a clock in microseconds.  `compute`/`recompute` advance the
@@ -33,6 +40,11 @@ copy's event).  `wait T` moves the compute clock to the end
 of T's transfer.  The plan's time is the makespan of the three streams after the last
 backward instruction; every transfer must be waited for before the step ends (a transfer
 in flight at the end is an error at its line), so the makespan is the compute clock.
+`update P` advances the compute stream by P's bytes / the header's device update speed;
+`host_update P` runs on the `host` stream from max(compute clock, host clock) for P's bytes
+/ the host update speed (the first of the step also for the header's overhead, the host's
+management time per step), then copies P to the device on the h2d stream (P's
+bytes / bandwidth); the step ends when the last of them does (thesis ch. 4, eq. 4.23).
 """
 
 from __future__ import annotations
@@ -46,6 +58,7 @@ from remat_dsl.plan import ir
 from remat_dsl.plan.ir import DTYPE_ITEMSIZE, iter_refs, op_refs
 from remat_dsl.plan.errors import PlanError
 from remat_dsl.plan.inplace import inplace_candidates
+from remat_dsl.plan.optimizer import Optimizer, OptimizerError, parse_optimizer
 
 CPU_RNG_STATE_BYTES = 5056  # torch.get_rng_state() on CPU: a uint8 tensor of 5056 bytes
 
@@ -361,6 +374,32 @@ class _Simulator:
         self._given: list[tuple[str, int]] = []  # the input an in-place op took the storage of
         self._dying: frozenset[str] = frozenset()  # what the deletes right after this instruction free
         self.moved: set[str] = set()  # inputs whose storage an output took; their delete frees nothing
+        self.optimizer = self._optimizer(plan)
+        self.updated: dict[str, str] = {}  # parameter -> where its update is
+        self.param_bytes = {p.name: value_nbytes(p) for p in plan.graph.parameters}
+        self.grad_refs = {  # trainable parameter -> the tensors its gradient is made of
+            g.parameter: [r.name for r in iter_refs(g.value) if r.name in graph.tensors]
+            for g in plan.graph.gradients
+            if g.value is not None
+        }
+        self.states_bytes = 0  # the device's optimizer states, held through the step
+        if self.optimizer is not None:
+            opt = self.optimizer
+            on_device = {i.target for i in plan.backward if i.verb == "update" and i.target in self.param_bytes}
+            on_host = {i.target for i in plan.backward if i.verb == "host_update" and i.target in self.param_bytes}
+            self.states_bytes = sum(opt.state_bytes(self.param_bytes[p]) for p in on_device)
+            self.current = self.states_bytes
+            self.host_bytes = sum(self.param_bytes[p] + opt.state_bytes(self.param_bytes[p]) for p in on_host)
+            self.host_peak = self.host_bytes
+
+    @staticmethod
+    def _optimizer(plan: ir.Plan) -> Optimizer | None:
+        if plan.header.optimizer is None:
+            return None
+        try:
+            return parse_optimizer(plan.header.optimizer)
+        except OptimizerError as e:
+            raise PlanError(f"bad optimizer in the header: {e}", hint='write e.g. `optimizer  "adamw lr=0.001"`') from None
 
     def _last_random_recomputes(self, plan: ir.Plan) -> dict[str, tuple[str, int]]:
         """Random op -> (section, index) of its last recompute in the plan."""
@@ -446,6 +485,19 @@ class _Simulator:
                 f"add `wait {name}` after it, before the end of the backward section, or remove it",
                 transfer.span or span,
             )
+        if self.optimizer is not None:
+            for g in self.plan.graph.gradients:
+                if g.value is not None and g.parameter not in self.updated:
+                    made = [self.computed.get(self.graph.tensors[r].producer) for r in self.grad_refs[g.parameter]]
+                    self._fail(
+                        f"parameter '{g.parameter}' is never updated: the plan's optimizer must update every "
+                        "trainable parameter once",
+                        f"add `update {g.parameter}` to the backward section after its gradient is made"
+                        + (f" ({', '.join(sorted(m for m in made if m))})" if any(made) else "")
+                        + " and after its last read",
+                        span,
+                    )
+            return
         for ref in self.graph.gradients:
             if ref.name not in self.resident:
                 self._fail(
@@ -522,6 +574,7 @@ class _Simulator:
         live = list(resident.items())
         live += [(f"rng state of {op}", n) for op, n in rng.items()]
         live += freed  # freed by the peak's instruction: still live at its peak
+        live += [("optimizer states on the device", self.states_bytes)] if self.states_bytes else []
         return tuple(sorted((item for item in live if item[1]), key=lambda item: (-item[1], item[0])))
 
     def _check_verb_and_stream(self, instr: ir.Instruction) -> None:
@@ -534,6 +587,8 @@ class _Simulator:
         verb = ir.INSTRUCTIONS[instr.verb]
         if verb.operand == "op":
             self._check_op_name(instr)
+        elif verb.operand == "parameter":
+            self._check_parameter_name(instr)
         else:
             self._check_tensor_name(instr)
         stream = verb.stream
@@ -646,6 +701,13 @@ class _Simulator:
     def _run_op(self, op: ir.Op, instr: ir.Instruction) -> tuple[int, list]:
         """Check the arguments, allocate the outputs, discard duplicates; return (peak, extra live)."""
         for ref in op_refs(op):
+            if ref.name in self.updated:
+                self._fail(
+                    f"'{op.name}' reads parameter '{ref.name}' after its update ({self.updated[ref.name]}), which "
+                    "changed it in place: the step would use the next step's value",
+                    f"move the update of {ref.name} after this line",
+                    instr.span,
+                )
             self._check_usable(ref.name, op, instr)
             if self.section == ir.BACKWARD and ref.name in self.graph.tensors and ref.name not in self.made_in_backward:
                 self.needed.add(ref.name)
@@ -739,7 +801,7 @@ class _Simulator:
                 "remove this line",
                 instr.span,
             )
-        if name in self.graph.parameter_gradients:
+        if name in self.graph.parameter_gradients and self.optimizer is None:
             self._fail(
                 f"cannot delete '{name}': it is a parameter gradient returned to autograd",
                 "remove this line",
@@ -865,6 +927,107 @@ class _Simulator:
         return 0, []
 
 
+    # -- optimizer updates (NOTE: [Optimizer in the step]) --------------------
+
+    def _check_parameter_name(self, instr: ir.Instruction) -> None:
+        name = instr.target
+        if self.optimizer is None:
+            self._fail(
+                f"cannot {instr.verb} '{name}': the plan names no optimizer",
+                'add an `optimizer` line to the header (e.g. `optimizer  "adamw lr=0.001 ..."`, written by '
+                "`remat plan --optimizer adamw`), or remove this line",
+                instr.span,
+            )
+        if name not in self.param_bytes:
+            what = "a tensor" if name in self.graph.tensors else "not a parameter of the graph"
+            self._fail(
+                f"cannot {instr.verb} '{name}': it is {what}",
+                _did_you_mean(name, self.param_bytes) or f"{instr.verb} takes a trainable parameter's name",
+                instr.span,
+            )
+        if name not in self.grad_refs:
+            self._fail(
+                f"cannot {instr.verb} '{name}': it has no gradient (frozen, or the loss does not reach it), "
+                "so the optimizer does not update it",
+                "remove this line",
+                instr.span,
+            )
+        if self.section != ir.BACKWARD:
+            self._fail(
+                f"cannot {instr.verb} '{name}' in the forward section: its gradient is made in the backward",
+                "move this line to the backward section, after its gradient is made",
+                instr.span,
+            )
+        if name in self.updated:
+            self._fail(
+                f"parameter '{name}' is updated twice (first at {self.updated[name]}): the optimizer would "
+                "take two steps",
+                "remove one of the two lines",
+                instr.span,
+            )
+
+    def _update(self, instr: ir.Instruction) -> tuple[int, list]:
+        name = instr.target
+        assert self.optimizer is not None  # _check_parameter_name
+        for ref in self.grad_refs[name]:
+            transfer = self.pending.get(ref)
+            if ref not in self.resident or (transfer is not None and transfer.kind == "prefetch"):
+                made = ref in self.made_in_backward
+                self._fail(
+                    f"cannot update '{name}': its gradient '{ref}' is not on the device"
+                    + (f" (deleted at {self.deleted_at[ref]})" if ref in self.deleted_at else "")
+                    + ("" if made or ref in self.deleted_at else " (not made yet)")
+                    + (f" (its prefetch at {transfer.where} is not waited for)" if transfer else ""),
+                    f"move this line after `compute {self.graph.tensors[ref].producer}` and before any delete of {ref}"
+                    + (f", or write `host_update {name}` (it has a host copy)" if ref in self.host_ready else ""),
+                    instr.span,
+                )
+        nbytes = self.param_bytes[name]
+        temp = self.optimizer.temp_bytes(nbytes, cpu=self.plan.header.device == "cpu")
+        self._held.append((f"temporaries of update {name}", temp))
+        duration = -(-nbytes * 1_000_000 // self.plan.header.device_update) if self.plan.header.device_update else 0
+        self.clocks.streams[ir.COMPUTE_STREAM] += duration
+        self.clocks.compute_us += duration
+        self.updated[name] = self._where()
+        extra = [(f"temporaries of update {name}", temp)] if temp else []
+        return self.current + temp, extra
+
+    def _host_update(self, instr: ir.Instruction) -> tuple[int, list]:
+        name = instr.target
+        assert self.optimizer is not None  # _check_parameter_name
+        for ref in self.grad_refs[name]:
+            if ref not in self.host_ready:
+                started = self.offloaded_at.get(ref)
+                self._fail(
+                    f"cannot host_update '{name}': its gradient '{ref}' has no host copy"
+                    + (f" yet: its offload ({started}) is not waited for" if started else ""),
+                    (f"add `wait {ref}` before this line" if started else
+                     f"add `offload {ref}` and `wait {ref}` before this line, or write `update {name}`"),
+                    instr.span,
+                )  # fmt: skip
+        header = self.plan.header
+        if header.host_update <= 0 or header.bandwidth <= 0:
+            self._fail(
+                f"cannot host_update '{name}': the header's update-speed gives no host speed or its bandwidth is 0",
+                "set `update-speed  device ... host ... overhead ...` and `bandwidth` in the header",
+                instr.span,
+            )
+        nbytes = self.param_bytes[name]
+        streams = self.clocks.streams
+        first = not any(self.plan.backward[i].verb == "host_update" for i in range(self.index - 1))
+        run = -(-nbytes * 1_000_000 // header.host_update) + (header.host_update_overhead_us if first else 0)
+        end = max(streams[ir.COMPUTE_STREAM], streams[ir.HOST_STREAM]) + run
+        streams[ir.HOST_STREAM] = end
+        back = transfer_us(nbytes, header.bandwidth)
+        streams[ir.H2D_STREAM] = max(streams[ir.H2D_STREAM], end) + back
+        self.clocks.transfer_us += back
+        self.updated[name] = self._where()
+        temp = self.optimizer.temp_bytes(nbytes, cpu=True) if header.device == "cpu" else 0
+        if temp:  # one allocator for host and device on a CPU (NOTE: [Memory model])
+            self._held.append((f"temporaries of host_update {name}", temp))
+        return self.current + temp, [(f"temporaries of host_update {name}", temp)] if temp else []
+
+
 # The replay of each verb of ir.INSTRUCTIONS, called with the simulator and the instruction;
 # it returns (device bytes at its peak, the (name, bytes) live at that peak beside the
 # resident tensors).  tests/test_instructions.py checks that it has every verb and no other.
@@ -875,4 +1038,6 @@ HANDLERS = {
     "offload": _Simulator._offload,
     "prefetch": _Simulator._prefetch,
     "wait": _Simulator._wait,
+    "update": _Simulator._update,
+    "host_update": _Simulator._host_update,
 }

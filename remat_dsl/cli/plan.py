@@ -25,6 +25,7 @@ from remat_dsl.plan.errors import RematError
 
 if TYPE_CHECKING:
     from remat_dsl.capture.cost import DeviceModel
+    from remat_dsl.plan.optimizer import Optimizer
     from remat_dsl.capture.profile_file import ProfileFile
     from remat_dsl.plan import ir
     from remat_dsl.solve.api import Solver
@@ -177,6 +178,15 @@ def register(subparsers) -> None:
         "default: unlimited",
     )
     plan.add_argument(
+        "--optimizer",
+        metavar='"KIND [NAME=VALUE ...]"',
+        help=(
+            "plan the whole step, ending with this optimizer's update of every parameter (adamw, adam, sgd; e.g."
+            ' "adamw lr=1e-4 weight_decay=0.01"): the budget then counts the optimizer states kept on the device, and'
+            " parameters whose states do not fit are updated on the host (docs/plan-language.md)"
+        ),
+    )
+    plan.add_argument(
         "--repeats",
         type=positive_int,
         default=5,
@@ -253,6 +263,7 @@ class PlanRequest:
     host_link: bool = False
     host_budget: int | None = None
     solver: str | type[Solver] = "auto"  # a registry name, `auto`, or an outside solver's class
+    optimizer: Optimizer | None = None  # --optimizer: the whole step (NOTE: [Optimizer in the step])
 
 
 def _quantity(parse, text: str, what: str, **options):
@@ -288,6 +299,11 @@ def read_request(args) -> PlanRequest:
     from remat_dsl.solve.lowering import DEFAULT_BANDWIDTH
 
     solver = solver_choice(args.solver)
+    optimizer = None
+    if getattr(args, "optimizer", None) is not None:
+        from remat_dsl.workflow import whole_step_optimizer
+
+        optimizer = whole_step_optimizer(args.optimizer)
     for text, what in ((args.budget, "budget"), (args.host_budget, "host budget"), (args.bandwidth, "bandwidth")):
         if text is not None:  # a number without its unit: 50 is rarely meant as 50 bytes
             _quantity(refuse_bare_number, text, what, percent=what == "budget", per_second=what == "bandwidth")
@@ -343,8 +359,9 @@ def read_request(args) -> PlanRequest:
     if text is None:
         if args.solver == "autograd":
             return PlanRequest(
-                None, False, bandwidth, constraints, profile, output, device_model, host_link, host_budget, solver
-            )
+                None, False, bandwidth, constraints, profile, output, device_model, host_link, host_budget, solver,
+                optimizer,
+            )  # fmt: skip
         raise RematError(
             "error: no budget given", hint="pass --budget (2GiB, 50%), or a `budget SIZE` constraint, or --from PLAN"
         )
@@ -365,6 +382,7 @@ def read_request(args) -> PlanRequest:
         host_link,
         host_budget,
         solver,
+        optimizer,
     )
 
 
@@ -373,7 +391,7 @@ def run(args) -> int:
     from remat_dsl.plan.printer import print_plan
     from remat_dsl.plan.units import format_bytes, format_duration
     from remat_dsl.solve.solvers.ilp import workers
-    from remat_dsl.workflow import solve_captured
+    from remat_dsl.workflow import solve_captured, update_speeds
 
     request = read_request(args)
     autocast = autocast_dtype(args.autocast) if args.autocast is not None else None  # NOTE: [Fail fast]
@@ -384,11 +402,14 @@ def run(args) -> int:
     graph, device, costs, eager = _captured(model_file, args, request)
     if eager:  # NOTE: [Eager agreement] in remat_dsl/capture/agreement.py; also above the plan's header
         status(" ".join(eager).replace("  ", " "))
+    step = {}
+    if request.optimizer is not None:  # NOTE: [Optimizer in the step]
+        step = dict(optimizer=request.optimizer, update_speeds=update_speeds(request.optimizer, request.device_model, device))
     plan = solve_captured(
         graph, request.budget, request.solver, percent=request.budget_is_percent, model=model_file.spec, device=device,
         costs=costs, eager=eager, constraints=request.constraints, strict=args.strict, report=status,
         bandwidth=request.bandwidth, time_limit=args.time_limit, host_link=request.host_link,
-        host_budget=request.host_budget, cache=_cache(args), jobs=args.jobs or workers.usable_cores(),
+        host_budget=request.host_budget, cache=_cache(args), jobs=args.jobs or workers.usable_cores(), **step,
     )  # fmt: skip
     seconds = plan.header.solve_seconds
     if not args.record_solve_time:

@@ -50,6 +50,7 @@ from remat_dsl.plan.inplace import INPLACE_OUT, whole_tensor
 from remat_dsl.plan.operators import torch_constants
 from remat_dsl.plan.ir import refs_in
 from remat_dsl.plan.liveness import live_intervals, op_steps
+from remat_dsl.plan.optimizer import KINDS, parse_optimizer
 from remat_dsl.plan.resources import data_path
 from remat_dsl.plan.units import format_bytes, format_duration
 
@@ -139,6 +140,13 @@ def literal(value) -> str:
     if isinstance(value, float):
         return repr(value) if math.isfinite(value) else f'float("{value}")'
     raise ValueError(f"a plan constant of type {type(value).__name__} cannot be written as a Python literal")
+
+
+def _hyper(value) -> str:
+    """A hyper-parameter literal: a number, a bool, or a tuple of numbers (Adam's betas)."""
+    if isinstance(value, tuple):
+        return "(" + "".join(f"{literal(v)}, " for v in value) + ")"
+    return literal(value)
 
 
 _TEXT = re.compile(r"[A-Za-z0-9 ._:%()+\-]*")
@@ -395,6 +403,9 @@ class _Renderer:
         self._readers: dict[str, list[tuple[ir.Op, list[str]]]] | None = None
         self.updates = {u.tensor: u.buffer for u in self.plan.graph.updates}
         self.host_offsets, self.host_bytes = host_layout(self.plan)
+        header = self.plan.header
+        self.optimizer = parse_optimizer(header.optimizer) if header.optimizer is not None else None
+        self.param_index = {p.name: k for k, p in enumerate(self.plan.graph.parameters)}
 
     def context(self) -> dict:
         """The template's values, each already Python source or checked text (NOTE: [Plan
@@ -459,7 +470,18 @@ class _Renderer:
             offloads=bool(self.host_offsets),
             pool_bytes=repr(self.host_bytes),
             pool_align=repr(HOST_ALIGN),
+            optimizer_literal=self._optimizer_literal(),
         )
+
+    def _optimizer_literal(self) -> str:
+        """(torch.optim class name, keyword arguments) of the plan's optimizer as a literal,
+        or None (NOTE: [Optimizer in the step])."""
+        if self.optimizer is None:
+            return "None"
+        name = KINDS[self.optimizer.kind][0]
+        kwargs = self.optimizer.torch_kwargs()
+        items = [f"{literal(k)}: {_hyper(v)}" for k, v in kwargs.items()]
+        return f"({literal(name)}, {{{', '.join(items)}}})"
 
     # --- instructions -----------------------------------------------------
 
@@ -607,6 +629,28 @@ class _Renderer:
     def _wait(self, tensor: str, step, where: str) -> list[str]:
         return [f"_wait({self.names.event(tensor)}, _device)  # {where}"]
 
+    def _update(self, param: str, step, where: str) -> list[str]:
+        """`_s.optimizers.update(K, GRAD)`: parameter K's update from its gradient (NOTE:
+        [Optimizer in the step])."""
+        value = self._reached(self._gradient(param))
+        return [f"_s.optimizers.update({self.param_index[param]}, {value})  # {where}"]
+
+    def _host_update(self, param: str, step, where: str) -> list[str]:
+        """`_s.optimizers.host_update(K, HOST GRAD, (EVENTS,), _device)`: the update on the
+        host, from the host copies of the gradient's tensors."""
+        value = self._gradient(param)
+        names = [r for r in refs_in(value) if r in self.tensors]
+        host_var = {**self.var, **{r: self.names.host(r) for r in names}}
+        rendered = render_arg(value, host_var)
+        found = sorted(self._tangents_of(refs_in(value)))
+        if found:
+            rendered = f"(None if {' and '.join(self.names.absent(t) for t in found)} else {rendered})"
+        events = "".join(f"{self.names.event(r)}, " for r in names)
+        return [f"_s.optimizers.host_update({self.param_index[param]}, {rendered}, ({events}), _device)  # {where}"]
+
+    def _gradient(self, param: str) -> ir.Arg:
+        return next(g.value for g in self.plan.graph.gradients if g.parameter == param)
+
     # --- forward/backward boundary ---------------------------------------
 
     def _saved(self) -> tuple[list[str], list[str]]:
@@ -732,6 +776,8 @@ class _Renderer:
         """Each parameter's gradient, in PARAMETERS order, as the backward's end hands them
         over: None for the released ones (NOTE: [Gradient release]: handed over earlier), for
         frozen parameters and for those the loss does not reach."""
+        if self.optimizer is not None:  # NOTE: [Optimizer in the step]: the updates took them
+            return "(" + "None, " * len(self.plan.graph.parameters) + ")"
         grads = {g.parameter: self._reached(g.value) for g in self.plan.graph.gradients}
         params = [
             "None" if i in released else grads.get(p.name, "None") for i, p in enumerate(self.plan.graph.parameters)
@@ -774,7 +820,7 @@ class _Renderer:
         gradients finished by the last instruction leave with the return."""
         instructions = self.plan.backward
         runs = [i for i, ins in enumerate(instructions, 1) if ins.runs_op]
-        if not runs:
+        if not runs or self.optimizer is not None:  # NOTE: [Optimizer in the step]: no gradient leaves
             return []
         steps = op_steps(self.plan.graph, (instructions[i - 1].target for i in runs))
         last_use: dict[str, int] = {}  # tensor -> the last run that makes or reads it (NOTE: [Liveness])
@@ -818,6 +864,8 @@ EMITTERS = {
     "offload": _Renderer._offload,
     "prefetch": _Renderer._prefetch,
     "wait": _Renderer._wait,
+    "update": _Renderer._update,
+    "host_update": _Renderer._host_update,
 }
 
 

@@ -433,6 +433,93 @@ class _Step:
         self.saved = self.values = self.sharded = self.versions = self.layouts = None
         self.outputs = self.tangents = self.probe = self.run = self.pending = None
         self.keep = False
+        self.optimizers = None  # NOTE: [Optimizer in the step]
+
+
+# NOTE: [Optimizer in the step] (remat_dsl/plan/optimizer.py): a plan whose header names an
+# optimizer updates each trainable parameter in its backward, where the plan's `update P` or
+# `host_update P` line stands, and hands autograd no gradient (`.grad` stays None, so the
+# caller's own `optimizer.step()` and `zero_grad()` change nothing).  The update is
+# torch.optim's own: one optimizer of the plan's class per parameter, with the hyper-parameters
+# of the parameter's group in the main optimizer (the caller's, or one built from the plan's
+# line), read again at every update (a learning-rate scheduler that changes the group is
+# followed), and, for updates on the device, the main optimizer's `state` (so its
+# `state_dict()` holds every device update's state).  A host update steps an fp32 copy of the
+# parameter kept in host memory, with its own states, from the host copy of the gradient,
+# then copies the parameter back.
+_OPTIMIZER_KEYS = {  # class -> the hyper-parameters whose value changes what the plan holds
+    "Adam": ("weight_decay",),
+    "AdamW": (),
+    "SGD": ("momentum", "nesterov", "weight_decay"),
+}
+
+
+class _Optimizers:
+    def __init__(self, params, planned, given):
+        name, kwargs = planned
+        cls = getattr(torch.optim, name)
+        trainable = list({id(p): p for p in params if p.requires_grad}.values())
+        if given is None:
+            given = cls(trainable, **kwargs)
+        elif type(given) is not cls:
+            raise TypeError(
+                f"the plan updates with torch.optim.{name}, not {type(given).__name__}: pass a torch.optim.{name} "
+                "or plan again with its optimizer (`remat plan --optimizer ...`)"
+            )
+        for group in given.param_groups:
+            for key in _OPTIMIZER_KEYS[name]:
+                if bool(group.get(key)) != bool(kwargs[key]):
+                    raise ValueError(
+                        f"the optimizer's {key} is {group.get(key)!r} where the plan's is {kwargs[key]!r}: the plan "
+                        "holds the memory of its own setting; plan again with this optimizer's hyper-parameters"
+                    )
+            if group.get("amsgrad") or group.get("maximize"):
+                raise ValueError("amsgrad and maximize are not planned: plan again without them")
+        self.main = given
+        self.groups = {id(p): group for group in given.param_groups for p in group["params"]}
+        self.params = params
+        self.workers = {}  # (parameter index, where) -> its torch.optim optimizer
+        self.masters = {}  # parameter index -> its fp32 copy in host memory
+
+    def _worker(self, i, target, host):
+        worker = self.workers.get((i, host))
+        group = self.groups[id(self.params[i])]
+        if worker is None:
+            worker = self.workers[i, host] = type(self.main)([target])  # the group's settings below
+            if not host:
+                worker.state = self.main.state  # the main optimizer's state_dict holds it
+        worker.param_groups[0].update({k: v for k, v in group.items() if k != "params"})
+        return worker
+
+    def update(self, i, grad):
+        """The update of parameter `i` on its device from `grad`; none when the loss does
+        not reach it (None) or the main optimizer does not hold it, as eager."""
+        param = self.params[i]
+        if grad is None or id(param) not in self.groups:
+            return
+        worker = self._worker(i, param, False)
+        param.grad = grad
+        worker.step()
+        param.grad = None
+
+    def host_update(self, i, grad, events, device):
+        """The update of parameter `i` on the host from `grad`, the host copy of its
+        gradient (written once `events` complete), then the parameter copied back."""
+        param = self.params[i]
+        if grad is None or id(param) not in self.groups:
+            return
+        for event in events:
+            if event is not None:
+                event.synchronize()
+        master = self.masters.get(i)
+        if master is None:
+            master = self.masters[i] = param.detach().to("cpu", dtype=torch.float32, copy=True)
+        worker = self._worker(i, master, True)
+        master.grad = grad.to(torch.float32)
+        worker.step()
+        master.grad = None
+        with torch.no_grad():
+            param.copy_(master, non_blocking=False)
 
 
 _NOT_DIFFERENTIABLE = (

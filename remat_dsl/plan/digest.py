@@ -74,7 +74,7 @@ def canonical_arg(arg: ir.Arg) -> str:
     raise ValueError(f"cannot digest argument {arg!r}")
 
 
-HEADER_TEXTS = ("model", "device", "costs", "counts", "solver")  # the header's text lines the digest seals
+HEADER_TEXTS = ("model", "device", "costs", "counts", "solver", "optimizer")  # the header text lines the digest seals
 
 
 def header_items(header: ir.Header) -> list[Item]:

@@ -34,6 +34,15 @@ prefetch T       allocates T on the device and starts copying it back on the `h2
                  T must have a completed host copy and no device copy.
 wait T           the compute stream waits for T's pending transfer; required before a
                  prefetched T is used and before an offloaded T is deleted.
+update P         runs the optimizer's update of trainable parameter P on the device, in
+                 place, from its gradient (resident); after the gradient is complete and
+                 after every read of P (NOTE: [Optimizer in the step] in
+                 remat_dsl.plan.optimizer).  Only in the backward of a plan with an
+                 `optimizer` header line, exactly once per trainable parameter.
+host_update P    the same update run by the host CPU on the `host` stream, from the host
+                 copy of P's gradient (offloaded and waited for), with P's optimizer states
+                 and master copy in host memory; P is then copied back to the device on
+                 the `h2d` stream.
 Random operations (dropout) that are recomputed replay the RNG state saved at their first
 execution; their `compute` instructions keep the captured order, so the random stream is
 consumed as in eager PyTorch.
@@ -63,7 +72,8 @@ def plan_name(path: str) -> str:
 COMPUTE_STREAM = "compute"
 D2H_STREAM = "d2h"
 H2D_STREAM = "h2d"
-STREAMS = (COMPUTE_STREAM, D2H_STREAM, H2D_STREAM)
+HOST_STREAM = "host"  # the host CPU's optimizer updates (NOTE: [Optimizer in the step] in remat_dsl.plan.optimizer)
+STREAMS = (COMPUTE_STREAM, D2H_STREAM, H2D_STREAM, HOST_STREAM)
 
 
 
@@ -76,7 +86,8 @@ class Verb:
     tests/test_instructions.py fails when one of them lacks a verb of INSTRUCTIONS or has
     another; the other stages ask the fields below instead of listing verbs.
 
-    operand: "op" (the target is an operation's name) or "tensor" (a tensor's name).
+    operand: "op" (the target is an operation's name), "tensor" (a tensor's name) or
+    "parameter" (a trainable parameter's name).
     stream: the stream the instruction is issued on, one of STREAMS (the printer omits it,
     the parser infers it).  runs_op: it executes its op (and allocates the op's outputs).
     transfer: it is part of a host transfer (an offload, a prefetch, or a wait for one).
@@ -100,6 +111,8 @@ INSTRUCTIONS: dict[str, Verb] = {
         Verb("offload", "tensor", D2H_STREAM, transfer=True, aliases=("evict", "spill", "store", "save")),
         Verb("prefetch", "tensor", H2D_STREAM, transfer=True, aliases=("load", "fetch", "restore", "reload")),
         Verb("wait", "tensor", COMPUTE_STREAM, transfer=True, aliases=("sync", "synchronize", "join")),
+        Verb("update", "parameter", COMPUTE_STREAM, aliases=("step", "optimize", "apply")),
+        Verb("host_update", "parameter", HOST_STREAM, aliases=("cpu_update", "update_on_host", "host_step")),
     )
 }
 VERBS = tuple(INSTRUCTIONS)
@@ -111,6 +124,9 @@ FORWARD = "forward"
 BACKWARD = "backward"
 
 BUDGET_COUNTS = "activations, temporaries, outputs, gradients"
+# With an optimizer in the step (NOTE: [Optimizer in the step]): the device's optimizer
+# states are held through the whole step, and each update's temporaries while it runs.
+BUDGET_COUNTS_OPTIMIZER = BUDGET_COUNTS + ", optimizer states and updates"
 
 
 @dataclass(frozen=True)
@@ -440,6 +456,11 @@ class Header:
     gap: the relative MIP gap of the solution as a fraction (0.0123 is 1.23%), None for
     solvers that report none.  Stored rounded to 6 decimals of the fraction (4 decimals
     of the percentage); printed `gap  1.23%` (2 to 4 decimals).
+    optimizer: the optimizer the step ends with, as its header text (`adamw lr=0.001 ...`,
+    remat_dsl.plan.optimizer), None for a plan that ends at the gradients.
+    device_update, host_update: bytes of parameter the device and the host update per
+    second; host_update_overhead_us: the host's management time per step (thesis ch. 4,
+    eq. 4.23's H).  Printed on the `update-speed` line, only with an optimizer.
     solve_seconds: wall time spent solving, in seconds; None when unknown (hand-written
     plans, older plans).  Stored rounded to 0.1 s; printed `solve-time  2.4 s`.  It is
     the one header field that differs between two runs with the same model, profile and
@@ -465,6 +486,10 @@ class Header:
     gap: float | None = None
     solve_seconds: float | None = None
     costs: str | None = None
+    optimizer: str | None = None
+    device_update: int = 0
+    host_update: int = 0
+    host_update_overhead_us: int = 0
 
     def __post_init__(self) -> None:
         if self.gap is not None:

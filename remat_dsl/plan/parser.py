@@ -91,6 +91,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedTok
 from lark.lexer import PatternStr
 
 from remat_dsl.plan import ir, tables
+from remat_dsl.plan.optimizer import OptimizerError, parse_optimizer
 from remat_dsl.plan.errors import PlanError
 from remat_dsl.plan.resources import data_path
 from remat_dsl.plan.printer import (
@@ -130,7 +131,7 @@ SECTIONS_V1 = (
 )  # fmt: skip
 HEADER_KEYS = (
     "model", "device", "autocast", "costs", "budget", "counts", "solver", "status", "gap", "solve-time",
-    "peak", "time", "compute", "recompute", "bandwidth",
+    "peak", "time", "compute", "recompute", "bandwidth", "optimizer", "update-speed",
 )  # fmt: skip
 
 VERB_ALIASES = {alias: verb.name for verb in ir.INSTRUCTIONS.values() for alias in verb.aliases}  # ir.Verb.aliases
@@ -552,6 +553,28 @@ class _Builder(Transformer):
 
     def bandwidth(self, c: list) -> dict:
         return {"bandwidth": _amount(c[0], c[1], BANDWIDTH_UNITS, "bandwidth")}
+
+    def optimizer(self, c: list) -> dict:
+        text = self._string(c[0])
+        try:
+            optimizer = parse_optimizer(text)
+        except OptimizerError as e:
+            raise _error(f"bad optimizer: {e}", c[0], 'write e.g. `optimizer  "adamw lr=0.001"`') from None
+        if optimizer.text() != text:
+            raise _error(
+                "the optimizer line must give every hyper-parameter as the printer writes it",
+                c[0],
+                f"write `optimizer  \"{optimizer.text()}\"` (or run `remat fmt`)",
+            )
+        return {"optimizer": text}
+
+    def update_speed(self, c: list) -> dict:
+        device_number, device_unit, host_number, host_unit, overhead = c
+        return {
+            "device_update": _amount(device_number, device_unit, BANDWIDTH_UNITS, "bandwidth"),
+            "host_update": _amount(host_number, host_unit, BANDWIDTH_UNITS, "bandwidth"),
+            "host_update_overhead_us": overhead,
+        }
 
     def size(self, c: list) -> tuple[Token, Token]:
         """NUMBER UNIT, read by the rule that holds it: tables take EXACT_SIZE_UNITS

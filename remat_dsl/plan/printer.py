@@ -273,8 +273,20 @@ def _header(h: ir.Header, autocast: ir.Autocast | None = None) -> list[str]:
         ("compute", format_duration(h.compute_us)),
         ("recompute", format_duration(h.recompute_us)),
         ("bandwidth", format_bandwidth(h.bandwidth)),
+        *([("optimizer", _string(h.optimizer))] if h.optimizer is not None else []),
+        *(
+            [
+                (
+                    "update-speed",
+                    f"device {format_bandwidth(h.device_update)}  host {format_bandwidth(h.host_update)}"
+                    f"  overhead {format_duration(h.host_update_overhead_us)}",
+                )
+            ]
+            if h.optimizer is not None
+            else []
+        ),
     ]
-    return ["header"] + [f"{INDENT}{key:<{HEADER_KEY_WIDTH}}{value}" for key, value in entries]
+    return ["header"] + [f"{INDENT}{key + ' ':<{HEADER_KEY_WIDTH}}{value}" for key, value in entries]
 
 
 def _values(title: str, decls: Sequence[ir.ValueDecl]) -> list[str]:

@@ -49,6 +49,8 @@ POLICIES = {
     "offload": OFFLOADED,
     "prefetch": None,
     "wait": None,
+    "update": None,
+    "host_update": None,
 }
 MAX_LISTED = 50  # changes listed per kind in the summary; the line diff shows them all
 ABSENT = "(absent)"

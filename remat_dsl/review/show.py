@@ -41,6 +41,8 @@ RUG = {
     "offload": "#8172B3",
     "prefetch": "#2E8B57",
     "wait": None,
+    "update": "#55A868",
+    "host_update": "#C44E52",
 }
 MIB = 1024 * 1024
 PNG_SOFTWARE = "remat-dsl (remat show --png)"  # its PNGs' Software (NOTE: [Safe outputs] in remat_dsl/cli/console.py)

@@ -73,6 +73,7 @@ from remat_dsl.plan.ir import op_uses, pinned_tensors
 from remat_dsl.plan.constraints import check_conflicts, constraint_lines
 from remat_dsl.plan.errors import RematError
 from remat_dsl.plan.inplace import inplace_candidates
+from remat_dsl.plan.optimizer import Optimizer
 from remat_dsl.plan.units import format_bytes
 from remat_dsl.solve.api import (
     BudgetError,
@@ -85,7 +86,7 @@ from remat_dsl.solve.api import (
     floor_targets,
     header_name,
 )
-from remat_dsl.solve.lowering import DEFAULT_BANDWIDTH, autograd_order, lowered_plan
+from remat_dsl.solve.lowering import DEFAULT_BANDWIDTH, add_updates, autograd_order, lowered_plan
 from remat_dsl.solve.polish import move_up, polish, repair
 from remat_dsl.solve.registry import NAMES, solver_class, unknown_solver
 
@@ -217,6 +218,85 @@ class Planner:
         label = f"auto: {plan.header.solver}" if solver == "auto" else plan.header.solver
         header = replace(plan.header, solver=label, gap=info.gap, solve_seconds=time.perf_counter() - start)
         return replace(plan, header=header)
+
+    # NOTE: [Optimizer placement]
+    # With the optimizer in the step (NOTE: [Optimizer in the step] in remat_dsl.plan.optimizer)
+    # each trainable parameter is updated on the device (its states held there through the
+    # step) or on the host (its gradient offloaded, its states and an fp32 copy in host memory,
+    # the update on the host's stream).  `plan_step` tries host sets of growing size, the
+    # largest parameters first (their states are the most device memory one decision frees):
+    # none, then the parameters that hold a quarter, half, three quarters and all of the
+    # states.  For each, the activations are planned by the solver under the budget less the
+    # device's states and its largest update's temporaries, the updates placed (lowering's
+    # `add_updates`), and the first whole plan whose simulation fits the budget (and the host
+    # budget) is kept.  It is a heuristic: the thesis' O-ILP (ch. 4, eq. 4.1-4.23) chooses
+    # these fractions, per parameter and per block, in one ILP with the schedule.
+    HOST_SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+    def plan_step(
+        self, budget: int, optimizer: Optimizer, speeds: tuple[int, int, int], solver: str | type[Solver] = "auto"
+    ) -> ir.Plan:
+        """The whole step's plan (NOTE: [Optimizer placement]) with peak at most `budget`
+        bytes, counting the device's optimizer states and updates.  speeds: the device's and
+        the host's update speed (bytes of parameter per second) and the host's overhead per
+        update (microseconds).  Raises BudgetError when no host set fits."""
+        from remat_dsl.check.replay import simulate, with_predictions
+
+        graph = self.problem.graph
+        # the activations are planned for the graph without its gradient lines: a gradient is
+        # then freed after its last read, as the update frees it, where the solvers would
+        # otherwise hold every gradient to the end of the step
+        problem = self.problem
+        activations = Planner(
+            replace(graph, gradients=()), model=self.model, device=problem.device, bandwidth=self.bandwidth,
+            constraints=problem.constraints, time_limit=problem.time_limit, report=problem.report,
+            host_link=problem.host_link, host_budget=problem.host_budget, cache=problem.cache, jobs=problem.jobs,
+        )  # fmt: skip
+        sizes = {p.name: value_nbytes(p) for p in graph.parameters}
+        trainable = sorted(
+            (g.parameter for g in graph.gradients if g.value is not None), key=lambda name: (-sizes[name], name)
+        )
+        total = sum(optimizer.state_bytes(sizes[p]) for p in trainable)
+        tried, smallest = set(), None
+        for share in self.HOST_SHARES:
+            on_host: list[str] = []
+            held = 0
+            for name in trainable:
+                if held >= share * total and (share < 1 or not total):
+                    break
+                on_host.append(name)
+                held += optimizer.state_bytes(sizes[name])
+            key = frozenset(on_host)
+            if key in tried:
+                continue
+            tried.add(key)
+            device = [p for p in trainable if p not in key]
+            states = sum(optimizer.state_bytes(sizes[p]) for p in device)
+            updating = device if self.problem.device != "cpu" else trainable  # one allocator on a CPU
+            cpu = self.problem.device == "cpu"
+            temp = max((optimizer.temp_bytes(sizes[p], cpu) for p in updating), default=0)
+            if budget - states - temp <= 0:
+                continue
+            try:
+                plan = activations.plan(budget - states - temp, solver)
+            except BudgetError as error:
+                smallest = min(smallest or error.smallest + states + temp, error.smallest + states + temp)
+                continue
+            plan = add_updates(replace(plan, graph=graph), optimizer.text(), key, speeds)
+            plan = replace(plan, header=replace(plan.header, budget=budget))
+            sim = simulate(plan)
+            if sim.peak_bytes > budget:
+                continue
+            host_budget = self.problem.host_budget
+            if host_budget is not None and sim.host_peak_bytes > host_budget:
+                raise RematError(
+                    f"error: the plan that fits the budget needs {format_bytes(sim.host_peak_bytes)} of host memory "
+                    f"(optimizer states and copies of {len(key)} parameters), above the host budget "
+                    f"{format_bytes(host_budget)}",
+                    hint="raise --host-budget or --budget",
+                )
+            return with_predictions(plan, sim)
+        raise BudgetError(budget, smallest or budget * 2, self._label(solver), "with the optimizer's states and updates")
 
     def _store_all_if_it_fits(self, name: str | type[Solver], budget: int) -> ir.Plan | None:
         """The store-all plan, labelled `NAME (store-all fits: no solve)`, when it fits

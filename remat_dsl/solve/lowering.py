@@ -287,3 +287,73 @@ def _prefetch_before_first_use(backward, tensor, ops, names):
     prefetch = ir.Instruction("prefetch", tensor, ir.H2D_STREAM)
     wait = ir.Instruction("wait", tensor, ir.COMPUTE_STREAM)
     return backward[:at] + [prefetch] + backward[at:first] + [wait] + backward[first:]
+
+
+def add_updates(plan: ir.Plan, optimizer: str, on_host=frozenset(), speeds: tuple[int, int, int] = (0, 0, 0)) -> ir.Plan:
+    """`plan` with the whole step's optimizer (NOTE: [Optimizer in the step] in
+    remat_dsl.plan.optimizer): the header's `optimizer` (its text) and `update-speed`
+    (`speeds`: device and host bytes of parameter per second, host overhead in
+    microseconds), and in the backward, for each trainable parameter P, the update where
+    its gradient is complete and P is read no more (thesis ch. 4, eq. 4.6), then the
+    gradient deleted after its last read.  P in `on_host`: the gradient offloaded as soon
+    as it is made, waited for and deleted where the update goes, then `host_update P`.
+    The predictions in the header are not updated (simulate the result)."""
+    graph = plan.graph
+    gradient_tensors = {name for g in graph.gradients for name in ir.refs_in(g.value)}
+    # deletes of gradients (a plan made without gradient lines frees them after their last
+    # read) go where the updates leave them
+    backward = [ins for ins in plan.backward if not (ins.verb == "delete" and ins.target in gradient_tensors)]
+    ops = graph.op_by_name
+    made: dict[str, int] = {}  # tensor -> index of the backward instruction that makes it
+    last_read: dict[str, int] = {}  # value -> index of the last backward instruction that reads it
+    for i, ins in enumerate(backward):
+        if ins.runs_op:
+            op = ops[ins.target]
+            for out in op.outputs:
+                made.setdefault(out, i)
+            for ref in ir.op_refs(op):
+                last_read[ref.name] = i
+    after: dict[int, list[ir.Instruction]] = defaultdict(list)
+    pinned = set(ir.refs_in(graph.outputs))
+    gradient_of: dict[str, int] = defaultdict(int)  # tensor -> how many gradients read it
+    for g in graph.gradients:
+        for name in dict.fromkeys(ir.refs_in(g.value)):
+            gradient_of[name] += 1
+    updates_left = dict(gradient_of)
+    for g in sorted(graph.gradients, key=lambda g: g.parameter):
+        if g.value is None:
+            continue
+        tensors = [name for name in dict.fromkeys(ir.refs_in(g.value)) if name in graph.tensor_by_name]
+        ready = max([made.get(t, -1) for t in tensors] + [last_read.get(g.parameter, -1)])
+        host = g.parameter in on_host
+        if host:
+            for t in tensors:
+                after[made.get(t, -1)].append(ir.Instruction("offload", t, ir.D2H_STREAM))
+        freed = max([ready] + [last_read.get(t, -1) for t in tensors])
+        step = []
+        for t in tensors:
+            updates_left[t] -= 1
+            if host:
+                step.append(ir.Instruction("wait", t, ir.COMPUTE_STREAM))
+        if host:
+            step += [ir.Instruction("delete", t, ir.COMPUTE_STREAM) for t in tensors if not updates_left[t] and t not in pinned]
+            after[freed].extend(step)
+            after[freed].append(ir.Instruction("host_update", g.parameter, ir.HOST_STREAM))
+        else:
+            after[ready].append(ir.Instruction("update", g.parameter, ir.COMPUTE_STREAM))
+            after[freed].extend(
+                ir.Instruction("delete", t, ir.COMPUTE_STREAM) for t in tensors if not updates_left[t] and t not in pinned
+            )
+    result = list(after.get(-1, []))
+    for i, ins in enumerate(backward):
+        result.append(ins)
+        result.extend(after.get(i, []))
+    header = replace(
+        plan.header,
+        optimizer=optimizer,
+        counts=ir.BUDGET_COUNTS_OPTIMIZER,
+        device_update=speeds[0],
+        host_update=speeds[1],
+        host_update_overhead_us=speeds[2],
+    )
+    return replace(plan, header=header, backward=tuple(result))

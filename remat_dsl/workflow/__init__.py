@@ -91,6 +91,7 @@ def plan_model(
     time_limit: float | None = None,
     report: Callable[[str], None] | None = None,
     measure: bool = False,
+    optimizer: Any = None,
 ) -> ir.Plan:
     """Capture `model`'s training step (forward, loss, backward), cost every op, solve for
     `budget` and return the plan (print it with `plan_text`).
@@ -108,6 +109,10 @@ def plan_model(
     constraints: a constraints file (keep/recompute/offload lines; docs/plan-language.md).
     repeats: timing runs per op.  time_limit: seconds per solve for the MILP solvers.
     report: called with each progress line (default: none).
+    optimizer: the whole step's optimizer (NOTE: [Optimizer in the step] in
+    remat_dsl.plan.optimizer): its text (`"adamw lr=1e-4"`, as `remat plan --optimizer`
+    takes it) or a torch.optim AdamW, Adam or SGD instance; the budget then counts the
+    device's optimizer states and updates.  None: the plan ends at the gradients.
     Measured costs are not cached here (`remat plan` caches them).
     Raises RematError (bad input, a model that cannot be captured), BudgetError (no plan
     of `solver` fits `budget`: it names the smallest budget that does).
@@ -126,14 +131,43 @@ def plan_model(
     model_file = model_of(model, inputs, loss_fn, autocast)
     device_model = load_device(device) if device is not None else None
     rules = read_constraints(str(constraints)) if constraints is not None else ()
+    step_optimizer = whole_step_optimizer(optimizer)
     captured = capture_model(model_file, device=device, repeats=repeats, measure=measure)
     options: dict[str, Any] = {"bandwidth": int(device_model.host_to_device)} if device_model is not None else {}
+    if step_optimizer is not None:
+        options["optimizer"] = step_optimizer
+        options["update_speeds"] = update_speeds(step_optimizer, device_model, captured.device)
     plan = solve_captured(
         captured.graph, amount, solver, percent=percent, model=model_file.spec, device=captured.device,
         costs=captured.costs, eager=captured.eager, constraints=rules, report=report, time_limit=time_limit,
         host_link=device_model is not None and device_model.kind == "cuda", **options,
     )  # fmt: skip
     return replace(plan, header=replace(plan.header, solve_seconds=None))
+
+
+def whole_step_optimizer(optimizer: Any):
+    """The plan.optimizer.Optimizer of `optimizer` (None, its text, or a torch.optim
+    instance).  Raises RematError naming what is not planned."""
+    from remat_dsl.plan.optimizer import OptimizerError, from_torch, parse_optimizer
+
+    if optimizer is None:
+        return None
+    try:
+        return parse_optimizer(optimizer) if isinstance(optimizer, str) else from_torch(optimizer)
+    except OptimizerError as error:
+        raise RematError(f"error: {error}", hint='write e.g. "adamw lr=0.0001 weight_decay=0.01"') from None
+
+
+def update_speeds(optimizer, device_model, kind: str) -> tuple[int, int, int]:
+    """(device, host update speed in bytes of parameter per second, host overhead in
+    microseconds) for the header's `update-speed` line: from `device_model` (a
+    capture.cost.DeviceModel), or the description of this machine's device of `kind`."""
+    from remat_dsl.capture.pipeline import local_device_model
+    from remat_dsl.plan.optimizer import device_update_speed
+
+    model = device_model or local_device_model(kind) or local_device_model("cpu")
+    device = device_update_speed(optimizer.kind, model.memory_bandwidth * model.memory_efficiency)
+    return device, int(model.host_update), int(round(model.host_update_overhead * 1e6))
 
 
 def capture_model(
@@ -197,7 +231,8 @@ def solve_captured(
     peak.  model, device: the header's model and device kind.  costs, eager: the header's
     costs line and the eager-agreement comments of the capture (capture.pipeline.Captured).
     planner_options: the remaining keyword arguments of solve.driver.Planner (bandwidth,
-    time_limit, host_link, host_budget, cache, jobs).  The header keeps the solve's
+    time_limit, host_link, host_budget, cache, jobs), and `optimizer` (a
+    plan.optimizer.Optimizer) with `update_speeds` for the whole step (Planner.plan_step).  The header keeps the solve's
     seconds.  Raises RematError and BudgetError."""
     from remat_dsl.check.verify import refuse_custom_operators
     from remat_dsl.plan.constraints import unmatched
@@ -214,6 +249,7 @@ def solve_captured(
             )
         if report:
             report(warning)
+    planner_options_step = (planner_options.pop("optimizer", None), planner_options.pop("update_speeds", (0, 0, 0)))
     planner = Planner(graph, model=model, device=device, constraints=constraints, report=report, **planner_options)
     if budget is None or percent:
         peak = planner.autograd_peak
@@ -227,8 +263,9 @@ def solve_captured(
             f"solving with {name} for a budget of {format_bytes(budget)}"
             + (f", time limit {limit:g} s" if limit is not None else "")
         )
+    optimizer, speeds = planner_options_step
     try:
-        plan = planner.plan(budget, solver)
+        plan = planner.plan(budget, solver) if optimizer is None else planner.plan_step(budget, optimizer, speeds, solver)
     finally:
         workers.stop()  # NOTE: [Parallel grid]
     return replace(plan, header=replace(plan.header, costs=costs, comments=plan.header.comments + tuple(eager)))
