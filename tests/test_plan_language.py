@@ -611,7 +611,7 @@ def test_unknown_verb():
         "  free  mm\n"
         "  ^^^^\n"
         "  hint: did you mean `delete`? expected `compute`, `recompute`, `delete`, `offload`, "
-        "`prefetch` or `wait`"
+        "`prefetch`, `wait`, `update` or `host_update`"
     )
 
 
