@@ -28,6 +28,13 @@ no longer held to the end: it may be deleted after its update.  The parameters u
 the host keep their master copy and their states in host memory for the whole step; on a
 "cpu" device, host and device share one allocator, so a `host_update`'s temporaries are
 counted in device memory too.
+NOTE: [Parameters on the host]
+In a whole-step plan the parameters are counted in device memory, held through the step,
+except those the plan prefetches: they live in host memory (the host copy of a parameter
+updated on the host is the parameter itself, so `host_update` copies nothing back), and
+are on the device from their `prefetch` to their `delete`, which each section has for
+itself (none is on the device when the forward ends, or when the step does).  Such a
+parameter is frozen or updated on the host.
 
 NOTE: [Time model]
 Three streams, each with a clock in microseconds.  `compute`/`recompute` advance the
@@ -383,14 +390,22 @@ class _Simulator:
             if g.value is not None
         }
         self.states_bytes = 0  # the device's optimizer states, held through the step
+        self.params_bytes = 0  # the parameters on the device through the whole step (whole-step plans)
+        # NOTE: [Parameters on the host]: parameters the plan prefetches live in host memory
+        self.streamed = {
+            i.target for i in (*plan.forward, *plan.backward) if i.verb == "prefetch" and i.target in self.param_bytes
+        }
         if self.optimizer is not None:
             opt = self.optimizer
             on_device = {i.target for i in plan.backward if i.verb == "update" and i.target in self.param_bytes}
             on_host = {i.target for i in plan.backward if i.verb == "host_update" and i.target in self.param_bytes}
             self.states_bytes = sum(opt.state_bytes(self.param_bytes[p]) for p in on_device)
-            self.current = self.states_bytes
+            self.params_bytes = sum(n for p, n in self.param_bytes.items() if p not in self.streamed)
+            self.current = self.states_bytes + self.params_bytes
             self.host_bytes = sum(self.param_bytes[p] + opt.state_bytes(self.param_bytes[p]) for p in on_host)
+            self.host_bytes += sum(self.param_bytes[p] for p in self.streamed - on_host)
             self.host_peak = self.host_bytes
+            self.host_ready.update(self.streamed)
 
     @staticmethod
     def _optimizer(plan: ir.Plan) -> Optimizer | None:
@@ -460,6 +475,12 @@ class _Simulator:
                     f"compute or prefetch '{ref.name}' before the end of the forward section",
                     span,
                 )
+        for name in sorted(self.streamed & self.resident.keys()):
+            self._fail(
+                f"parameter '{name}' is still on the device at the end of the forward section",
+                f"delete {name} after its last use in the forward, and prefetch it again in the backward",
+                span,
+            )
         names = [t.name for t in self.plan.graph.tensors]
         self.crossing = Crossing(
             resident=tuple(n for n in names if n in self.resident),
@@ -484,6 +505,12 @@ class _Simulator:
                 "with the transfer in flight, its data unordered with what follows",
                 f"add `wait {name}` after it, before the end of the backward section, or remove it",
                 transfer.span or span,
+            )
+        for name in sorted(self.streamed & self.resident.keys()):
+            self._fail(
+                f"parameter '{name}' is still on the device at the end of the step: the next step prefetches it",
+                f"delete {name} after its last use in the backward",
+                span,
             )
         if self.optimizer is not None:
             for g in self.plan.graph.gradients:
@@ -575,6 +602,7 @@ class _Simulator:
         live += [(f"rng state of {op}", n) for op, n in rng.items()]
         live += freed  # freed by the peak's instruction: still live at its peak
         live += [("optimizer states on the device", self.states_bytes)] if self.states_bytes else []
+        live += [("parameters on the device", self.params_bytes)] if self.params_bytes else []
         return tuple(sorted((item for item in live if item[1]), key=lambda item: (-item[1], item[0])))
 
     def _check_verb_and_stream(self, instr: ir.Instruction) -> None:
@@ -614,12 +642,22 @@ class _Simulator:
     def _check_tensor_name(self, instr: ir.Instruction) -> None:
         if instr.target in self.graph.tensors:
             return
+        if instr.target in self.param_bytes and instr.verb in ("prefetch", "wait", "delete") and self.optimizer:
+            if instr.target not in self.streamed:
+                self._fail(
+                    f"cannot {instr.verb} parameter '{instr.target}': the plan never prefetches it, so it stays on "
+                    "the device for the whole step",
+                    f"remove this line, or prefetch {instr.target} before each use",
+                    instr.span,
+                )
+            return
         value = self.graph.values.get(instr.target)
         if value is not None:
             self._fail(
                 f"cannot {instr.verb} '{instr.target}': it is a {value.kind}, which stays resident "
                 "for the whole step",
-                "remove this line; only tensors allocated by ops are scheduled",
+                "remove this line; only tensors allocated by ops are scheduled"
+                + (" (parameters too in a plan of the whole step: `remat plan --optimizer`)" if value.kind == "parameter" else ""),
                 instr.span,
             )
         self._fail(
@@ -750,6 +788,16 @@ class _Simulator:
     def _check_usable(self, name: str, op: ir.Op, instr: ir.Instruction) -> None:
         """`name`, an argument of `op`, is on the device and not awaiting a prefetch."""
         value = self.graph.values.get(name)
+        if name in self.streamed:  # NOTE: [Parameters on the host]
+            transfer = self.pending.get(name)
+            if name not in self.resident or transfer is not None:
+                self._fail(
+                    f"parameter '{name}' is used by '{op.name}' but is not on the device"
+                    + (f": its prefetch ({transfer.where}) is in flight" if transfer else ""),
+                    f"add `wait {name}` before this line" if transfer else f"add `prefetch {name}` and `wait {name}` before this line",
+                    instr.span,
+                )
+            return
         if value is not None:
             if value.kind == "tangent" and self.section != ir.BACKWARD:
                 self._fail(
@@ -833,6 +881,10 @@ class _Simulator:
                 f"remove this line, or move it before the delete at {deleted}",
                 instr.span,
             )
+        if name in self.param_bytes:
+            self._fail(
+                f"cannot {instr.verb} parameter '{name}': it is not on the device", f"prefetch {name} first", instr.span
+            )
         producer = self.graph.tensors[name].producer
         self._fail(
             f"cannot {instr.verb} '{name}': it was never computed",
@@ -887,7 +939,7 @@ class _Simulator:
                 f"remove this line, or delete {name} before it",
                 instr.span,
             )
-        nbytes = self.graph.tensors[name].nbytes
+        nbytes = self._nbytes(name)
         self._allocate(name, nbytes)
         self._added.append((name, nbytes))
         self._held.append((name, nbytes))
@@ -903,13 +955,18 @@ class _Simulator:
                 instr.span,
             )
         streams = self.clocks.streams
-        duration = transfer_us(self.graph.tensors[name].nbytes, bandwidth)
+        duration = transfer_us(self._nbytes(name), bandwidth)
         # its data is ready by the compute clock: the compute stream made the tensor (offload),
         # or waited for the offload before this prefetch (`_prefetch` requires that wait)
         end = max(streams[ir.COMPUTE_STREAM], streams[instr.stream]) + duration
         streams[instr.stream] = end
         self.clocks.transfer_us += duration
         self.pending[name] = _Transfer(kind, end, self._where(), instr.span)
+
+    def _nbytes(self, name: str) -> int:
+        """Bytes of a tensor, or of a parameter the plan prefetches."""
+        tensor = self.graph.tensors.get(name)
+        return tensor.nbytes if tensor is not None else self.param_bytes[name]
 
     def _wait(self, instr: ir.Instruction) -> tuple[int, list]:
         name = instr.target
@@ -969,6 +1026,12 @@ class _Simulator:
     def _update(self, instr: ir.Instruction) -> tuple[int, list]:
         name = instr.target
         assert self.optimizer is not None  # _check_parameter_name
+        if name in self.streamed:
+            self._fail(
+                f"cannot update '{name}' on the device: the plan keeps it in host memory (it prefetches it)",
+                f"write `host_update {name}`",
+                instr.span,
+            )
         for ref in self.grad_refs[name]:
             transfer = self.pending.get(ref)
             if ref not in self.resident or (transfer is not None and transfer.kind == "prefetch"):
@@ -1018,9 +1081,10 @@ class _Simulator:
         run = -(-nbytes * 1_000_000 // header.host_update) + (header.host_update_overhead_us if first else 0)
         end = max(streams[ir.COMPUTE_STREAM], streams[ir.HOST_STREAM]) + run
         streams[ir.HOST_STREAM] = end
-        back = transfer_us(nbytes, header.bandwidth)
-        streams[ir.H2D_STREAM] = max(streams[ir.H2D_STREAM], end) + back
-        self.clocks.transfer_us += back
+        if name not in self.streamed:  # NOTE: [Parameters on the host]: its host copy is the parameter
+            back = transfer_us(nbytes, header.bandwidth)
+            streams[ir.H2D_STREAM] = max(streams[ir.H2D_STREAM], end) + back
+            self.clocks.transfer_us += back
         self.updated[name] = self._where()
         temp = self.optimizer.temp_bytes(nbytes, cpu=True) if header.device == "cpu" else 0
         if temp:  # one allocator for host and device on a CPU (NOTE: [Memory model])

@@ -173,7 +173,7 @@ def _checked_text(text: str) -> str:
 # starts with `_` (`_s`, `_p`, `_device`, `_pool`, ...).  A submodule called `out`, `where`
 # or `torch`, or a top-level `torch.where`, thus cannot shadow what the generated code
 # reads.  `check_namespace` verifies it on the module's source before it is written.
-DERIVED_PREFIXES = ("aten_", "host_", "event_", "rng_", "absent_")
+DERIVED_PREFIXES = ("aten_", "host_", "event_", "rng_", "absent_", "dev_")
 
 
 def _template_globals() -> frozenset[str]:
@@ -406,6 +406,14 @@ class _Renderer:
         header = self.plan.header
         self.optimizer = parse_optimizer(header.optimizer) if header.optimizer is not None else None
         self.param_index = {p.name: k for k, p in enumerate(self.plan.graph.parameters)}
+        # NOTE: [Parameters on the host]: a prefetched parameter's device copy is a local
+        self.streamed = sorted(
+            {i.target for i in (*self.plan.forward, *self.plan.backward) if i.verb == "prefetch"}
+            & self.param_index.keys(),
+            key=self.param_index.__getitem__,
+        )
+        self.param_attr = {name: self.var[name] for name in self.streamed}
+        self.var = {**self.var, **{name: f"dev_{names.attr(name)}" for name in self.streamed}}
 
     def context(self) -> dict:
         """The template's values, each already Python source or checked text (NOTE: [Plan
@@ -471,7 +479,14 @@ class _Renderer:
             pool_bytes=repr(self.host_bytes),
             pool_align=repr(HOST_ALIGN),
             optimizer_literal=self._optimizer_literal(),
+            streamed=repr(tuple(self.param_index[p] for p in self.streamed)),
+            first_resident=repr(self._first_resident()),
         )
+
+    def _first_resident(self) -> int:
+        """The index of the first parameter on the device (NOTE: [Parameters on the host])."""
+        streamed = {self.param_index[p] for p in self.streamed}
+        return next((k for k in range(len(self.param_index)) if k not in streamed), 0)
 
     def _optimizer_literal(self) -> str:
         """(torch.optim class name, keyword arguments) of the plan's optimizer as a literal,
@@ -622,12 +637,17 @@ class _Renderer:
 
     def _prefetch(self, tensor: str, step, where: str) -> list[str]:
         """`T, event_T = _prefetch(host_T, event_T, _device)`: the copy waits for event_T, the
-        offload's (or an earlier prefetch's) event, then event_T is the prefetch's."""
+        offload's (or an earlier prefetch's) event, then event_T is the prefetch's.  A
+        parameter kept on the host: `dev_P, event_dev_P = _prefetch(_p.P, None, _device)`."""
+        if tensor in self.param_attr:
+            dev = self.var[tensor]
+            return [f"{dev}, event_{dev} = _prefetch({self.param_attr[tensor]}, None, _device)  # {where}"]
         event = self.names.event(tensor)
         return [f"{self.var[tensor]}, {event} = _prefetch({self.names.host(tensor)}, {event}, _device)  # {where}"]
 
     def _wait(self, tensor: str, step, where: str) -> list[str]:
-        return [f"_wait({self.names.event(tensor)}, _device)  # {where}"]
+        event = f"event_{self.var[tensor]}" if tensor in self.param_attr else self.names.event(tensor)
+        return [f"_wait({event}, _device)  # {where}"]
 
     def _update(self, param: str, step, where: str) -> list[str]:
         """`_s.optimizers.update(K, GRAD)`: parameter K's update from its gradient (NOTE:
@@ -646,7 +666,9 @@ class _Renderer:
         if found:
             rendered = f"(None if {' and '.join(self.names.absent(t) for t in found)} else {rendered})"
         events = "".join(f"{self.names.event(r)}, " for r in names)
-        return [f"_s.optimizers.host_update({self.param_index[param]}, {rendered}, ({events}), _device)  # {where}"]
+        on_host = ", on_host=True" if param in self.param_attr else ""
+        index = self.param_index[param]
+        return [f"_s.optimizers.host_update({index}, {rendered}, ({events}), _device{on_host})  # {where}"]
 
     def _gradient(self, param: str) -> ir.Arg:
         return next(g.value for g in self.plan.graph.gradients if g.parameter == param)
@@ -677,7 +699,9 @@ class _Renderer:
             if ins.runs_op:
                 read.update(ref.name for ref in ir.op_refs(self.ops[ins.target]))
         graph = self.plan.graph
-        values = [v.name for v in (*graph.inputs, *graph.parameters, *graph.buffers) if v.name in read]
+        values = [
+            v.name for v in (*graph.inputs, *graph.parameters, *graph.buffers) if v.name in read and v.name not in self.param_attr
+        ]
         needed = [t for t in self.sim.crossing.needed if t in self.sim.crossing.resident]
         return [(name, self.var[name]) for name in (*values, *needed)]
 

@@ -162,7 +162,8 @@ def _prefetch(host, written, device):
     tensor = torch.empty_strided(host.shape, host.stride(), dtype=host.dtype, device=device)
     h2d = _side_stream("h2d", device)
     h2d.wait_stream(compute)
-    h2d.wait_event(written)
+    if written is not None:  # a parameter kept on the host has no offload to wait for
+        h2d.wait_event(written)
     with _cuda.stream(h2d):
         tensor.copy_(host, non_blocking=True)
     return tensor, h2d.record_event()
@@ -502,15 +503,22 @@ class _Optimizers:
         worker.step()
         param.grad = None
 
-    def host_update(self, i, grad, events, device):
+    def host_update(self, i, grad, events, device, on_host=False):
         """The update of parameter `i` on the host from `grad`, the host copy of its
-        gradient (written once `events` complete), then the parameter copied back."""
+        gradient (written once `events` complete), then the parameter copied back; `on_host`:
+        the parameter lives on the host (STREAMED), and is updated where it is."""
         param = self.params[i]
         if grad is None or id(param) not in self.groups:
             return
         for event in events:
             if event is not None:
                 event.synchronize()
+        if on_host:
+            worker = self._worker(i, param, False)
+            param.grad = grad.to(param.dtype)
+            worker.step()
+            param.grad = None
+            return
         master = self.masters.get(i)
         if master is None:
             master = self.masters[i] = param.detach().to("cpu", dtype=torch.float32, copy=True)
@@ -520,6 +528,16 @@ class _Optimizers:
         master.grad = None
         with torch.no_grad():
             param.copy_(master, non_blocking=False)
+
+
+def _to_host(params, streamed):
+    """Move the parameters `streamed` (indices) of a model on a GPU to pinned host memory
+    (NOTE: [Parameters on the host]); on a CPU they stay where they are."""
+    for i in streamed:
+        param = params[i]
+        if param.device.type == "cuda":
+            host = torch.empty(param.shape, dtype=param.dtype, pin_memory=True)
+            param.data = host.copy_(param.data)
 
 
 _NOT_DIFFERENTIABLE = (

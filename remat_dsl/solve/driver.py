@@ -86,7 +86,13 @@ from remat_dsl.solve.api import (
     floor_targets,
     header_name,
 )
-from remat_dsl.solve.lowering import DEFAULT_BANDWIDTH, add_updates, autograd_order, lowered_plan
+from remat_dsl.solve.lowering import (
+    DEFAULT_BANDWIDTH,
+    add_parameter_streaming,
+    add_updates,
+    autograd_order,
+    lowered_plan,
+)
 from remat_dsl.solve.polish import move_up, polish, repair
 from remat_dsl.solve.registry import NAMES, solver_class, unknown_solver
 
@@ -226,9 +232,13 @@ class Planner:
     # the update on the host's stream).  `plan_step` tries host sets of growing size, the
     # largest parameters first (their states are the most device memory one decision frees):
     # none, then the parameters that hold a quarter, half, three quarters and all of the
-    # states.  For each, the activations are planned by the solver under the budget less the
-    # device's states and its largest update's temporaries, the updates placed (lowering's
-    # `add_updates`), and the first whole plan whose simulation fits the budget (and the host
+    # states; then, every update on the host, the parameters themselves kept in host memory
+    # and prefetched where they are read (NOTE: [Parameters on the host] in
+    # remat_dsl.check.replay), the largest first, a quarter, half and three quarters of their bytes.
+    # For each, the activations are planned by the solver under the budget less what the
+    # device holds besides (its parameters and optimizer states, the two largest prefetched
+    # parameters, the largest update's temporaries), the updates placed and the parameters
+    # streamed (lowering's `add_updates`, `add_parameter_streaming`), and the first whole plan whose simulation fits the budget (and the host
     # budget) is kept.  It is a heuristic: the thesis' O-ILP (ch. 4, eq. 4.1-4.23) chooses
     # these fractions, per parameter and per block, in one ILP with the schedule.
     HOST_SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -253,36 +263,37 @@ class Planner:
             host_link=problem.host_link, host_budget=problem.host_budget, cache=problem.cache, jobs=problem.jobs,
         )  # fmt: skip
         sizes = {p.name: value_nbytes(p) for p in graph.parameters}
-        trainable = sorted(
-            (g.parameter for g in graph.gradients if g.value is not None), key=lambda name: (-sizes[name], name)
-        )
-        total = sum(optimizer.state_bytes(sizes[p]) for p in trainable)
+        by_size = sorted(sizes, key=lambda name: (-sizes[name], name))
+        trainable = [p for p in by_size if p in {g.parameter for g in graph.gradients if g.value is not None}]
+        total_states = sum(optimizer.state_bytes(sizes[p]) for p in trainable)
+        total_params = sum(sizes.values())
+        cpu = self.problem.device == "cpu"
         tried, smallest = set(), None
-        for share in self.HOST_SHARES:
-            on_host: list[str] = []
-            held = 0
-            for name in trainable:
-                if held >= share * total and (share < 1 or not total):
-                    break
-                on_host.append(name)
-                held += optimizer.state_bytes(sizes[name])
-            key = frozenset(on_host)
+        # the smallest parameters stay on the device: the generated module finds its device by them
+        attempts = [(share, 0.0) for share in self.HOST_SHARES] + [(1.0, share) for share in self.HOST_SHARES[1:-1]]
+        for state_share, param_share in attempts:
+            on_host = _largest(trainable, lambda p: optimizer.state_bytes(sizes[p]), state_share * total_states)
+            streamed = _largest(by_size, sizes.__getitem__, param_share * total_params)
+            key = (frozenset(on_host) | (frozenset(streamed) & set(trainable)), frozenset(streamed))
             if key in tried:
                 continue
             tried.add(key)
-            device = [p for p in trainable if p not in key]
+            device = [p for p in trainable if p not in key[0]]
             states = sum(optimizer.state_bytes(sizes[p]) for p in device)
-            updating = device if self.problem.device != "cpu" else trainable  # one allocator on a CPU
-            cpu = self.problem.device == "cpu"
+            resident = sum(n for p, n in sizes.items() if p not in key[1])
+            working = sum(sorted((sizes[p] for p in key[1]), reverse=True)[:2])  # prefetched ahead of use
+            updating = device if not cpu else trainable  # one allocator on a CPU
             temp = max((optimizer.temp_bytes(sizes[p], cpu) for p in updating), default=0)
-            if budget - states - temp <= 0:
+            held = states + resident + working + temp
+            if budget - held <= 0:
                 continue
             try:
-                plan = activations.plan(budget - states - temp, solver)
+                plan = activations.plan(budget - held, solver)
             except BudgetError as error:
-                smallest = min(smallest or error.smallest + states + temp, error.smallest + states + temp)
+                smallest = min(smallest or error.smallest + held, error.smallest + held)
                 continue
-            plan = add_updates(replace(plan, graph=graph), optimizer.text(), key, speeds)
+            plan = add_updates(replace(plan, graph=graph), optimizer.text(), key[0], speeds)
+            plan = add_parameter_streaming(plan, key[1])
             plan = replace(plan, header=replace(plan.header, budget=budget))
             sim = simulate(plan)
             if sim.peak_bytes > budget:
@@ -291,7 +302,7 @@ class Planner:
             if host_budget is not None and sim.host_peak_bytes > host_budget:
                 raise RematError(
                     f"error: the plan that fits the budget needs {format_bytes(sim.host_peak_bytes)} of host memory "
-                    f"(optimizer states and copies of {len(key)} parameters), above the host budget "
+                    f"(optimizer states and copies of {len(key[0] | key[1])} parameters), above the host budget "
                     f"{format_bytes(host_budget)}",
                     hint="raise --host-budget or --budget",
                 )
@@ -574,6 +585,18 @@ class Planner:
             f"{format_bytes(error.smallest)}",
             hint=f"raise the budget to {error.smallest} bytes or more, or relax the keep/offload/recompute lines",
         )
+
+
+def _largest(names: list[str], size, amount: float) -> list[str]:
+    """The first of `names` (largest first) whose sizes add up to at least `amount`; all of
+    them for an amount at or above their total."""
+    chosen, held = [], 0
+    for name in names:
+        if held >= amount:
+            break
+        chosen.append(name)
+        held += size(name)
+    return chosen
 
 
 def make_plan(graph: ir.Graph, *, model: str, device: str, budget: int, solver: str, bandwidth: int = DEFAULT_BANDWIDTH,

@@ -357,3 +357,46 @@ def add_updates(plan: ir.Plan, optimizer: str, on_host=frozenset(), speeds: tupl
         host_update_overhead_us=speeds[2],
     )
     return replace(plan, header=header, backward=tuple(result))
+
+
+def add_parameter_streaming(plan: ir.Plan, streamed) -> ir.Plan:
+    """`plan` (a whole-step plan, after `add_updates`) with the parameters `streamed` kept in
+    host memory (NOTE: [Parameters on the host] in remat_dsl.check.replay): in each section
+    that reads one, `prefetch` PREFETCH_LEAD instructions before its first read, `wait`
+    right before it and `delete` right after its last read (after its update, where that is
+    later).  The predictions in the header are not updated (simulate the result)."""
+    streamed = set(streamed)
+    ops = plan.graph.op_by_name
+
+    def stream(instructions: tuple[ir.Instruction, ...]) -> tuple[ir.Instruction, ...]:
+        first: dict[str, int] = {}
+        last: dict[str, int] = {}
+        for i, ins in enumerate(instructions):
+            names = [r.name for r in ir.op_refs(ops[ins.target])] if ins.runs_op else []
+            if ins.verb in ("update", "host_update"):
+                names = [ins.target]
+            for name in names:
+                if name in streamed:
+                    first.setdefault(name, i)
+                    last[name] = i
+        before: dict[int, list[ir.Instruction]] = defaultdict(list)
+        after: dict[int, list[ir.Instruction]] = defaultdict(list)
+        for name in sorted(first, key=lambda n: (first[n], n)):
+            reads = [i for i in range(first[name], last[name] + 1) if instructions[i].runs_op]
+            if not reads:  # read by its update only: no device copy needed
+                continue
+            start = reads[0]
+            lead = start
+            for _ in range(PREFETCH_LEAD):  # PREFETCH_LEAD ops earlier, so the copy overlaps them
+                lead = next((j for j in range(lead - 1, -1, -1) if instructions[j].runs_op), lead)
+            before[lead].append(ir.Instruction("prefetch", name, ir.H2D_STREAM))
+            before[start].append(ir.Instruction("wait", name, ir.COMPUTE_STREAM))
+            after[reads[-1]].append(ir.Instruction("delete", name, ir.COMPUTE_STREAM))
+        result: list[ir.Instruction] = []
+        for i, ins in enumerate(instructions):
+            result.extend(before.get(i, []))
+            result.append(ins)
+            result.extend(after.get(i, []))
+        return tuple(result)
+
+    return replace(plan, forward=stream(plan.forward), backward=stream(plan.backward))
