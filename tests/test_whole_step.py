@@ -57,8 +57,8 @@ def _loss(output):
     "name, kind, share",
     [
         ("hf_llama", "adamw", 0.65),
-        ("hf_llama", "sgd", 0.65),
-        ("hf_gpt2", "adamw", 0.65),
+        pytest.param("hf_llama", "sgd", 0.65, marks=pytest.mark.slow),  # `make test` keeps one of each kind
+        pytest.param("hf_gpt2", "adamw", 0.65, marks=pytest.mark.slow),
         ("hf_gpt2", "sgd", 0.65),
         ("hf_llama", "sgd", 0.6),  # parameters kept on the host too
         ("hf_gpt2", "adamw", 0.6),
@@ -140,3 +140,29 @@ def test_a_plan_that_drops_or_repeats_an_update_is_refused(edit, words, tmp_path
     assert result.returncode == 2, result.stderr
     assert f"'{target}' {words}" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_remat_plan_and_check_with_the_optimizer_as_users_type_them(tmp_path):
+    plan = tmp_path / "gpt2.plan"
+    run = [sys.executable, "-m", "remat_dsl"]
+    made = subprocess.run(
+        [*run, "plan", "tests/models/hf_gpt2.py", "--budget", "1200KiB", "--optimizer", "sgd lr=0.05 momentum=0.9",
+         "-o", str(plan)],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    text = plan.read_text()
+    assert 'optimizer   "sgd lr=0.05 momentum=0.9 dampening=0 weight_decay=0 nesterov=0"' in text
+    assert "\n  host_update  " in text
+    checked = subprocess.run([*run, "check", str(plan)], capture_output=True, text=True, cwd=ROOT)
+    assert checked.returncode == 0, checked.stderr
+    refused = subprocess.run(
+        [*run, "check", str(plan), "--host-budget", "1KiB"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert refused.returncode == 2
+    assert "of host memory, above the host budget 1.00 KiB" in refused.stderr and "Traceback" not in refused.stderr
+    bad = subprocess.run(
+        [*run, "plan", "tests/models/hf_gpt2.py", "--budget", "1MiB", "--optimizer", "lion lr=1e-4"],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "unknown optimizer 'lion'" in bad.stderr and "Traceback" not in bad.stderr

@@ -15,6 +15,12 @@ def register(subparsers) -> None:
             " captured graph"
         ),
     )
+    check.add_argument(
+        "--host-budget",
+        metavar="SIZE",
+        help="also refuse the plan when its host memory (offloaded copies; with an optimizer, the host's master "
+        "copies, optimizer states and parameters) is above SIZE (8GiB, 500MB)",
+    )
     check.set_defaults(run=run)
 
 
@@ -23,8 +29,24 @@ def run(args) -> int:
     from remat_dsl.check.verify import load_checked
     from remat_dsl.cli.plan import solver_status
 
+    host_budget = None
+    if args.host_budget is not None:  # NOTE: [Fail fast]: before the plan is read
+        from remat_dsl.cli.plan import _quantity
+        from remat_dsl.plan.units import parse_size
+
+        host_budget = _quantity(parse_size, args.host_budget, "host budget", exact=False)
     verified = load_checked(args.plan)
     plan = verified.plan
+    host = verified.simulation.host_peak_bytes
+    if host_budget is not None and host > host_budget:
+        from remat_dsl.plan.errors import RematError
+        from remat_dsl.plan.units import format_bytes
+
+        raise RematError(
+            f"error: {args.plan}: the plan holds {format_bytes(host)} of host memory, above the host budget "
+            f"{format_bytes(host_budget)}",
+            hint="plan again with --host-budget, or raise it",
+        )
     if args.model is not None:
         _check_model(args.plan, plan, args.model or plan.header.model)
     args.out.write(check_report(args.plan, verified) + "\n")

@@ -126,7 +126,7 @@ BACKWARD = "backward"
 BUDGET_COUNTS = "activations, temporaries, outputs, gradients"
 # With an optimizer in the step (NOTE: [Optimizer in the step]): the device's optimizer
 # states are held through the whole step, and each update's temporaries while it runs.
-BUDGET_COUNTS_OPTIMIZER = BUDGET_COUNTS + ", optimizer states and updates"
+BUDGET_COUNTS_OPTIMIZER = "parameters on the device, " + BUDGET_COUNTS + ", optimizer states and updates"
 
 
 @dataclass(frozen=True)

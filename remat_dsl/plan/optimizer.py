@@ -124,8 +124,9 @@ TRAFFIC = {"adamw": 11, "adam": 11, "sgd": 5}
 
 def device_update_speed(kind: str, memory_bandwidth: float) -> int:
     """Bytes of parameter a device updates per second: its memory bandwidth (bytes/s, as
-    reached by streaming kernels) over the update's traffic per parameter byte (TRAFFIC)."""
-    return max(1, int(memory_bandwidth / TRAFFIC[kind]))
+    reached by streaming kernels) over the update's traffic per parameter byte (TRAFFIC),
+    rounded down to whole MB/s."""
+    return max(10**6, int(memory_bandwidth / TRAFFIC[kind]) // 10**6 * 10**6)  # whole MB/s: printed in GB/s
 
 
 def _number(value: float) -> str:

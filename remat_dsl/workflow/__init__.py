@@ -255,7 +255,8 @@ def solve_captured(
         peak = planner.autograd_peak
         budget = peak if budget is None else math.floor(peak * budget / 100)
     budget = int(budget)
-    planner.refuse_below_bound(budget, solver)  # NOTE: [Budgets below the bound] in remat_dsl/solve/driver.py
+    if planner_options_step[0] is None:  # the bound holds the gradients to the end of the step
+        planner.refuse_below_bound(budget, solver)  # NOTE: [Budgets below the bound] in remat_dsl/solve/driver.py
     if report:
         limit = planner_options.get("time_limit")
         name = solver.name if isinstance(solver, type) else solver
