@@ -65,6 +65,7 @@ measurements: venv
 	$(PY) bench/stock_sweep.py
 	$(PY) bench/load_independence.py
 	$(PY) bench/llama2_7b.py
+	$(PY) bench/whole_step.py
 	$(PY) bench/test_suite.py
 
 # write grammar/*.tables.json again after a grammar edit (NOTE: [Parser tables] in remat_dsl/plan/parser.py)

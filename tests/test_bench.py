@@ -116,3 +116,30 @@ def test_plans_do_not_depend_on_the_load(tmp_path):
     assert "80%: idle" in result.stdout and result.stdout.rstrip().endswith("same"), result.stdout
     idle, loaded = (tmp_path / f"tiny_cnn-80-{run}.plan" for run in ("idle", "loaded"))
     assert idle.read_bytes() == loaded.read_bytes()
+
+
+def test_whole_step_prints_a_table_per_configuration():
+    """bench/whole_step.py on its tiny Llama (fake capture, a few seconds): a table per
+    configuration with the columns the docs describe, every strategy a row, and the LoRA
+    configuration says that the remat plan was not made for it."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "whole_step.py"), "--tiny", "--no-write"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    heads = [line for line in result.stdout.splitlines() if line.startswith("strategy")]
+    assert len(heads) == 2, result.stdout
+    columns = ["strategy", "step", "ms", "x", "eager", "device", "peak", "GB", "fits"]
+    assert all(head.split() == columns for head in heads), heads
+    strategies = ("eager", "recompute only", "ZeRO-Offload", "ZeRO-Infinity", "paged optimizer", "remat plan")
+    cells = r" +(-|[0-9][0-9,.]*) +(-|[0-9.]+) +(-|[0-9][0-9,.e-]*) +(yes|no|-)(?: |$)"  # time, ratio, peak, fits
+    row = {s: re.compile(f"^{s}{cells}") for s in strategies}
+    for strategy in strategies:
+        rows = [line for line in result.stdout.splitlines() if row[strategy].match(line)]
+        assert len(rows) == 2, (strategy, result.stdout)
+    first, lora = result.stdout.split("tiny-lora-rtx3060:")
+    remat = next(row["remat plan"].match(line) for line in first.splitlines() if row["remat plan"].match(line))
+    assert remat.group(1) != "-" and remat.group(4) == "yes", remat.string  # the tiny model fits: a plan
+    assert "not planned" in lora and "2 of 2 layers" in first, result.stdout
+    eager = next(row["eager"].match(line) for line in first.splitlines() if row["eager"].match(line))
+    assert eager.group(2) == "1.00", eager.string
