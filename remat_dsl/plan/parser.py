@@ -1031,7 +1031,7 @@ def _token_hint(token: Token, expected: set[str], order: tuple[str, ...] = SECTI
         return (
             "the header's lines come once each, in this order: "
             + ", ".join(HEADER_KEYS)
-            + " (autocast, costs, gap and solve-time may be left out)"
+            + " (autocast, costs, gap, solve-time, optimizer and update-speed may be left out)"
         )
     if token.value in SECTIONS and is_section:
         return "sections come in this order: " + ", ".join(order)
