@@ -414,7 +414,8 @@ class _Simulator:
         try:
             return parse_optimizer(plan.header.optimizer)
         except OptimizerError as e:
-            raise PlanError(f"bad optimizer in the header: {e}", hint='write e.g. `optimizer  "adamw lr=0.001"`') from None
+            hint = 'write e.g. `optimizer  "adamw lr=0.001"`'
+            raise PlanError(f"bad optimizer in the header: {e}", hint=hint) from None
 
     def _last_random_recomputes(self, plan: ir.Plan) -> dict[str, tuple[str, int]]:
         """Random op -> (section, index) of its last recompute in the plan."""
@@ -657,7 +658,11 @@ class _Simulator:
                 f"cannot {instr.verb} '{instr.target}': it is a {value.kind}, which stays resident "
                 "for the whole step",
                 "remove this line; only tensors allocated by ops are scheduled"
-                + (" (parameters too in a plan of the whole step: `remat plan --optimizer`)" if value.kind == "parameter" else ""),
+                + (
+                    " (parameters too in a plan of the whole step: `remat plan --optimizer`)"
+                    if value.kind == "parameter"
+                    else ""
+                ),
                 instr.span,
             )
         self._fail(
@@ -794,7 +799,9 @@ class _Simulator:
                 self._fail(
                     f"parameter '{name}' is used by '{op.name}' but is not on the device"
                     + (f": its prefetch ({transfer.where}) is in flight" if transfer else ""),
-                    f"add `wait {name}` before this line" if transfer else f"add `prefetch {name}` and `wait {name}` before this line",
+                    f"add `wait {name}` before this line"
+                    if transfer
+                    else f"add `prefetch {name}` and `wait {name}` before this line",
                     instr.span,
                 )
             return

@@ -404,7 +404,8 @@ def run(args) -> int:
         status(" ".join(eager).replace("  ", " "))
     step = {}
     if request.optimizer is not None:  # NOTE: [Optimizer in the step]
-        step = dict(optimizer=request.optimizer, update_speeds=update_speeds(request.optimizer, request.device_model, device))
+        speeds = update_speeds(request.optimizer, request.device_model, device)
+        step = dict(optimizer=request.optimizer, update_speeds=speeds)
     plan = solve_captured(
         graph, request.budget, request.solver, percent=request.budget_is_percent, model=model_file.spec, device=device,
         costs=costs, eager=eager, constraints=request.constraints, strict=args.strict, report=status,

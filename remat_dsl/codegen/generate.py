@@ -700,7 +700,9 @@ class _Renderer:
                 read.update(ref.name for ref in ir.op_refs(self.ops[ins.target]))
         graph = self.plan.graph
         values = [
-            v.name for v in (*graph.inputs, *graph.parameters, *graph.buffers) if v.name in read and v.name not in self.param_attr
+            v.name
+            for v in (*graph.inputs, *graph.parameters, *graph.buffers)
+            if v.name in read and v.name not in self.param_attr
         ]
         needed = [t for t in self.sim.crossing.needed if t in self.sim.crossing.resident]
         return [(name, self.var[name]) for name in (*values, *needed)]

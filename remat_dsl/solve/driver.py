@@ -238,7 +238,8 @@ class Planner:
     # For each, the activations are planned by the solver under the budget less what the
     # device holds besides (its parameters and optimizer states, the two largest prefetched
     # parameters, the largest update's temporaries), the updates placed and the parameters
-    # streamed (lowering's `add_updates`, `add_parameter_streaming`), and the first whole plan whose simulation fits the budget (and the host
+    # streamed (lowering's `add_updates`, `add_parameter_streaming`), and the first whole plan
+    # whose simulation fits the budget (and the host
     # budget) is kept.  It is a heuristic: the thesis' O-ILP (ch. 4, eq. 4.1-4.23) chooses
     # these fractions, per parameter and per block, in one ILP with the schedule.
     HOST_SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -307,7 +308,8 @@ class Planner:
                     hint="raise --host-budget or --budget",
                 )
             return with_predictions(plan, sim)
-        raise BudgetError(budget, smallest or budget * 2, self._label(solver), "with the optimizer's states and updates")
+        why = "with the optimizer's states and updates"
+        raise BudgetError(budget, smallest or budget * 2, self._label(solver), why)
 
     def _store_all_if_it_fits(self, name: str | type[Solver], budget: int) -> ir.Plan | None:
         """The store-all plan, labelled `NAME (store-all fits: no solve)`, when it fits

@@ -289,7 +289,9 @@ def _prefetch_before_first_use(backward, tensor, ops, names):
     return backward[:at] + [prefetch] + backward[at:first] + [wait] + backward[first:]
 
 
-def add_updates(plan: ir.Plan, optimizer: str, on_host=frozenset(), speeds: tuple[int, int, int] = (0, 0, 0)) -> ir.Plan:
+def add_updates(
+    plan: ir.Plan, optimizer: str, on_host=frozenset(), speeds: tuple[int, int, int] = (0, 0, 0)
+) -> ir.Plan:
     """`plan` with the whole step's optimizer (NOTE: [Optimizer in the step] in
     remat_dsl.plan.optimizer): the header's `optimizer` (its text) and `update-speed`
     (`speeds`: device and host bytes of parameter per second, host overhead in
@@ -336,13 +338,19 @@ def add_updates(plan: ir.Plan, optimizer: str, on_host=frozenset(), speeds: tupl
             if host:
                 step.append(ir.Instruction("wait", t, ir.COMPUTE_STREAM))
         if host:
-            step += [ir.Instruction("delete", t, ir.COMPUTE_STREAM) for t in tensors if not updates_left[t] and t not in pinned]
+            step += [
+                ir.Instruction("delete", t, ir.COMPUTE_STREAM)
+                for t in tensors
+                if not updates_left[t] and t not in pinned
+            ]
             after[freed].extend(step)
             after[freed].append(ir.Instruction("host_update", g.parameter, ir.HOST_STREAM))
         else:
             after[ready].append(ir.Instruction("update", g.parameter, ir.COMPUTE_STREAM))
             after[freed].extend(
-                ir.Instruction("delete", t, ir.COMPUTE_STREAM) for t in tensors if not updates_left[t] and t not in pinned
+                ir.Instruction("delete", t, ir.COMPUTE_STREAM)
+                for t in tensors
+                if not updates_left[t] and t not in pinned
             )
     result = list(after.get(-1, []))
     for i, ins in enumerate(backward):

@@ -266,7 +266,10 @@ def solve_captured(
         )
     optimizer, speeds = planner_options_step
     try:
-        plan = planner.plan(budget, solver) if optimizer is None else planner.plan_step(budget, optimizer, speeds, solver)
+        if optimizer is None:
+            plan = planner.plan(budget, solver)
+        else:  # NOTE: [Optimizer placement] in remat_dsl/solve/driver.py
+            plan = planner.plan_step(budget, optimizer, speeds, solver)
     finally:
         workers.stop()  # NOTE: [Parallel grid]
     return replace(plan, header=replace(plan.header, costs=costs, comments=plan.header.comments + tuple(eager)))
