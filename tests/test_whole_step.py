@@ -166,3 +166,56 @@ def test_remat_plan_and_check_with_the_optimizer_as_users_type_them(tmp_path):
         capture_output=True, text=True, cwd=ROOT,
     )  # fmt: skip
     assert bad.returncode == 2 and "unknown optimizer 'lion'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_plan_with_the_optimizer_is_refused_in_a_group_of_processes(tmp_path):
+    """Under DDP each process would update from its own gradients before they are all-reduced:
+    the module refuses to run such a plan in a process group of more than one process."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    model_file = load_model_file(str(MODELS / "tiny_mlp.py"))
+    model, inputs = model_file.build(), model_file.inputs()
+    plan = plan_model(model, inputs, 10**9, optimizer="sgd lr=0.1")
+    path = tmp_path / "tiny.plan"
+    path.write_text(plan_text(plan))
+    source = tmp_path / "fast_tiny.py"
+    source.write_text(generate_module(path))
+    fast = load_module(source).FastModel(model)
+    fast(*inputs).sum().backward()  # one process: it runs
+    torch.distributed.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        with pytest.raises(RuntimeError, match="nor with several processes"):
+            fast(*inputs)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_host_updates_follow_a_state_dict_loaded_between_steps(tmp_path):
+    """The host's master copy of a parameter follows the model's `load_state_dict` between
+    steps: training goes on from the loaded values, as eager's does."""
+    model_file = load_model_file(str(MODELS / "tiny_mlp.py"))
+    eager, inputs = model_file.build(), model_file.inputs()
+    text, make = OPTIMIZERS["adamw"]
+    params = sum(p.numel() * p.element_size() for p in eager.parameters())
+    plan = plan_model(eager, inputs, int(0.92 * 4 * params), optimizer=text)  # parameters, gradients, 2 states
+    assert "host_update" in {i.verb for i in plan.backward}
+    path = tmp_path / "tiny.plan"
+    path.write_text(plan_text(plan))
+    source = tmp_path / "fast_tiny.py"
+    source.write_text(generate_module(path))
+    ours = copy.deepcopy(eager)
+    fast = load_module(source).FastModel(ours, optimizer=make(ours.parameters()))
+    eager_opt = make(eager.parameters())
+    loaded = {k: v + 0.5 for k, v in eager.state_dict().items()}
+    for step in range(3):
+        if step == 2:
+            eager.load_state_dict(loaded)
+            ours.load_state_dict(loaded)
+        torch.manual_seed(step)
+        eager(*inputs).square().mean().backward()
+        eager_opt.step()
+        eager_opt.zero_grad()
+        torch.manual_seed(step)
+        fast(*inputs).square().mean().backward()
+    for (name, a), b in zip(eager.named_parameters(), ours.parameters()):
+        assert torch.equal(a, b), name

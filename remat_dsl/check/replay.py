@@ -37,14 +37,14 @@ itself (none is on the device when the forward ends, or when the step does).  Su
 parameter is frozen or updated on the host.
 
 NOTE: [Time model]
-Three streams, each with a clock in microseconds.  `compute`/`recompute` advance the
-compute stream by OP.time_us; `delete` takes no time.  `offload`/`prefetch T` take
+Four streams (compute, d2h, h2d and host), each with a clock in microseconds.
+`compute`/`recompute` advance the compute stream by OP.time_us; `delete` takes no time.  `offload`/`prefetch T` take
 ceil(T.nbytes / bandwidth * 1e6) us on their own stream and start when the stream and the
 data are ready: at max(compute clock, that stream's clock); a prefetch needs a `wait` for
 the offload of the same tensor before it, so it never starts before that offload has
 finished (the generated module orders the host-to-device copy after the device-to-host
 copy's event).  `wait T` moves the compute clock to the end
-of T's transfer.  The plan's time is the makespan of the three streams after the last
+of T's transfer.  The plan's time is the makespan of the streams after the last
 backward instruction; every transfer must be waited for before the step ends (a transfer
 in flight at the end is an error at its line), so the makespan is the compute clock.
 `update P` advances the compute stream by P's bytes / the header's device update speed;
@@ -68,7 +68,6 @@ from remat_dsl.plan.inplace import inplace_candidates
 from remat_dsl.plan.optimizer import Optimizer, OptimizerError, parse_optimizer
 
 CPU_RNG_STATE_BYTES = 5056  # torch.get_rng_state() on CPU: a uint8 tensor of 5056 bytes
-
 
 
 def rng_state_bytes(device: str) -> int:
@@ -251,9 +250,7 @@ class _GraphIndex:
         self.tensors = graph.tensor_by_name
         self.values = {v.name: v for v in (*graph.inputs, *graph.parameters, *graph.buffers, *graph.tangents)}
         self.outputs = [ref for ref in iter_refs(graph.outputs) if ref.name in self.tensors]
-        self.gradients = [
-            ref for grad in graph.gradients for ref in iter_refs(grad.value) if ref.name in self.tensors
-        ]
+        self.gradients = [ref for grad in graph.gradients for ref in iter_refs(grad.value) if ref.name in self.tensors]
         self.model_outputs = {ref.name for ref in self.outputs}
         self.parameter_gradients = {ref.name for ref in self.gradients}
         self.random_ops = [op.name for op in graph.ops if op.random]
@@ -402,7 +399,12 @@ class _Simulator:
             self.states_bytes = sum(opt.state_bytes(self.param_bytes[p]) for p in on_device)
             self.params_bytes = sum(n for p, n in self.param_bytes.items() if p not in self.streamed)
             self.current = self.states_bytes + self.params_bytes
-            self.host_bytes = sum(self.param_bytes[p] + opt.state_bytes(self.param_bytes[p]) for p in on_host)
+            # the host keeps a master copy, in fp32 at least, and its states (NOTE: [Optimizer in the step])
+            master = {
+                p.name: max(self.param_bytes[p.name], value_nbytes(dataclasses.replace(p, dtype="float32")))
+                for p in plan.graph.parameters
+            }
+            self.host_bytes = sum(master[p] + opt.state_bytes(master[p]) for p in on_host)
             self.host_bytes += sum(self.param_bytes[p] for p in self.streamed - on_host)
             self.host_peak = self.host_bytes
             self.host_ready.update(self.streamed)
@@ -799,9 +801,11 @@ class _Simulator:
                 self._fail(
                     f"parameter '{name}' is used by '{op.name}' but is not on the device"
                     + (f": its prefetch ({transfer.where}) is in flight" if transfer else ""),
-                    f"add `wait {name}` before this line"
-                    if transfer
-                    else f"add `prefetch {name}` and `wait {name}` before this line",
+                    (
+                        f"add `wait {name}` before this line"
+                        if transfer
+                        else f"add `prefetch {name}` and `wait {name}` before this line"
+                    ),
                     instr.span,
                 )
             return
@@ -927,10 +931,8 @@ class _Simulator:
                 )
             elif name in self.deleted_at:
                 producer = self.graph.ops[self.graph.tensors[name].producer]
-                hint = (
-                    f"add `offload {name}` and `wait {name}` before its delete at "
-                    f"{self.deleted_at[name]}"
-                    + (f", or `recompute {producer.name}` here instead" if producer.phase == ir.FORWARD else "")
+                hint = f"add `offload {name}` and `wait {name}` before its delete at " f"{self.deleted_at[name]}" + (
+                    f", or `recompute {producer.name}` here instead" if producer.phase == ir.FORWARD else ""
                 )
             else:
                 hint = f"{name} was never computed: compute it, offload it and wait for the offload first"
@@ -989,7 +991,6 @@ class _Simulator:
         if transfer.kind == "offload":
             self.host_ready.add(name)
         return 0, []
-
 
     # -- optimizer updates (NOTE: [Optimizer in the step]) --------------------
 

@@ -480,7 +480,8 @@ class _Optimizers:
         self.groups = {id(p): group for group in given.param_groups for p in group["params"]}
         self.params = params
         self.workers = {}  # (parameter index, where) -> its torch.optim optimizer
-        self.masters = {}  # parameter index -> its fp32 copy in host memory
+        self.masters = {}  # parameter index -> its copy in host memory, fp32 at least
+        self.versions = {}  # parameter index -> the parameter's version counter after its last copy back
 
     def _worker(self, i, target, host):
         worker = self.workers.get((i, host))
@@ -521,13 +522,18 @@ class _Optimizers:
             return
         master = self.masters.get(i)
         if master is None:
-            master = self.masters[i] = param.detach().to("cpu", dtype=torch.float32, copy=True)
+            wide = torch.promote_types(param.dtype, torch.float32)  # fp32 at least: bf16's master is fp32
+            master = self.masters[i] = param.detach().to("cpu", dtype=wide, copy=True)
+        elif self.versions[i] != param._version:  # written since (the model's load_state_dict): follow it
+            with torch.no_grad():
+                master.copy_(param)
         worker = self._worker(i, master, True)
-        master.grad = grad.to(torch.float32)
+        master.grad = grad.to(master.dtype)
         worker.step()
         master.grad = None
         with torch.no_grad():
             param.copy_(master, non_blocking=False)
+        self.versions[i] = param._version
 
 
 def _to_host(params, streamed):
@@ -605,6 +611,12 @@ def _wrapped_keys(module, state_dict, prefix, local_metadata, strict, missing_ke
 # FSDP2's callback reduce-scatters them into the shards' gradients: set_requires_
 # gradient_sync and the other FSDPModule settings keep their meaning.  Collectives run in
 # the plan's order, the same on every rank.
+
+
+def _replicated():
+    """Whether this process is one of several in a torch.distributed process group (DDP)."""
+    distributed = torch.distributed
+    return distributed.is_available() and distributed.is_initialized() and distributed.get_world_size() > 1
 
 
 def _fsdp_modules(model):

@@ -154,8 +154,12 @@ def parse_optimizer(text: str) -> Optimizer:
         name = name.replace("-", "_")
         if not eq or not _WORD.match(name) or not _NUMBER.match(value):
             raise OptimizerError(f"expected NAME=NUMBER after '{kind}', got '{word[:40]}'")
-        if name in ("betas", "amsgrad", "maximize", "foreach", "fused", "capturable", "differentiable"):
-            raise OptimizerError(f"'{name}' is not a hyper-parameter remat-dsl plans (write beta1= and beta2=)")
+        if name == "betas":
+            raise OptimizerError("'betas' is written as two hyper-parameters: beta1=NUMBER beta2=NUMBER")
+        if name in ("amsgrad", "maximize"):
+            raise OptimizerError(f"{kind} with {name} is not planned: remat-dsl plans the update without it")
+        if name in ("foreach", "fused", "capturable", "differentiable"):
+            raise OptimizerError(f"'{name}' chooses an implementation, not a hyper-parameter: leave it out")
         if name not in defaults:
             raise OptimizerError(f"'{name}' is not a hyper-parameter of {kind} (expected {', '.join(defaults)})")
         if name in given:
@@ -175,16 +179,27 @@ def parse_optimizer(text: str) -> Optimizer:
 
 
 def from_torch(optimizer) -> Optimizer:
-    """The Optimizer of a torch.optim instance with one parameter group (its class one of
-    CLASSES' names).  Raises OptimizerError for another class, several groups with other
-    hyper-parameters, or options remat-dsl does not plan (amsgrad, maximize)."""
+    """The Optimizer of a torch.optim instance (its class one of CLASSES' names).
+
+    With several parameter groups, the plan's header names the group whose update costs the
+    most memory (weight decay on, for Adam's temporaries; momentum on, for SGD's buffer): the
+    plan's memory then holds for every group, and the generated module runs each group with
+    its own hyper-parameters (NOTE: [Optimizer in the step]).  Raises OptimizerError for
+    another class, or a group with options remat-dsl does not plan (amsgrad, maximize)."""
     name = type(optimizer).__name__
     if name not in CLASSES:
         raise OptimizerError(f"{name} is not an optimizer remat-dsl plans ({', '.join(CLASSES)})")
     kind = CLASSES[name]
-    group = optimizer.param_groups[0]
-    if group.get("amsgrad") or group.get("maximize"):
-        raise OptimizerError(f"{name} with amsgrad or maximize is not planned")
+    for number, each in enumerate(optimizer.param_groups):
+        if each.get("amsgrad") or each.get("maximize"):
+            raise OptimizerError(
+                f"{name} with amsgrad or maximize (parameter group {number}) is not planned: remat-dsl plans the "
+                "update without them"
+            )
+    group = max(
+        optimizer.param_groups,
+        key=lambda each: (float(each.get("weight_decay", 0.0)) != 0.0, float(each.get("momentum", 0.0)) != 0.0),
+    )
     if kind in ("adam", "adamw"):
         words = [f"lr={float(group['lr'])!r}", f"beta1={float(group['betas'][0])!r}"]
         words += [f"beta2={float(group['betas'][1])!r}", f"eps={float(group['eps'])!r}"]
