@@ -195,7 +195,7 @@ PLUMBING = re.compile(
     r"|_tensors, _where, _p, _b = _s\.values|_sharded = _s\.sharded|_s\.(keep|saved|values|sharded|versions|layouts) = "
     r"|if not _s\.keep:|_check_versions\(|return _outputs|_pool = _HostBuffer|_pool\.release|.*# NOTE: \[Gradient"
     r" release\] \d+$"
-    r"|_shards\(_sharded, \d+\))"
+    r"|_shards\(_sharded, \d+\)|yield from \(\)  # a generator)"
 )
 
 
