@@ -21,6 +21,7 @@ from remat_dsl.capture.model_file import Inputs, load_model_file
 from remat_dsl.check.replay import simulate
 from remat_dsl.plan.ir import with_gradient_zeros
 from remat_dsl.plan.optimizer import parse_optimizer
+from remat_dsl.plan.parser import parse
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "tests" / "models"
@@ -226,3 +227,18 @@ def test_host_updates_follow_a_state_dict_loaded_between_steps(tmp_path):
         fast(*inputs).square().mean().backward()
     for (name, a), b in zip(eager.named_parameters(), ours.parameters()):
         assert torch.equal(a, b), name
+
+
+def test_the_host_keeps_an_fp32_master_and_states_of_a_bf16_parameter(tmp_path):
+    """A bf16 parameter updated on the host costs its fp32 master copy and fp32 states in host
+    memory, as the module keeps them: the same host bytes as the fp32 parameter."""
+    model_file = load_model_file(str(MODELS / "tiny_mlp.py"))
+    model, inputs = model_file.build(), model_file.inputs()
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    plan = plan_model(model, inputs, int(0.92 * 4 * params), optimizer="adamw lr=0.01")
+    assert "fc2.weight" in {i.target for i in plan.backward if i.verb == "host_update"}
+    text = plan_text(plan)
+    declaration = "\n  fc2.weight   float32[64, 64]"
+    assert declaration in text
+    bf16 = parse(text.replace(declaration, declaration.replace("float32", "bfloat16")))
+    assert simulate(bf16).host_peak_bytes == simulate(parse(text)).host_peak_bytes

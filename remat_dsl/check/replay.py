@@ -48,9 +48,10 @@ of T's transfer.  The plan's time is the makespan of the streams after the last
 backward instruction; every transfer must be waited for before the step ends (a transfer
 in flight at the end is an error at its line), so the makespan is the compute clock.
 `update P` advances the compute stream by P's bytes / the header's device update speed;
-`host_update P` runs on the `host` stream from max(compute clock, host clock) for P's bytes
-/ the host update speed (the first of the step also for the header's overhead, the host's
-management time per step), then copies P to the device on the h2d stream (P's
+`host_update P` runs on the `host` stream from max(compute clock, host clock) for the bytes
+of P's master copy (fp32 at least: a bf16 parameter's are twice its own) / the host update
+speed (the first of the step also for the header's overhead, the host's management time per
+step), then copies P to the device on the h2d stream (P's
 bytes / bandwidth); the step ends when the last of them does (thesis ch. 4, eq. 4.23).
 """
 
@@ -399,11 +400,15 @@ class _Simulator:
             self.states_bytes = sum(opt.state_bytes(self.param_bytes[p]) for p in on_device)
             self.params_bytes = sum(n for p, n in self.param_bytes.items() if p not in self.streamed)
             self.current = self.states_bytes + self.params_bytes
-            # the host keeps a master copy, in fp32 at least, and its states (NOTE: [Optimizer in the step])
-            master = {
+            # the host updates a master copy, in fp32 at least, with states of its dtype; a
+            # parameter kept on the host is updated where it is (NOTE: [Optimizer in the step])
+            self.master_bytes = {
                 p.name: max(self.param_bytes[p.name], value_nbytes(dataclasses.replace(p, dtype="float32")))
                 for p in plan.graph.parameters
+                if p.name not in self.streamed
             }
+            self.master_bytes.update((p, self.param_bytes[p]) for p in self.streamed)
+            master = self.master_bytes
             self.host_bytes = sum(master[p] + opt.state_bytes(master[p]) for p in on_host)
             self.host_bytes += sum(self.param_bytes[p] for p in self.streamed - on_host)
             self.host_peak = self.host_bytes
@@ -1083,10 +1088,10 @@ class _Simulator:
                 "set `update-speed  device ... host ... overhead ...` and `bandwidth` in the header",
                 instr.span,
             )
-        nbytes = self.param_bytes[name]
+        nbytes, master = self.param_bytes[name], self.master_bytes[name]
         streams = self.clocks.streams
         first = not any(self.plan.backward[i].verb == "host_update" for i in range(self.index - 1))
-        run = -(-nbytes * 1_000_000 // header.host_update) + (header.host_update_overhead_us if first else 0)
+        run = -(-master * 1_000_000 // header.host_update) + (header.host_update_overhead_us if first else 0)
         end = max(streams[ir.COMPUTE_STREAM], streams[ir.HOST_STREAM]) + run
         streams[ir.HOST_STREAM] = end
         if name not in self.streamed:  # NOTE: [Parameters on the host]: its host copy is the parameter
@@ -1094,7 +1099,7 @@ class _Simulator:
             streams[ir.H2D_STREAM] = max(streams[ir.H2D_STREAM], end) + back
             self.clocks.transfer_us += back
         self.updated[name] = self._where()
-        temp = self.optimizer.temp_bytes(nbytes, cpu=True) if header.device == "cpu" else 0
+        temp = self.optimizer.temp_bytes(master, cpu=True) if header.device == "cpu" else 0
         if temp:  # one allocator for host and device on a CPU (NOTE: [Memory model])
             self._held.append((f"temporaries of host_update {name}", temp))
         return self.current + temp, [(f"temporaries of host_update {name}", temp)] if temp else []
