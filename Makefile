@@ -20,7 +20,7 @@ $(PY):
 $(STAMP): pyproject.toml $(LOCK) | $(PY)
 	$(PIP) install -c $(LOCK) '$(TORCH)'
 	$(PIP) install -c $(LOCK) setuptools
-	$(PIP) install -c $(LOCK) --no-build-isolation -e '.[test,examples]'
+	$(PIP) install -c $(LOCK) --no-build-isolation -e '.[test,examples,trainers]'
 	touch $(STAMP)
 
 # two workers, one test file each at a time (module fixtures are built once per file), in
