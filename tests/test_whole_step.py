@@ -242,3 +242,39 @@ def test_the_host_keeps_an_fp32_master_and_states_of_a_bf16_parameter(tmp_path):
     assert declaration in text
     bf16 = parse(text.replace(declaration, declaration.replace("float32", "bfloat16")))
     assert simulate(bf16).host_peak_bytes == simulate(parse(text)).host_peak_bytes
+
+
+def test_parameter_groups_with_and_without_weight_decay_train_exactly(tmp_path):
+    """The usual two groups (weight decay on the weights, none on the biases): the plan made
+    from the torch optimizer holds the memory of the costlier group, and the module runs each
+    group with its own hyper-parameters, bit for bit with eager."""
+    model_file = load_model_file(str(MODELS / "tiny_mlp.py"))
+    eager, inputs = model_file.build(), model_file.inputs()
+
+    def adam(model):
+        weights = [p for n, p in model.named_parameters() if n.endswith("weight")]
+        biases = [p for n, p in model.named_parameters() if n.endswith("bias")]
+        return torch.optim.Adam(
+            [{"params": biases, "weight_decay": 0.0}, {"params": weights}], lr=0.01, weight_decay=0.1
+        )
+
+    params = sum(p.numel() * p.element_size() for p in eager.parameters())
+    plan = plan_model(eager, inputs, int(1.03 * 4 * params), optimizer=adam(eager))  # Adam: temporaries 3P
+    assert "weight_decay=0.1" in plan.header.optimizer
+    assert "host_update" in {i.verb for i in plan.backward}
+    path = tmp_path / "tiny.plan"
+    path.write_text(plan_text(plan))
+    source = tmp_path / "fast_tiny.py"
+    source.write_text(generate_module(path))
+    ours = copy.deepcopy(eager)
+    fast = load_module(source).FastModel(ours, optimizer=adam(ours))
+    eager_opt = adam(eager)
+    for step in range(3):
+        torch.manual_seed(step)
+        eager(*inputs).square().mean().backward()
+        eager_opt.step()
+        eager_opt.zero_grad()
+        torch.manual_seed(step)
+        fast(*inputs).square().mean().backward()
+    for (name, a), b in zip(eager.named_parameters(), ours.parameters()):
+        assert torch.equal(a, b), name

@@ -448,7 +448,7 @@ class _Step:
 # `state_dict()` holds every device update's state).  A host update steps an fp32 copy of the
 # parameter kept in host memory, with its own states, from the host copy of the gradient,
 # then copies the parameter back.
-_OPTIMIZER_KEYS = {  # class -> the hyper-parameters whose value changes what the plan holds
+_OPTIMIZER_KEYS = {  # class -> the hyper-parameters that, when on, make an update hold more memory
     "Adam": ("weight_decay",),
     "AdamW": (),
     "SGD": ("momentum", "nesterov", "weight_decay"),
@@ -469,7 +469,7 @@ class _Optimizers:
             )
         for group in given.param_groups:
             for key in _OPTIMIZER_KEYS[name]:
-                if bool(group.get(key)) != bool(kwargs[key]):
+                if group.get(key) and not kwargs[key]:  # on where the plan's is off: more memory than planned
                     raise ValueError(
                         f"the optimizer's {key} is {group.get(key)!r} where the plan's is {kwargs[key]!r}: the plan "
                         "holds the memory of its own setting; plan again with this optimizer's hyper-parameters"
