@@ -64,13 +64,12 @@ Rows (time is a step, forward + backward + optimizer update):
                    time = Tc + W / Udev + V / Bh2d + V / Bd2h
     (eager activations; the states that do not fit next to the step's peak are paged to
     the host and come back for the update: 2 x their bytes over the link each step)
-  remat plan       budget b = M - P; peak = P + the plan's peak; time = the plan's time_us
+  remat plan       budget b = M; peak = the plan's peak; time = the plan's time_us
     (Planner(graph).plan_step(b, AdamW, update_speeds, "auto"): the whole step's plan,
-    optimizer placed per parameter on the device or the host (NOTE: [Optimizer placement]
-    in remat_dsl/solve/driver.py).  The planner's budget does NOT count the parameters:
-    they stay on the device for the whole step and a plan cannot offload them yet, so the
-    budget is M - P and the device peak the plan's peak + P; where P alone is above M
-    there is no plan: "does not fit".)
+    optimizer placed per parameter on the device or the host, parameters kept in host
+    memory where the budget needs it (NOTE: [Optimizer placement] in
+    remat_dsl/solve/driver.py).  The plan's peak counts the parameters on the device, the
+    device's optimizer states and updates, activations and gradients.)
   The ratio is a row's time over the eager row's time (eager's extrapolated when it does
   not fit: every op once + the device update).
 
@@ -147,8 +146,8 @@ NOTES = (
 ABOUT = """Predicted step time and device peak of six training strategies for one model and
 AdamW on one GPU, all from the op costs of the same fake-captured graph that the planner
 plans with (formulas: the docstring of bench/whole_step.py).  "remat plan" is
-Planner.plan_step's whole-step plan at the budget M - parameters: the planner's budget does
-not count the parameters, which stay on the device."""
+Planner.plan_step's whole-step plan at the budget M: its peak counts the parameters on the
+device, the device's optimizer states and updates, activations and gradients."""
 
 
 @dataclass(frozen=True)
@@ -379,10 +378,8 @@ def baseline_rows(t: Terms, device: DeviceModel, memory: float) -> list[Row]:
 
 
 def remat_row(graph: ir.Graph, kind: str, device: DeviceModel, t: Terms, memory: float, progress) -> Row:
-    """The planner's whole-step plan at the budget M - P (module docstring)."""
-    budget = int(memory - t.P)
-    if budget <= 0:
-        return Row("remat plan", None, None, False, f"parameters alone {gb(t.P)} GB > M: no plan")
+    """The planner's whole-step plan at the budget M (module docstring)."""
+    budget = int(memory)
     optimizer = parse_optimizer(OPTIMIZER)
     planner = Planner(graph, device=kind, bandwidth=int(device.host_to_device), host_link=kind == "cuda")
     progress(f"plan_step at a budget of {gb(budget)} GB")
@@ -395,9 +392,11 @@ def remat_row(graph: ir.Graph, kind: str, device: DeviceModel, t: Terms, memory:
     h = plan.header
     hosted = sum(1 for i in plan.backward if i.verb == "host_update")
     updated = hosted + sum(1 for i in plan.backward if i.verb == "update")
-    peak = t.P + h.peak_bytes
-    note = (f"budget {gb(budget)} GB, plan peak {gb(h.peak_bytes)} GB + parameters; "
-            f"{hosted}/{updated} parameters updated on the host; solver {h.solver.split(';')[0]}")  # fmt: skip
+    peak = h.peak_bytes
+    streamed = len({i.target for i in (*plan.forward, *plan.backward) if i.verb == "prefetch"} & {
+        p.name for p in graph.parameters})  # fmt: skip
+    note = (f"{hosted}/{updated} parameters updated on the host, {streamed} kept in host memory; "
+            f"solver {h.solver.split(';')[0]}")  # fmt: skip
     return Row("remat plan", h.time_us, peak, peak <= memory, note)
 
 
@@ -445,8 +444,7 @@ def describe(config: Config, layers: int, device: DeviceModel, memory: float, t:
         f"  device memory {device.memory / GB:.1f} GB, M {gb(memory)} GB; link h2d {device.host_to_device / GB:.1f}"
         f" / d2h {device.device_to_host / GB:.1f} GB/s; host AdamW {device.host_update / GB:.1f} GB/s,"
         f" H {device.host_update_overhead * 1e3:.0f} ms",
-        f"  P {gb(t.P)} GB, N {t.N:,} trainable, G {gb(t.G)} GB, S {gb(t.S)} GB, W {gb(t.W)} GB,"
-        f" L {gb(t.L)} GB",
+        f"  P {gb(t.P)} GB, N {t.N:,} trainable, G {gb(t.G)} GB, S {gb(t.S)} GB, W {gb(t.W)} GB," f" L {gb(t.L)} GB",
         f"  Tc {t.Tc / 1e3:,.1f} ms (forward {t.Tc_f / 1e3:,.1f}), Trm {t.Trm / 1e3:,.1f}, T0 {t.T0_f / 1e3:,.1f}"
         f" + {t.T0_b / 1e3:,.1f} ms; Aag {gb(t.Aag)}, Arm {gb(t.Arm)}, A0 {gb(t.A0)} GB",
     ]
