@@ -79,3 +79,21 @@ def test_a_stage_without_a_count_ends_with_its_seconds(capfd):
         "loading model.py: 0 s",
         "warning: a line everyone sees",
     ]
+
+
+def test_a_stage_that_advances_nothing_still_shows_its_seconds(capfd, monkeypatch):
+    """One block class of a solve can take minutes: a plain line comes every
+    PLAIN_PROGRESS_SECONDS all the same, and no thread outlives the stage."""
+    import threading
+    import time
+
+    from remat_dsl.cli import console
+
+    monkeypatch.setattr(console, "PLAIN_PROGRESS_SECONDS", 0.2)
+    with Progress("planning", unit="block classes") as progress:
+        progress.start(5)
+        time.sleep(1.1)
+    lines = capfd.readouterr().err.splitlines()
+    ticks = [line for line in lines if re.fullmatch(r"planning: 0/5 block classes, \d+ s", line)]
+    assert len(ticks) >= 3, lines
+    assert not any(thread.name == "remat-progress" for thread in threading.enumerate())

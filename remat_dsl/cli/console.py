@@ -43,6 +43,7 @@ import os
 import stat
 import sys
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -294,7 +295,8 @@ class Progress:
     The one reporter of the `remat` command: every stage that can take more than a second
     (loading the model file, the capture and its costs, the solve) runs inside one.  Plain
     lines (`profiling examples/gpt2.py: 120/579 ops, 12 s`) come at the start, at most every
-    PLAIN_PROGRESS_SECONDS, and at the end with the elapsed seconds, so a log or a CI job
+    PLAIN_PROGRESS_SECONDS (from a thread of its own while nothing advances: one block of a
+    solve can take minutes), and at the end with the elapsed seconds, so a log or a CI job
     shows the tool is alive; on a terminal a rich bar counts and its clock ticks.  It is
     what the capture (`start(total)`, `advance(n)`) and the solvers (called with a line,
     `start` and `advance` per block class: remat_dsl.solve.solvers.ilp.rockmate) are given,
@@ -309,6 +311,8 @@ class Progress:
         self.done = 0
         self.bar: RichProgress | None = None
         self.began = self.last = time.monotonic()
+        self.stop: threading.Event | None = None
+        self.ticker: threading.Thread | None = None
 
     def __enter__(self) -> Progress:
         self.began = self.last = time.monotonic()
@@ -327,7 +331,18 @@ class Progress:
             self.task = self.bar.add_task(self.description, total=None)
         else:
             status(f"{self.description} ...")
+            self.stop = threading.Event()
+            self.ticker = threading.Thread(target=self._tick, args=(self.stop,), name="remat-progress", daemon=True)
+            self.ticker.start()
         return self
+
+    def _tick(self, stop: threading.Event) -> None:
+        """A plain line every PLAIN_PROGRESS_SECONDS that passes without one, until `stop`."""
+        while not stop.wait(PLAIN_PROGRESS_SECONDS):
+            now = time.monotonic()
+            if now - self.last >= PLAIN_PROGRESS_SECONDS:
+                self.last = now
+                status(self._line(now))
 
     def __call__(self, line: str) -> None:
         """A line saying what the stage does now (a solver's `report`): above the bar, or
@@ -335,7 +350,7 @@ class Progress:
         if self.quiet and not line.startswith("warning:"):
             return
         if self.bar is not None:
-            self.bar.console.print(line, markup=False, highlight=False)
+            self.bar.console.print(line, markup=False, highlight=False, soft_wrap=True)
         else:
             status(line)
 
@@ -363,6 +378,9 @@ class Progress:
         return f"{self.description}: {count} {self.unit}, {elapsed}"
 
     def __exit__(self, *exc) -> None:
+        if self.stop is not None and self.ticker is not None:
+            self.stop.set()
+            self.ticker.join()  # no thread outlives the stage (NOTE: [Exit] in cli/__init__.py)
         if self.bar is not None:
             self.bar.stop()
         elif exc[0] is None and not self.quiet:
