@@ -67,13 +67,16 @@ def batch(step: int, rank: int) -> dict:
     return {"input_ids": tokens, "labels": tokens}
 
 
-def remat(*args: str, output: Path | None = None) -> None:
-    """`remat ARGS [> output]` as a user types it; exits on failure with remat's message."""
+def remat(*args: str, output: Path | None = None, quiet: bool = False) -> None:
+    """`remat ARGS [> output]` as a user types it, its progress on stderr (none when
+    `quiet`); exits on failure, after remat's own message."""
     command = [str(Path(sys.executable).parent / "remat"), *args]
+    if not quiet:
+        print(f"$ remat {' '.join(args)}" + (f" > {output}" if output else ""), file=sys.stderr, flush=True)
     with open(output, "w") if output else nullcontext() as out:
-        result = subprocess.run(command, stdout=out, stderr=subprocess.PIPE, text=True)
+        result = subprocess.run(command, stdout=out, stderr=subprocess.PIPE if quiet else None, text=True)
     if result.returncode:
-        sys.exit(f"remat {' '.join(args)} failed:\n{result.stderr}")
+        sys.exit(f"remat {' '.join(args)} failed" + (f":\n{result.stderr}" if quiet else " (its message is above)"))
 
 
 def load_module(path: Path):
@@ -93,6 +96,7 @@ def main() -> int:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--workdir", default="train-out", help="where the plan, the module and the PNG go")
     parser.add_argument("--png", default="loss.png")
+    parser.add_argument("--quiet", action="store_true", help="no progress of the planning on stderr")
     args = parser.parse_args()
 
     distributed = "RANK" in os.environ
@@ -109,8 +113,13 @@ def main() -> int:
     if rank == 0:
         work.mkdir(parents=True, exist_ok=True)
         extra = ["--autocast", args.autocast] if args.autocast != "none" else []
-        remat("plan", f"{Path(__file__).resolve()}", "--budget", args.budget, *extra, output=plan_path)
-        remat("codegen", str(plan_path), "-o", str(module_path))
+        extra += ["--quiet"] if args.quiet else []
+        if not args.quiet:
+            print(f"planning {Path(__file__).name} for a budget of {args.budget} (a few minutes the first time; the"
+                  " cache makes later runs quick)", file=sys.stderr, flush=True)  # fmt: skip
+        remat("plan", f"{Path(__file__).resolve()}", "--budget", args.budget, *extra, output=plan_path,
+              quiet=args.quiet)  # fmt: skip
+        remat("codegen", str(plan_path), "-o", str(module_path), quiet=args.quiet)
     if distributed:
         dist.barrier()
     generated = load_module(module_path)

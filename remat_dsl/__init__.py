@@ -5,7 +5,7 @@ text people can read, edit and review, check it, and generate a standalone modul
 runs it with the same gradients as eager PyTorch.
 
 The Python API (remat_dsl.workflow): `plan_model`, `capture_model`, `solve_captured`,
-`plan_text`, `read_plan`, `check_plan`, `generate_module`, `load_module`, `model_of`;
+`plan_text`, `read_plan`, `check_plan`, `generate_module`, `load_module`, `fast_model`, `model_of`;
 errors `RematError`, `PlanError`, `BudgetError`.  They are imported on first use, so that
 `import remat_dsl` (and the `remat` command's start) does not import torch.
 """
@@ -21,6 +21,7 @@ _API = {
     "check_plan": "remat_dsl.workflow",
     "generate_module": "remat_dsl.workflow",
     "load_module": "remat_dsl.workflow",
+    "fast_model": "remat_dsl.workflow",
     "model_of": "remat_dsl.workflow",
     "RematError": "remat_dsl.plan.errors",
     "PlanError": "remat_dsl.plan.errors",

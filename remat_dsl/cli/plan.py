@@ -233,6 +233,12 @@ def register(subparsers) -> None:
             " ~/.cache/remat-dsl); it makes another budget for the same model take seconds"
         ),
     )
+    plan.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="show no progress on stderr (warnings and errors still show); stdout holds the plan either way",
+    )
     plan.add_argument("-o", "--output", help="write the plan here instead of stdout")
     plan.add_argument(
         "--force",
@@ -395,8 +401,11 @@ def run(args) -> int:
 
     request = read_request(args)
     autocast = autocast_dtype(args.autocast) if args.autocast is not None else None  # NOTE: [Fail fast]
-    with imports_without_collection(getattr(args, "whole_process", False)):  # NOTE: [Garbage collection]
-        model_file = load_model_file(args.model)
+    quiet = getattr(args, "quiet", False)
+    say = (lambda line: None) if quiet else status
+    with Progress(f"loading {args.model}", unit=None, quiet=quiet):  # NOTE: [Progress] in cli/console.py
+        with imports_without_collection(getattr(args, "whole_process", False)):  # NOTE: [Garbage collection]
+            model_file = load_model_file(args.model)
     if args.autocast is not None:  # overrides the model file's `autocast`
         model_file = replace(model_file, autocast=autocast)
     graph, device, costs, eager = _captured(model_file, args, request)
@@ -406,12 +415,13 @@ def run(args) -> int:
     if request.optimizer is not None:  # NOTE: [Optimizer in the step]
         speeds = update_speeds(request.optimizer, request.device_model, device)
         step = dict(optimizer=request.optimizer, update_speeds=speeds)
-    plan = solve_captured(
-        graph, request.budget, request.solver, percent=request.budget_is_percent, model=model_file.spec, device=device,
-        costs=costs, eager=eager, constraints=request.constraints, strict=args.strict, report=status,
-        bandwidth=request.bandwidth, time_limit=args.time_limit, host_link=request.host_link,
-        host_budget=request.host_budget, cache=_cache(args), jobs=args.jobs or workers.usable_cores(), **step,
-    )  # fmt: skip
+    with Progress("planning", unit="block classes", quiet=quiet) as progress:
+        plan = solve_captured(
+            graph, request.budget, request.solver, percent=request.budget_is_percent, model=model_file.spec,
+            device=device, costs=costs, eager=eager, constraints=request.constraints, strict=args.strict,
+            report=progress, bandwidth=request.bandwidth, time_limit=args.time_limit, host_link=request.host_link,
+            host_budget=request.host_budget, cache=_cache(args), jobs=args.jobs or workers.usable_cores(), **step,
+        )  # fmt: skip
     seconds = plan.header.solve_seconds
     if not args.record_solve_time:
         plan = replace(plan, header=replace(plan.header, solve_seconds=None))
@@ -421,7 +431,7 @@ def run(args) -> int:
     else:
         args.out.write(text)
     h = replace(plan.header, solve_seconds=seconds)
-    status(
+    say(
         f"predicted peak {format_bytes(h.peak_bytes)} at {h.peak_at}, time {format_duration(h.time_us)};"
         f" {solver_status(h)}"
     )
@@ -494,7 +504,8 @@ def _captured(model_file, args, request: PlanRequest):
         status("op costs predicted for this CPU (the `cpu` device description); pass --device for another device")
     if request.profile is None:
         verb = "profiling" if args.measure else "capturing"
-        with Progress(f"{verb} {model_file.spec}" + (" with fake tensors" if fake else "")) as progress:
+        description = f"{verb} {model_file.spec}" + (" with fake tensors" if fake else "")
+        with Progress(description, quiet=getattr(args, "quiet", False)) as progress:
             captured = capture_graph(
                 model_file,
                 args.repeats,
@@ -508,11 +519,14 @@ def _captured(model_file, args, request: PlanRequest):
         report_noisy_timing(captured)
         if captured.cached:
             what = "times" if args.measure else "sizes and temporaries"
-            status(f"op costs from the cache: {what} measured here in an earlier run (--no-cache measures them again)")
+            if not getattr(args, "quiet", False):
+                status(
+                    f"op costs from the cache: {what} measured here in an earlier run (--no-cache measures them again)"
+                )
         return captured.graph, captured.device, captured.costs, captured.eager
     from remat_dsl.capture.profile_file import apply_profile
 
-    with Progress(f"capturing {model_file.spec}") as progress:
+    with Progress(f"capturing {model_file.spec}", quiet=getattr(args, "quiet", False)) as progress:
         captured = capture_graph(
             model_file,
             args.repeats,

@@ -568,7 +568,11 @@ def _retained(probe):
 # state_dict() gives the model's own keys (`_model_keys`), which load into the model or
 # into another FastModel (`_wrapped_keys` puts `model.` back, for every key: a model's own
 # key may start with `model.`, as a Hugging Face causal LM's do).  Under a parent module or
-# DDP the parent's prefix stays in front.  named_parameters() keeps torch's names.
+# DDP the parent's prefix stays in front.  named_parameters() keeps torch's names.  A tensor
+# the model holds under two keys (tied input and output embeddings) is given once as itself
+# and then as a copy (`_untied`): the keys stay the model's, loading either copy sets the
+# one tensor, and writers that refuse tensors sharing memory (safetensors' `save_file`, which
+# Hugging Face Trainer uses for a model that is not a PreTrainedModel) write the checkpoint.
 
 
 def _model_keys(module, state_dict, prefix, local_metadata):
@@ -581,6 +585,20 @@ def _model_keys(module, state_dict, prefix, local_metadata):
     if metadata is not None:
         for key in [k for k in metadata if k == inner[:-1] or k.startswith(inner)]:
             metadata[prefix + key[len(inner) :] if key != inner[:-1] else prefix[:-1]] = metadata[key]
+    _untied(state_dict, prefix)
+
+
+def _untied(state_dict, prefix):
+    """A copy for each plain tensor under `prefix` whose memory an earlier key's tensor
+    starts at (NOTE: [State dict keys])."""
+    seen = set()
+    for key, value in state_dict.items():
+        if not key.startswith(prefix) or type(value) is not torch.Tensor or value.device.type == "meta":
+            continue
+        start = value.data_ptr()
+        if start and start in seen:
+            state_dict[key] = value.clone()
+        seen.add(start)
 
 
 def _wrapped_keys(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
@@ -767,6 +785,27 @@ def _named_buffers(model):
             if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
                 found.append((f"{prefix}.{name}" if prefix else name, value))
     return found
+
+
+# NOTE: [Trainers]
+# Hugging Face Trainer, Accelerate and Lightning train `FastModel(model)` as they train the
+# model, without changes to their loop, because it is an nn.Module whose parameters are the
+# model's, whose forward takes the model's arguments and returns the model's output type
+# (with `.loss` when given `labels`), and whose state_dict has the model's keys (NOTE: [State
+# dict keys]), so their checkpoints load into either.  Trainer also reads the model's
+# forward signature (it drops the dataset's columns the forward does not name: FastModel's
+# `forward(*args, **kwargs)` named none), `config`, `loss_type` (it counts the tokens of a
+# causal LM's shifted labels for `num_items_in_batch`) and `main_input_name`, which FastModel
+# forwards to the model, and `accepts_loss_kwargs`: Trainer passes `num_items_in_batch` to
+# the forward only when the plan was made with that input (a 0-dim float32 tensor in the model
+# file's `sample_inputs`), and otherwise lets the model average its loss itself.
+
+
+def _takes_the_models_arguments(cls, signature):
+    """Give `cls.forward` the model's forward `signature` for inspect.signature (NOTE:
+    [Trainers]); the arguments are still bound by `_bind_inputs`."""
+    first = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    cls.forward.__signature__ = signature.replace(parameters=[first, *signature.parameters.values()])
 
 
 def _check_buffers(buffers, expected, device):

@@ -5,6 +5,7 @@
     Path("model.plan").write_text(remat_dsl.plan_text(plan))   # the text `remat plan` prints
     Path("fast_model.py").write_text(remat_dsl.generate_module(plan))
     fast = remat_dsl.load_module("fast_model.py").FastModel(model)   # shares model's parameters
+    fast = remat_dsl.fast_model(model, plan)   # the same in one call: what Trainer, Accelerate, Lightning train
 
 `model` is an nn.Module built in the caller's own script (with its inputs) or a model file
 as `remat plan` takes it (`path.py` or `path.py:factory`).  These functions compose the same
@@ -340,6 +341,30 @@ def generate_module(plan: ir.Plan | str | Path) -> str:
     if isinstance(plan, (str, Path)):
         return generate(load_checked(str(plan)), source=Path(plan).name)
     return generate(verify(plan))
+
+
+def fast_model(model: Any, plan: ir.Plan | str | Path, optimizer: Any = None):
+    """`FastModel(model)` of `plan`'s generated module, in one call: an nn.Module that trains
+    in place of `model` in a hand-written loop, Hugging Face `Trainer`, Accelerate or
+    PyTorch Lightning, with the model's parameters, output type and state_dict keys (NOTE:
+    [Trainers] in remat_dsl/codegen/runtime.py).
+
+    plan: an ir.Plan or a plan file's path (the module is generated, verified first, into a
+    temporary directory that lives as long as the module), or the path of a module `remat
+    codegen` wrote (`.py`).  optimizer: as `FastModel` takes it (a plan of the whole step).
+    Raises PlanError and RematError (the plan), ValueError and TypeError (`FastModel`: another
+    model than the plan's)."""
+    import tempfile
+
+    if isinstance(plan, (str, Path)) and Path(plan).suffix == ".py":
+        return load_module(plan).FastModel(model, optimizer)
+    source = generate_module(plan)
+    directory = tempfile.TemporaryDirectory(prefix="remat-module-")
+    path = Path(directory.name) / "fast_model.py"
+    path.write_text(source)
+    module = load_module(path)
+    module.TEMPORARY_DIRECTORY = directory  # removed with the module
+    return module.FastModel(model, optimizer)
 
 
 def load_module(path: str | Path):

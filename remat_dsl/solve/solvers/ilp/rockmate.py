@@ -68,7 +68,6 @@ from remat_dsl.solve.solvers.ilp.checkmate import op_hgraph
 from remat_dsl.solve.solvers.ilp.hilp import HGraph, HILP
 
 
-
 @dataclass(frozen=True)
 class RockmateConfig:
     """RK-Rotor's discretization and the RK-Checkmate grid of each block (thesis section 2.6.0.0.1)."""
@@ -214,7 +213,9 @@ def grid(hg: HGraph, store_all: Replay, peak_steps: int = RockmateConfig.peak_st
 def rockmate_chain(graph: ir.Graph, part: ChainPartition, time_limit: float | None = None, report=None, cache=None,
                    jobs: int = 1, config: RockmateConfig = RockmateConfig()) -> RockmateChain:  # fmt: skip
     """The chain of `part` with every block's RK-Checkmate options (NOTE: [Option costs]).
-    report: optional callable(str), told of each block class as its ILPs start.  cache: a
+    report: optional callable(str), told of each block class as its ILPs start (with the
+    classes done and the seconds since the first) and of the end; one with `start(total)`
+    and `advance(n)` also gets the count (NOTE: [Progress] in remat_dsl/cli/console.py).  cache: a
     remat_dsl.plan.cache.Cache whose block solutions are reused (NOTE: [Solution cache]).
     jobs: processes that may solve a block's grid ILPs at once (NOTE: [Parallel grid] in
     remat_dsl.solve.solvers.ilp.workers); the result does not depend on it.  config: the
@@ -226,7 +227,10 @@ def rockmate_chain(graph: ir.Graph, part: ChainPartition, time_limit: float | No
     signatures = [block_signature(graph, ops.forward, ops.backward) for ops in part.blocks]
     members = Counter(signatures)
     with_ilps = len({sig for sig, ops in zip(signatures, part.blocks) if ops.forward and ops.backward})
-    reported = 0
+    reported, began = 0, time.monotonic()
+    counts = report is not None and hasattr(report, "advance")  # a progress bar (NOTE: [Progress] in cli/console.py)
+    if counts:
+        report.start(with_ilps)
     for l, ops in enumerate(part.blocks):
         hg = op_hgraph(graph, ops.forward, ops.backward)
         signature = signatures[l]
@@ -239,14 +243,18 @@ def rockmate_chain(graph: ir.Graph, part: ChainPartition, time_limit: float | No
                 same += " (from the cache)" if hit is not None else ""
                 reported += 1
                 report(
-                    f"solving block class {reported} of {with_ilps}: {block_name(part, l + 1)}, {len(hg.nodes)}"
-                    f" ops{same}"
+                    f"solving block class {reported} of {with_ilps} ({reported - 1} done,"
+                    f" {time.monotonic() - began:.0f} s): {block_name(part, l + 1)}, {len(hg.nodes)} ops{same}"
                 )
             solved[cls] = _solve_block(hg, time_limit, results, cache, key, hit, jobs, config)
+            if counts and 0 < hg.boundary < len(hg.nodes):
+                report.advance(1)
         names = ops.forward + ops.backward
         schedules = pareto_schedules(hg, [tuple(range(hg.boundary, len(hg.nodes)))] + solved[cls], config.max_options)
         blocks.append(_block_with_options(part.chain.blocks[l], part.chain.delta_bytes(l), hg, schedules))
         options.append(BlockOptions(tuple(tuple(names[k] for k in s) for s in schedules)))
+    if report and reported:
+        report(f"solved {reported} of {with_ilps} block classes in {time.monotonic() - began:.0f} s")
     chain = replace(part.chain, blocks=tuple(blocks))
     return RockmateChain(chain, tuple(options), len(solved), len(results), tuple(results), tuple(keys))
 
@@ -557,9 +565,7 @@ class Rockmate(OverBlocks):
     name = "rockmate"
     auto_rank = 2
 
-    def __init__(
-        self, problem: Problem, label: str = "", name: str = "rockmate", config: RockmateConfig | None = None
-    ):
+    def __init__(self, problem: Problem, label: str = "", name: str = "rockmate", config: RockmateConfig | None = None):
         self.problem = problem
         config = config or RockmateConfig()
         strict = is_small_chain(problem.graph)
