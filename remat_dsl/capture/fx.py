@@ -57,6 +57,7 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from remat_dsl.capture.checkpoints import direct_sequential, inline_checkpoints
 from remat_dsl.capture.keys import NotStatic, node_key, primal_key, primal_keys
 from remat_dsl.capture.model_file import Inputs
 from remat_dsl.plan.errors import RematError
@@ -891,6 +892,7 @@ def _compile_and_run(model, inputs, record, eager_dropout: bool = True, lookup=N
 
     def backend(gm, example_inputs):
         record["example_inputs"] = example_inputs
+        inline_checkpoints(gm)  # NOTE: [User checkpointing] in remat_dsl/capture/checkpoints.py
         _copy_aliased_outputs(gm)
         found = lookup(gm, example_inputs) if lookup is not None else None
         if found is not None:  # NOTE: [Capture key]
@@ -913,6 +915,7 @@ def _compile_and_run(model, inputs, record, eager_dropout: bool = True, lookup=N
             with (
                 torch._dynamo.config.patch(ignore_logging_functions=_logging_functions()),
                 inductor_config.patch(fallback_random=True),
+                direct_sequential(),  # NOTE: [User checkpointing] in remat_dsl/capture/checkpoints.py
             ):
                 return inputs.call(compiled)
     except RematError:
