@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -83,12 +84,13 @@ def inline_checkpoints(gm: fx.GraphModule) -> bool:
 
 def _inline_call(gm: fx.GraphModule, call: fx.Node) -> None:
     body_node, arguments = call.args[0], call.args[1:]
+    assert isinstance(body_node, fx.Node) and isinstance(body_node.target, str)  # dynamo's get_attr of the subgraph
     body = getattr(gm, body_node.target)
     inline_checkpoints(body)
-    env: dict[fx.Node, object] = {}
+    env: dict[fx.Node, Any] = {}
     placeholders = [node for node in body.graph.nodes if node.op == "placeholder"]
     env.update(zip(placeholders, arguments, strict=True))
-    outputs = None
+    outputs: Any = None
     with gm.graph.inserting_before(call):
         for node in body.graph.nodes:
             if node.op == "placeholder":
