@@ -60,6 +60,7 @@ import torch.utils._pytree as pytree
 from remat_dsl.capture.checkpoints import direct_sequential, inline_checkpoints
 from remat_dsl.capture.keys import NotStatic, node_key, primal_key, primal_keys
 from remat_dsl.capture.model_file import Inputs
+from remat_dsl.capture.recurrent import recurrent_layers
 from remat_dsl.plan.errors import RematError
 from remat_dsl.plan.ir import plan_name
 
@@ -916,6 +917,7 @@ def _compile_and_run(model, inputs, record, eager_dropout: bool = True, lookup=N
                 torch._dynamo.config.patch(ignore_logging_functions=_logging_functions()),
                 inductor_config.patch(fallback_random=True),
                 direct_sequential(),  # NOTE: [User checkpointing] in remat_dsl/capture/checkpoints.py
+                recurrent_layers(),  # NOTE: [Recurrent layers] in remat_dsl/capture/recurrent.py
             ):
                 return inputs.call(compiled)
     except RematError:
@@ -1184,6 +1186,9 @@ def _capture_error(exc: Exception) -> RematError:
         f for f in getattr(exc, "real_stack", None) or () if not str(Path(f.filename).resolve()).startswith(torch_dir)
     ]
     where = f"{user[-1].filename}:{user[-1].lineno}:{(getattr(user[-1], 'colno', None) or 0) + 1}: " if user else ""
+    refused = next((e for e in _chained(exc) if isinstance(e, RematError)), None)
+    if refused is not None:  # refused by remat-dsl while dynamo ran an op on fake tensors
+        return RematError(f"{where}{refused.message}", hint=refused.hint)
     said = f"PyTorch says: {explanation[:400].rstrip('.')}. " if explanation else ""
     loss = ""
     if user and _in_labels_branch(user[-1].filename, user[-1].lineno):
@@ -1196,6 +1201,14 @@ def _capture_error(exc: Exception) -> RematError:
         hint=f"{said}remat-dsl needs a forward that torch.compile(fullgraph=True) captures whole: no data-dependent "
         f"Python control flow, no prints of tensors, and one that runs in eager PyTorch{loss}",
     )
+
+
+def _chained(exc: BaseException, depth: int = 8) -> list[BaseException]:
+    """`exc` and the exceptions it was raised from or during, nearest first (at most `depth`)."""
+    found = [exc]
+    while len(found) < depth and (found[-1].__cause__ or found[-1].__context__) is not None:
+        found.append(found[-1].__cause__ or found[-1].__context__)
+    return found
 
 
 # NOTE: [Capture errors]
