@@ -1206,8 +1206,11 @@ def _capture_error(exc: Exception) -> RematError:
 def _chained(exc: BaseException, depth: int = 8) -> list[BaseException]:
     """`exc` and the exceptions it was raised from or during, nearest first (at most `depth`)."""
     found = [exc]
-    while len(found) < depth and (found[-1].__cause__ or found[-1].__context__) is not None:
-        found.append(found[-1].__cause__ or found[-1].__context__)
+    while len(found) < depth:
+        nearer = found[-1].__cause__ or found[-1].__context__
+        if nearer is None:
+            break
+        found.append(nearer)
     return found
 
 
