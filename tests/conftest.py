@@ -124,6 +124,9 @@ SLOW_CASES = {
     # Hiremate at 50% on the Transformer (88 s): its smallest budget and 100% stay, and
     # hiremate at every budget on the U-Net (test_milp_solvers_cnn.py).
     "test_milp_solvers.py::test_plan_trains_identically_within_budget[examples/transformer.py-50%-hiremate]",
+    # Its smallest budget (77 s once the 50% case no longer solved its blocks first): hiremate
+    # stays at 100% here, on GPT-2 at 70%, on the U-Net at every budget and through the shell.
+    "test_milp_solvers.py::test_plan_trains_identically_within_budget[examples/transformer.py-min-hiremate]",
 }
 
 
