@@ -208,16 +208,22 @@ def test_host_updates_follow_a_state_dict_loaded_between_steps(tmp_path):
     params = sum(p.numel() * p.element_size() for p in eager.parameters())
     plan = plan_model(eager, inputs, int(0.92 * 4 * params), optimizer=text)  # parameters, gradients, 2 states
     assert "host_update" in {i.verb for i in plan.backward}
+    loaded = {k: v + 0.5 for k, v in eager.state_dict().items()}
+    _train_beside_eager(plan, eager, inputs, lambda model: make(model.parameters()), tmp_path, loaded)
+
+
+def _train_beside_eager(plan, eager, inputs, make, tmp_path, loaded=None):
+    """3 steps of the plan's module beside eager, each with `make(model)`'s optimizer (the
+    state dict `loaded` loaded into both before the third), then the parameters compared."""
     path = tmp_path / "tiny.plan"
     path.write_text(plan_text(plan))
     source = tmp_path / "fast_tiny.py"
     source.write_text(generate_module(path))
     ours = copy.deepcopy(eager)
-    fast = load_module(source).FastModel(ours, optimizer=make(ours.parameters()))
-    eager_opt = make(eager.parameters())
-    loaded = {k: v + 0.5 for k, v in eager.state_dict().items()}
+    fast = load_module(source).FastModel(ours, optimizer=make(ours))
+    eager_opt = make(eager)
     for step in range(3):
-        if step == 2:
+        if step == 2 and loaded is not None:
             eager.load_state_dict(loaded)
             ours.load_state_dict(loaded)
         torch.manual_seed(step)
@@ -263,19 +269,4 @@ def test_parameter_groups_with_and_without_weight_decay_train_exactly(tmp_path):
     plan = plan_model(eager, inputs, int(1.03 * 4 * params), optimizer=adam(eager))  # Adam: temporaries 3P
     assert "weight_decay=0.1" in plan.header.optimizer
     assert "host_update" in {i.verb for i in plan.backward}
-    path = tmp_path / "tiny.plan"
-    path.write_text(plan_text(plan))
-    source = tmp_path / "fast_tiny.py"
-    source.write_text(generate_module(path))
-    ours = copy.deepcopy(eager)
-    fast = load_module(source).FastModel(ours, optimizer=adam(ours))
-    eager_opt = adam(eager)
-    for step in range(3):
-        torch.manual_seed(step)
-        eager(*inputs).square().mean().backward()
-        eager_opt.step()
-        eager_opt.zero_grad()
-        torch.manual_seed(step)
-        fast(*inputs).square().mean().backward()
-    for (name, a), b in zip(eager.named_parameters(), ours.parameters()):
-        assert torch.equal(a, b), name
+    _train_beside_eager(plan, eager, inputs, adam, tmp_path)
