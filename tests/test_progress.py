@@ -1,5 +1,5 @@
 """`remat plan` shows each stage with its elapsed seconds on stderr, and nothing else on
-stdout (NOTE: [Progress] in remat_dsl/cli/console.py; NOTE: [Stdout is the data])."""
+stdout (NOTE: [Progress] in remat_dsl/plan/progress.py; NOTE: [Stdout is the data])."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from test_stock_models import shell
 
 from remat_dsl.capture.model_file import load_model_file
 from remat_dsl.capture.pipeline import capture_graph
-from remat_dsl.cli.console import Progress
+from remat_dsl.plan.progress import Progress
 from remat_dsl.plan.parser import parse_file
 from remat_dsl.workflow import solve_captured
 
@@ -87,9 +87,9 @@ def test_a_stage_that_advances_nothing_still_shows_its_seconds(capfd, monkeypatc
     import threading
     import time
 
-    from remat_dsl.cli import console
+    from remat_dsl.plan import progress as reporter
 
-    monkeypatch.setattr(console, "PLAIN_PROGRESS_SECONDS", 0.2)
+    monkeypatch.setattr(reporter, "PLAIN_PROGRESS_SECONDS", 0.2)
     with Progress("planning", unit="block classes") as progress:
         progress.start(5)
         time.sleep(1.1)
@@ -97,3 +97,76 @@ def test_a_stage_that_advances_nothing_still_shows_its_seconds(capfd, monkeypatc
     ticks = [line for line in lines if re.fullmatch(r"planning: 0/5 block classes, \d+ s", line)]
     assert len(ticks) >= 3, lines
     assert not any(thread.name == "remat-progress" for thread in threading.enumerate())
+
+
+def test_a_stage_names_its_phases_and_its_last_line_names_none(capfd, monkeypatch):
+    """A new phase gets a plain line (here at once: PHASE_LINE_SECONDS 0) with the count so
+    far; the stage's last line has its count and seconds alone."""
+    from remat_dsl.plan import progress as reporter
+
+    monkeypatch.setattr(reporter, "PHASE_LINE_SECONDS", 0.0)
+    with Progress("planning", unit="block classes") as progress:
+        progress.phase("partitioning the graph into blocks")
+        progress.start(2)
+        progress.phase("partitioning the graph into blocks")  # the same phase: no second line
+        progress.advance(2)
+        progress.phase("lowering and simulating")
+    assert capfd.readouterr().err.splitlines() == [
+        "planning ...",
+        "planning: partitioning the graph into blocks, 0 s",
+        "planning: lowering and simulating, 2/2 block classes, 0 s",
+        "planning: 2/2 block classes, 0 s",
+    ]
+
+
+def test_the_capture_and_the_solve_name_their_phases(capfd, monkeypatch):
+    """The capture says it traces, measures op costs and compares with eager PyTorch; the
+    solve that it partitions, solves the blocks' ILPs, lowers and simulates."""
+    from remat_dsl.plan import progress as reporter
+
+    monkeypatch.setattr(reporter, "PHASE_LINE_SECONDS", 0.0)
+    with Progress("capturing", quiet=False) as progress:
+        graph = capture_graph(load_model_file(str(MODEL)), 1, progress, measure_time=False, check_eager=True).graph
+    with Progress("planning", unit="block classes") as progress:
+        solve_captured(graph, 80.0, "rockmate", percent=True, report=progress)
+    out, err = capfd.readouterr()
+    assert out == ""
+    named = re.compile(r"(?:capturing|planning): ([A-Za-z' .]+?), ")
+    phases = [m.group(1) for m in map(named.match, err.splitlines()) if m]
+    assert phases[:4] == [
+        "building the model",
+        "tracing the training step with torch.compile",
+        "measuring op costs",
+        "comparing the step with eager PyTorch",
+    ], err
+    solve = phases[4:]  # the store-all plan lowered and simulated first: does it fit already?
+    partition, ilps = solve.index("partitioning the graph into blocks"), solve.index("solving the blocks' ILPs")
+    assert partition + 1 == ilps and "lowering and simulating" in solve[ilps:], err
+
+
+def test_plan_model_shows_the_stages_remat_plan_shows(capfd):
+    """`remat_dsl.plan_model(..., progress=True)`, as a training script calls it, shows its
+    stages on stderr as `remat plan` does, and plans the same; without it, nothing."""
+    import remat_dsl
+
+    plan = remat_dsl.plan_model(str(MODEL), budget="80%", solver="rockmate", repeats=1, progress=True)
+    out, err = capfd.readouterr()
+    lines = err.splitlines()
+    assert out == "" and lines[0] == f"loading {MODEL} ...", lines
+    for stage in (
+        rf"loading {MODEL}: \d+ s",
+        rf"capturing {MODEL}: (\d+)/\1 ops, \d+ s",
+        r"planning: (\d+)/\1 block classes, \d+ s",
+    ):
+        assert any(re.fullmatch(stage, line) for line in lines), (stage, lines)
+    assert any(line.startswith("solving block class 1 of ") for line in lines), lines
+    silent = remat_dsl.plan_model(str(MODEL), budget="80%", solver="rockmate", repeats=1)
+    assert capfd.readouterr() == ("", "")
+    assert remat_dsl.plan_text(silent) == remat_dsl.plan_text(plan)
+
+
+def test_plan_model_takes_report_or_progress_not_both():
+    import remat_dsl
+
+    with pytest.raises(remat_dsl.RematError, match="both `report` and progress=True"):
+        remat_dsl.plan_model(str(MODEL), budget="80%", report=print, progress=True)

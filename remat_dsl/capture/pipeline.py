@@ -213,6 +213,8 @@ def capture_graph(
     """
     if fake and device_model is None:
         raise ValueError("a fake capture needs a device model: nothing can be timed on fake tensors")
+    phase = getattr(progress, "phase", None) or (lambda what: None)  # NOTE: [Progress] in plan/progress.py
+    phase("building the model")
     mode = _fake_mode() if fake else contextlib.nullcontext()
     model, inputs = build_fake(model_file, mode) if fake else (model_file.build_model(), model_file.sample_inputs())
     # dynamo finds the fake mode in the inputs; outside it, constants the forward makes
@@ -242,6 +244,7 @@ def capture_graph(
     def recall(parts: tuple):  # NOTE: [Capture key]
         return cache.get("graphs", _graph_cache_key(parts, device_kinds, timing))
 
+    phase("tracing the training step with torch.compile")
     with _fake_warnings_silenced():
         # the model was built for this capture alone: no copy of it
         captured = capture(
@@ -269,6 +272,7 @@ def capture_graph(
             progress.start(calls)
             progress.advance(calls)
     else:
+        phase("measuring op costs")
         if progress:
             progress.start(calls * timing_passes(measure_time, device_model or time_model))
         with mode, _fake_warnings_silenced():
@@ -286,6 +290,7 @@ def capture_graph(
         if check_eager and not fake and kind == captured_on:  # NOTE: [Eager agreement]
             from remat_dsl.capture.agreement import disagreement
 
+            phase("comparing the step with eager PyTorch")
             step.eager = disagreement(model, inputs, captured, step.outputs, step.gradients, autocast)
         step.outputs, step.gradients = [], []
         if key is not None:

@@ -403,7 +403,7 @@ def run(args) -> int:
     autocast = autocast_dtype(args.autocast) if args.autocast is not None else None  # NOTE: [Fail fast]
     quiet = getattr(args, "quiet", False)
     say = (lambda line: None) if quiet else status
-    with Progress(f"loading {args.model}", unit=None, quiet=quiet):  # NOTE: [Progress] in cli/console.py
+    with Progress(f"loading {args.model}", unit=None, quiet=quiet):  # NOTE: [Progress] in plan/progress.py
         with imports_without_collection(getattr(args, "whole_process", False)):  # NOTE: [Garbage collection]
             model_file = load_model_file(args.model)
     if args.autocast is not None:  # overrides the model file's `autocast`

@@ -219,6 +219,15 @@ class Solver:
         return [math.ceil(self.floor() * factor) for factor in FLOOR_SWEEP]
 
 
+def say_phase(report, what: str) -> None:
+    """Name the part of the solve under way (`partitioning the graph into blocks`) on a
+    `report` that has phases, a remat_dsl.plan.progress.Progress (NOTE: [Progress] there);
+    nothing on any other (a plain function of lines)."""
+    phase = getattr(report, "phase", None)
+    if phase is not None:
+        phase(what)
+
+
 def refuse_above(graph: ir.Graph, limit: int, solver: str, what: str, hint: str) -> None:
     """Raise RematError when a whole-graph solver (`what`: what it builds over every op)
     gets a graph of more than `limit` ops."""

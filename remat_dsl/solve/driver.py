@@ -85,6 +85,7 @@ from remat_dsl.solve.api import (
     fallbacks,
     floor_targets,
     header_name,
+    say_phase,
 )
 from remat_dsl.solve.lowering import (
     DEFAULT_BANDWIDTH,
@@ -441,11 +442,11 @@ class Planner:
         best = min(range(len(options)), key=lambda i: options[i].header.time_us)
         return options[best], best > 0
 
-    @staticmethod
-    def _solve(solver: Solver, target: int) -> SolverResult:
+    def _solve(self, solver: Solver, target: int) -> SolverResult:
         """`solver.solve(target)`, held to the contract: a SolverResult or BudgetError.
         Raises RematError naming the solver when it returns anything else (a plug-in's
         bare list of op names)."""
+        say_phase(self.problem.report, "solving")
         result = solver.solve(target)
         if not isinstance(result, SolverResult):
             raise RematError(
@@ -460,6 +461,7 @@ class Planner:
         for `budget` bytes; `solver`: the header's solver text (`api.header_name`), `status`
         the header's status."""
         p = self.problem
+        say_phase(p.report, "lowering and simulating")
         plan = lowered_plan(
             p.graph, result.order, constraints=p.constraints, model=self.model, device=p.device, budget=budget,
             solver=solver, status=Status(status).value, bandwidth=self.bandwidth,

@@ -93,6 +93,7 @@ def plan_model(
     report: Callable[[str], None] | None = None,
     measure: bool = False,
     optimizer: Any = None,
+    progress: bool = False,
 ) -> ir.Plan:
     """Capture `model`'s training step (forward, loss, backward), cost every op, solve for
     `budget` and return the plan (print it with `plan_text`).
@@ -110,6 +111,9 @@ def plan_model(
     constraints: a constraints file (keep/recompute/offload lines; docs/plan-language.md).
     repeats: timing runs per op.  time_limit: seconds per solve for the MILP solvers.
     report: called with each progress line (default: none).
+    progress: show each stage on stderr as `remat plan` does, a bar on a terminal and plain
+    lines with elapsed seconds otherwise (NOTE: [Progress] in remat_dsl/plan/progress.py); the
+    solve's lines then go there, so `report` must be None.
     optimizer: the whole step's optimizer (NOTE: [Optimizer in the step] in
     remat_dsl.plan.optimizer): its text (`"adamw lr=1e-4"`, as `remat plan --optimizer`
     takes it) or a torch.optim AdamW, Adam or SGD instance; the budget then counts the
@@ -128,22 +132,43 @@ def plan_model(
         raise RematError(f"error: solver {solver.__name__} is not a subclass of remat_dsl.solve.api.Solver")
     if not isinstance(solver, type) and solver not in NAMES:
         raise unknown_solver(solver)
+    if progress and report is not None:
+        raise RematError(
+            "error: plan_model was given both `report` and progress=True",
+            hint="pass one: progress=True shows the solve's lines with the stages on stderr",
+        )
     amount, percent = _budget(budget)
-    model_file = model_of(model, inputs, loss_fn, autocast)
+    with _stage(progress, f"loading {model}" if isinstance(model, (str, Path)) else None, None):
+        model_file = model_of(model, inputs, loss_fn, autocast)
     device_model = load_device(device) if device is not None else None
     rules = read_constraints(str(constraints)) if constraints is not None else ()
     step_optimizer = whole_step_optimizer(optimizer)
-    captured = capture_model(model_file, device=device, repeats=repeats, measure=measure)
+    with _stage(progress, f"capturing {model_file.spec}", "ops") as stage:
+        captured = capture_model(model_file, device=device, repeats=repeats, measure=measure, progress=stage)
     options: dict[str, Any] = {"bandwidth": int(device_model.host_to_device)} if device_model is not None else {}
     if step_optimizer is not None:
         options["optimizer"] = step_optimizer
         options["update_speeds"] = update_speeds(step_optimizer, device_model, captured.device)
-    plan = solve_captured(
-        captured.graph, amount, solver, percent=percent, model=model_file.spec, device=captured.device,
-        costs=captured.costs, eager=captured.eager, constraints=rules, report=report, time_limit=time_limit,
-        host_link=device_model is not None and device_model.kind == "cuda", **options,
-    )  # fmt: skip
+    with _stage(progress, "planning", "block classes") as stage:
+        plan = solve_captured(
+            captured.graph, amount, solver, percent=percent, model=model_file.spec, device=captured.device,
+            costs=captured.costs, eager=captured.eager, constraints=rules, report=stage or report,
+            time_limit=time_limit, host_link=device_model is not None and device_model.kind == "cuda", **options,
+        )  # fmt: skip
     return replace(plan, header=replace(plan.header, solve_seconds=None))
+
+
+def _stage(progress: bool, description: str | None, unit: str | None):
+    """The Progress of one stage of `plan_model` (NOTE: [Progress] in
+    remat_dsl/plan/progress.py), or a block that shows nothing (and gives None) without
+    `progress` or a `description`."""
+    import contextlib
+
+    from remat_dsl.plan.progress import Progress
+
+    if not progress or description is None:
+        return contextlib.nullcontext()
+    return Progress(description, unit=unit)
 
 
 def whole_step_optimizer(optimizer: Any):
@@ -181,6 +206,7 @@ def capture_model(
     repeats: int = 5,
     cache: bool = False,
     measure: bool = False,
+    progress: Any = None,
 ):
     """Capture `model`'s training step and cost every op, as `plan_model` does before it
     solves: a capture.pipeline.Captured (its `graph`, the ir.Graph that `solve_captured`
@@ -193,7 +219,9 @@ def capture_model(
     cache: take the measured costs from remat's cache when this graph was profiled here
     before, and store them otherwise, as `remat plan` does (docs/profiles.md).  The step is
     also run eagerly once and compared with the traced one (NOTE: [Eager agreement] in
-    remat_dsl/capture/agreement.py).  Raises RematError."""
+    remat_dsl/capture/agreement.py).  progress: an object with `start(total)` and
+    `advance(n)`, and optionally `phase(what)`: a remat_dsl.plan.progress.Progress (NOTE:
+    [Progress] in remat_dsl/plan/progress.py).  Raises RematError."""
     from remat_dsl.capture.cost import load_device
     from remat_dsl.capture.model_file import ModelFile
     from remat_dsl.capture.pipeline import capture_graph
@@ -205,7 +233,7 @@ def capture_model(
     device_model = load_device(device) if device is not None else None
     store = default_cache() if cache else None
     return capture_graph(
-        model_file, repeats, device_model=device_model, cache=store, check_eager=True, local_model=not measure
+        model_file, repeats, progress, device_model=device_model, cache=store, check_eager=True, local_model=not measure
     )  # as `remat plan`
 
 

@@ -42,7 +42,7 @@ from typing import ClassVar
 
 from remat_dsl.plan import ir
 from remat_dsl.plan.liveness import Interval, live_intervals, memory_profile
-from remat_dsl.solve.api import BudgetError, Problem, Solver, SolverInfo, SolverResult, Status, setting
+from remat_dsl.solve.api import BudgetError, Problem, Solver, SolverInfo, SolverResult, Status, say_phase, setting
 from remat_dsl.solve.solvers.chain.model import (
     Block,
     BlockOption,
@@ -215,7 +215,7 @@ def rockmate_chain(graph: ir.Graph, part: ChainPartition, time_limit: float | No
     """The chain of `part` with every block's RK-Checkmate options (NOTE: [Option costs]).
     report: optional callable(str), told of each block class as its ILPs start (with the
     classes done and the seconds since the first) and of the end; one with `start(total)`
-    and `advance(n)` also gets the count (NOTE: [Progress] in remat_dsl/cli/console.py).  cache: a
+    and `advance(n)` also gets the count (NOTE: [Progress] in remat_dsl/plan/progress.py).  cache: a
     remat_dsl.plan.cache.Cache whose block solutions are reused (NOTE: [Solution cache]).
     jobs: processes that may solve a block's grid ILPs at once (NOTE: [Parallel grid] in
     remat_dsl.solve.solvers.ilp.workers); the result does not depend on it.  config: the
@@ -228,7 +228,8 @@ def rockmate_chain(graph: ir.Graph, part: ChainPartition, time_limit: float | No
     members = Counter(signatures)
     with_ilps = len({sig for sig, ops in zip(signatures, part.blocks) if ops.forward and ops.backward})
     reported, began = 0, time.monotonic()
-    counts = report is not None and hasattr(report, "advance")  # a progress bar (NOTE: [Progress] in cli/console.py)
+    counts = report is not None and hasattr(report, "advance")  # a progress bar (NOTE: [Progress] in plan/progress.py)
+    say_phase(report, "solving the blocks' ILPs")
     if counts:
         report.start(with_ilps)
     for l, ops in enumerate(part.blocks):
@@ -569,6 +570,7 @@ class Rockmate(OverBlocks):
         self.problem = problem
         config = config or RockmateConfig()
         strict = is_small_chain(problem.graph)
+        say_phase(problem.report, "partitioning the graph into blocks")
         part = partition(problem.graph, config.max_blocks, 1, strict, config.min_block_ops)
         super().__init__(problem, part, name, label, config)
 
