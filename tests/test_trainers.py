@@ -14,11 +14,10 @@ import torch
 import remat_dsl
 
 transformers = pytest.importorskip("transformers")
-if importlib.util.find_spec("accelerate") is None:
-    pytest.skip(
-        "Hugging Face Trainer needs accelerate, which is not installed (pip install accelerate)",
-        allow_module_level=True,
-    )
+needs_accelerate = pytest.mark.skipif(
+    importlib.util.find_spec("accelerate") is None,
+    reason="Hugging Face Trainer and Accelerate loops need accelerate, which is not installed (pip install accelerate)",
+)
 
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
@@ -78,6 +77,7 @@ def train(model: torch.nn.Module, out) -> list[float]:
     return losses.losses
 
 
+@needs_accelerate
 def test_trainer_trains_the_plan_as_it_trains_the_model(plan, tmp_path):
     eager = build_model()
     expected = train(eager, tmp_path / "eager")
@@ -118,6 +118,7 @@ def accelerate_steps(model: torch.nn.Module) -> list[float]:
     return losses
 
 
+@needs_accelerate
 def test_an_accelerate_loop_trains_the_plan_as_it_trains_the_model(plan):
     eager, model = build_model(), build_model()
     assert accelerate_steps(remat_dsl.fast_model(model, plan)) == accelerate_steps(eager)
