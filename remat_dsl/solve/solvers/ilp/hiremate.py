@@ -42,7 +42,7 @@ import networkx as nx
 
 from remat_dsl.plan import ir
 from remat_dsl.plan.ir import op_uses, pinned_tensors
-from remat_dsl.solve.api import Problem, Solver, SolverInfo, SolverResult, fallbacks, floor_targets, setting
+from remat_dsl.solve.api import Problem, Solver, SolverInfo, SolverResult, fallbacks, floor_targets, say_phase, setting
 from remat_dsl.solve.solvers.chain.partition import ChainPartition, is_small_chain, partition
 from remat_dsl.solve.solvers.ilp import milp
 from remat_dsl.solve.solvers.ilp.checkmate import op_hgraph
@@ -190,6 +190,7 @@ class _Root(TargetSolver):
     def __init__(self, problem: Problem, config: HiremateConfig):
         start = time.perf_counter()
         graph = problem.graph
+        say_phase(problem.report, "partitioning the graph into blocks")
         part = partition(graph, config.max_blocks, 1, False, config.min_block_ops)
         rc = rockmate_chain(
             graph,
@@ -202,6 +203,7 @@ class _Root(TargetSolver):
         )
         if problem.report:
             problem.report(f"solving the clusters above the {len(part.blocks)} blocks (H-ILP per cluster class)")
+        say_phase(problem.report, "solving the clusters' H-ILPs")
         h = Hierarchy(graph, part, rc, problem.time_limit, config)
         super().__init__(problem, h.model, lambda schedule: ops_of(h.top, schedule.steps), "hiremate")
         self.results = list(h.results)

@@ -136,6 +136,7 @@ from remat_dsl.solve.api import (
     SolverResult,
     Status,
     Transfer,
+    say_phase,
     setting,
 )
 from remat_dsl.solve.solvers.chain.model import Chain
@@ -709,6 +710,8 @@ class Offmate(Solver):
         self.problem, self.finer = problem, part is not None
         graph = problem.graph
         c = self.config
+        if part is None:
+            say_phase(problem.report, "partitioning the graph into blocks")
         self.part = part or partition(graph, c.max_blocks, 1, is_small_chain(graph), c.min_block_ops)
         points = self.config.peak_steps * self.config.save_steps
         limit = per_ilp_limit(problem.time_limit, len(self.part.blocks), points)
