@@ -61,6 +61,7 @@ from remat_dsl.capture.checkpoints import direct_sequential, inline_checkpoints
 from remat_dsl.capture.keys import NotStatic, node_key, primal_key, primal_keys
 from remat_dsl.capture.model_file import Inputs
 from remat_dsl.capture.recurrent import recurrent_layers
+from remat_dsl.capture.stateful import drop_inputs_returned, plain_updates, recomputed_weights
 from remat_dsl.plan.errors import RematError
 from remat_dsl.plan.ir import plan_name
 
@@ -150,7 +151,7 @@ def capture(
 
     with torch.random.fork_rng(devices=cuda_devices(call.leaves())):
         with _portable_attention(portable), _autocast(call.leaves(), model, autocast):
-            with _eager_branches(model, named), _native_kernels():
+            with _eager_branches(model, named), _native_kernels(), recomputed_weights(model):
                 trace = functools.partial(
                     _compile_and_run, model, call, record, not portable, lookup if recall is not None else None
                 )
@@ -171,6 +172,7 @@ def capture(
     names = _primal_names(model, record["example_inputs"], tensors)
     meta = record["meta"]
     mutated = [i for i, info in enumerate(meta.input_info) if info.mutates_data]
+    plain_updates(record["forward"], len(mutated))  # NOTE: [Stateful layers] in capture/stateful.py
     _check_outputs(meta)
     unique = list(dict.fromkeys(order))  # the graph's outputs in the order the leaves first show them
     _reorder_outputs(record["forward"], len(mutated), unique)
@@ -894,6 +896,7 @@ def _compile_and_run(model, inputs, record, eager_dropout: bool = True, lookup=N
     def backend(gm, example_inputs):
         record["example_inputs"] = example_inputs
         inline_checkpoints(gm)  # NOTE: [User checkpointing] in remat_dsl/capture/checkpoints.py
+        restore = drop_inputs_returned(gm)  # NOTE: [Stateful layers] in capture/stateful.py
         _copy_aliased_outputs(gm)
         found = lookup(gm, example_inputs) if lookup is not None else None
         if found is not None:  # NOTE: [Capture key]
@@ -905,7 +908,7 @@ def _compile_and_run(model, inputs, record, eager_dropout: bool = True, lookup=N
         @functools.wraps(compiled)
         def run(*args):  # NOTE: [Output order]: what the model's output is built from
             returned = record["returned"] = compiled(*args)
-            return returned
+            return restore(args, returned)
 
         return run
 

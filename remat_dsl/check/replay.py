@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from remat_dsl.plan import ir
-from remat_dsl.plan.ir import DTYPE_ITEMSIZE, iter_refs, op_refs
+from remat_dsl.plan.ir import DTYPE_ITEMSIZE, buffer_readers, iter_refs, op_refs
 from remat_dsl.plan.errors import PlanError
 from remat_dsl.plan.inplace import inplace_candidates
 from remat_dsl.plan.optimizer import Optimizer, OptimizerError, parse_optimizer
@@ -381,6 +381,11 @@ class _Simulator:
         self.moved: set[str] = set()  # inputs whose storage an output took; their delete frees nothing
         self.optimizer = self._optimizer(plan)
         self.updated: dict[str, str] = {}  # parameter -> where its update is
+        # NOTE: [Stateful layers] in remat_dsl/capture/stateful.py: a buffer takes its new value
+        # where the forward computes it; an op that reads the buffer after that would read it
+        self.buffer_updates = {u.tensor: u.buffer for u in plan.graph.updates}
+        self.written: dict[str, str] = {}  # buffer -> where the forward wrote its new value
+        self.buffer_readers = buffer_readers(plan.graph)
         self.param_bytes = {p.name: value_nbytes(p) for p in plan.graph.parameters}
         self.grad_refs = {  # trainable parameter -> the tensors its gradient is made of
             g.parameter: [r.name for r in iter_refs(g.value) if r.name in graph.tensors]
@@ -691,7 +696,10 @@ class _Simulator:
             self._added.append((f"rng state of {op.name}", self.rng_bytes))
             self._held.append((f"rng state of {op.name}", self.rng_bytes))
         self.clocks.compute_us += op.time_us
-        return self._run_op(op, instr)
+        result = self._run_op(op, instr)
+        if op.phase == ir.FORWARD:  # the generated module copies the update where it is computed
+            self.written.update({self.buffer_updates[t]: self._where() for t in op.outputs if t in self.buffer_updates})
+        return result
 
     def _recompute(self, instr: ir.Instruction) -> tuple[int, list]:
         op = self.graph.ops[instr.target]
@@ -751,6 +759,14 @@ class _Simulator:
     def _run_op(self, op: ir.Op, instr: ir.Instruction) -> tuple[int, list]:
         """Check the arguments, allocate the outputs, discard duplicates; return (peak, extra live)."""
         for ref in op_refs(op):
+            if ref.name in self.written and op.name in self.buffer_readers:
+                self._fail(
+                    f"'{op.name}' reads buffer '{ref.name}' after the forward wrote its new value "
+                    f"({self.written[ref.name]}): it would read the next step's value",
+                    "run it before that line, or keep its output instead of recomputing it "
+                    f'(a constraint `keep "{next(iter(op.outputs), op.name)}"`)',
+                    instr.span,
+                )
             if ref.name in self.updated:
                 self._fail(
                     f"'{op.name}' reads parameter '{ref.name}' after its update ({self.updated[ref.name]}), which "

@@ -75,6 +75,7 @@ def _compare(model_file: ModelFile, generated, steps: int, lr: float) -> Compari
     inputs = model_file.sample_inputs()
     optimizers = [torch.optim.SGD(m.parameters(), lr=lr) for m in (eager, twin)]
     mismatched: list[str] = []
+    buffers: list[str] = []  # after each step's forward and backward, as the step left them
     losses_equal, losses = True, []
     for step in range(steps):
         results = []
@@ -88,17 +89,17 @@ def _compare(model_file: ModelFile, generated, steps: int, lr: float) -> Compari
         losses_equal &= torch.equal(results[0], results[1])
         losses.append(float(results[0]))
         mismatched += [f"step {step} grad {n}" for n, a, b in _pairs(eager, twin) if not _same(a.grad, b.grad)]
+        buffers += [f"step {step} buffer {n}" for n in _buffers_differing(eager, twin)]
         for optimizer in optimizers:
             optimizer.step()
     params = [n for n, a, b in _pairs(eager, twin) if not torch.equal(a, b)]
-    buffers = [n for (n, a), (_, b) in zip(eager.named_buffers(), twin.named_buffers()) if not torch.equal(a, b)]
     return Comparison(
         steps=steps,
         losses_equal=losses_equal,
         gradients_equal=not mismatched,
         buffers_equal=not buffers,
         parameters_equal=not params,
-        mismatched=tuple(mismatched + [f"parameter {n}" for n in params] + [f"buffer {n}" for n in buffers]),
+        mismatched=tuple(mismatched + [f"parameter {n}" for n in params] + buffers),
         eager_losses=tuple(losses),
     )
 
@@ -108,6 +109,14 @@ def _autocast(dtype, model: torch.nn.Module):
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(next(model.parameters()).device.type, dtype=dtype)
+
+
+def _buffers_differing(a: torch.nn.Module, b: torch.nn.Module) -> list[str]:
+    """Names of the buffers of `a` and `b` (every one, shared ones at each name) that are not
+    equal bit for bit, or that one of them lacks."""
+    first, second = dict(a.named_buffers(remove_duplicate=False)), dict(b.named_buffers(remove_duplicate=False))
+    names = list(dict.fromkeys([*first, *second]))
+    return [n for n in names if n not in first or n not in second or not torch.equal(first[n], second[n])]
 
 
 def _pairs(a: torch.nn.Module, b: torch.nn.Module):

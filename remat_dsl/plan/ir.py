@@ -58,7 +58,6 @@ from typing import Container, Iterator, Union
 
 from remat_dsl.plan.units import round_gap, round_seconds
 
-
 _NOT_IN_NAMES = re.compile(r"[^A-Za-z0-9_.]")
 
 
@@ -69,12 +68,12 @@ def plan_name(path: str) -> str:
     The generated module maps the model's own names the same way."""
     return _NOT_IN_NAMES.sub("_", path)
 
+
 COMPUTE_STREAM = "compute"
 D2H_STREAM = "d2h"
 H2D_STREAM = "h2d"
 HOST_STREAM = "host"  # the host CPU's optimizer updates (NOTE: [Optimizer in the step] in remat_dsl.plan.optimizer)
 STREAMS = (COMPUTE_STREAM, D2H_STREAM, H2D_STREAM, HOST_STREAM)
-
 
 
 @dataclass(frozen=True)
@@ -576,6 +575,26 @@ def op_predecessors(graph: Graph) -> list[list[int]]:
     producer = {t.name: index[t.producer] for t in graph.tensors}
     names = set(producer)
     return [sorted({producer[t] for t in op_uses(op, names)}) for op in graph.ops]
+
+
+def buffer_readers(graph: Graph) -> set[str]:
+    """The ops whose results depend on the value of a buffer the forward updates: each runs
+    once, before the update, since the generated module writes the buffer's new value where
+    the forward computes it (NOTE: [Stateful layers] in remat_dsl/capture/stateful.py).
+    Batch norm in training mode reads its running statistics only to make their new values,
+    which only that first run writes: its recompute is left free."""
+    updated = {u.buffer for u in graph.updates}
+    if not updated:
+        return set()
+    return {
+        op.name for op in graph.ops if any(ref.name in updated for ref in op_refs(op)) and not _training_batch_norm(op)
+    }
+
+
+def _training_batch_norm(op: Op) -> bool:
+    """An aten batch norm (`native_batch_norm`, `_native_batch_norm_legit_functional`, ...)
+    with `training=True`, its sixth argument: its output reads the batch's statistics."""
+    return "batch_norm" in op.target and len(op.args) > 5 and op.args[5] is True
 
 
 def op_uses(op: Op, tensors: Container[str]) -> list[str]:

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from remat_dsl.plan import ir
 from remat_dsl.plan.constraints import matching
-from remat_dsl.plan.ir import op_uses, pinned_tensors
+from remat_dsl.plan.ir import buffer_readers, op_uses, pinned_tensors
 from remat_dsl.plan.liveness import live_intervals, op_steps
 
 PREFETCH_LEAD = 3  # backward instructions between a prefetch and the use it serves
@@ -135,8 +135,19 @@ DEFAULT_BANDWIDTH = 12 * 10**9  # bytes/s, PCIe 4 x16 in practice
 
 
 def lowered_plan(
-    graph: ir.Graph, order, *, constraints=(), model: str = "", device: str = "cpu", budget: int = 0, solver: str = "",
-    status: str = "optimal", bandwidth: int = DEFAULT_BANDWIDTH, decisions=(), transfers=(), inplace: bool = True,
+    graph: ir.Graph,
+    order,
+    *,
+    constraints=(),
+    model: str = "",
+    device: str = "cpu",
+    budget: int = 0,
+    solver: str = "",
+    status: str = "optimal",
+    bandwidth: int = DEFAULT_BANDWIDTH,
+    decisions=(),
+    transfers=(),
+    inplace: bool = True,
 ) -> ir.Plan:
     """The plan of a solver's op `order` and `transfers`: lowered (`lower_order`),
     simulated exactly (remat_dsl.check.replay; `inplace` False: without in-place outputs,
@@ -207,6 +218,7 @@ def constrain_order(graph: ir.Graph, order: list[str], constraints) -> list[str]
     """The solver's op order edited for keep, offload and recompute (NOTE above)."""
     producers = graph.producer
     once = {producers[t] for kind in ("keep", "offload") for t in matching(graph, constraints, kind)}
+    once |= buffer_readers(graph)
     seen: set[str] = set()
     result = []
     for name in order:
