@@ -64,3 +64,15 @@ def test_a_recompute_that_reads_an_updated_buffer_is_refused(tmp_path):
         in result.stderr
     )
     assert f"line {update + 1}" in result.stderr
+
+
+def test_a_cumulative_average_norm_is_refused_with_pytorchs_reason(tmp_path):
+    """`BatchNorm2d(momentum=None)` reads a tensor into a Python float each step, which
+    torch.compile cannot trace either: the refusal quotes PyTorch and names the norm."""
+    model = MODELS / "batch_norm_cumulative.py"
+    result = shell(f"remat plan {model} --budget 100% > m.plan", tmp_path)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "data-dependent expression" in result.stderr  # PyTorch's own words
+    assert "the model's '1' has momentum=None" in result.stderr
+    assert "hint: give each a momentum" in result.stderr

@@ -61,7 +61,7 @@ from remat_dsl.capture.checkpoints import direct_sequential, inline_checkpoints
 from remat_dsl.capture.keys import NotStatic, node_key, primal_key, primal_keys
 from remat_dsl.capture.model_file import Inputs
 from remat_dsl.capture.recurrent import recurrent_layers
-from remat_dsl.capture.stateful import drop_inputs_returned, plain_updates, recomputed_weights
+from remat_dsl.capture.stateful import cumulative_norm_error, drop_inputs_returned, plain_updates, recomputed_weights
 from remat_dsl.plan.errors import RematError
 from remat_dsl.plan.ir import plan_name
 
@@ -929,7 +929,9 @@ def _compile_and_run(model, inputs, record, eager_dropout: bool = True, lookup=N
         raise RematError(f"error: the model's forward called sys.exit({exc.code!r}) while it was captured") from None
     except Exception as exc:
         inner = getattr(exc, "inner_exception", None)  # dynamo's BackendCompilerFailed: our backend's own refusal
-        raise (inner if isinstance(inner, RematError) else _capture_error(exc)) from None
+        if isinstance(inner, RematError):
+            raise inner from None
+        raise (cumulative_norm_error(model, _capture_error(exc)) or _capture_error(exc)) from None
     finally:
         torch._dynamo.reset()
 

@@ -9,6 +9,8 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
+from remat_dsl.plan.errors import RematError
+
 # NOTE: [Stateful layers]
 # A layer that updates its buffers in place in the forward becomes a buffer update of the
 # plan: AOTAutograd functionalizes the update, the forward graph returns the buffer's new
@@ -36,8 +38,34 @@ import torch.fx as fx
 # once, before it: the lowering never drops its output to recompute it, and the replay
 # refuses a plan that runs it after the update (`buffer_readers` in remat_dsl/plan/ir.py).
 # Batch norm in training mode is exempt: its output reads the batch's statistics.
+# A norm with `momentum=None` keeps a cumulative average: each step it reads
+# `num_batches_tracked` into a Python float (`1 / n`), which neither dynamo nor
+# `torch.compile` itself can trace; the capture's error names such norms
+# (`cumulative_norm_error`) beside PyTorch's reason.
 
 SPECTRAL_HOOKS = ("SpectralNorm", "WeightNorm")
+
+
+def cumulative_norm_error(model: torch.nn.Module, error: RematError) -> RematError | None:
+    """NOTE: [Stateful layers]: `error` (a refused capture) with the norms of `model` that keep
+    a cumulative average (`momentum=None`) named, where it says a value was read from a
+    tensor; else None."""
+    norms = [
+        name
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.modules.batchnorm._NormBase)
+        and m.momentum is None
+        and m.track_running_stats
+        and m.training
+    ]
+    if not norms or "data-dependent" not in error.message:
+        return None
+    listed = ", ".join(f"'{n}'" for n in norms[:5]) + (f" and {len(norms) - 5} more" if len(norms) > 5 else "")
+    return RematError(
+        f"{error.message} (the model's {listed} ha{'s' if len(norms) == 1 else 've'} momentum=None: a cumulative "
+        "average reads num_batches_tracked into a Python float each step, which torch.compile cannot trace either)",
+        hint="give each a momentum (momentum=0.1 is PyTorch's default), or set track_running_stats=False",
+    )
 
 
 def drop_inputs_returned(gm: fx.GraphModule) -> Callable[[tuple, tuple], tuple]:
