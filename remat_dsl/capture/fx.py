@@ -353,16 +353,26 @@ def model_line(node: fx.Node) -> str:
 def training_defaults(model, inputs: Inputs) -> Inputs:
     """`use_cache=False` when the forward takes `use_cache` and the inputs leave it out
     (NOTE: [Stock models])."""
-    try:
-        parameters = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return inputs
-    if "use_cache" not in parameters:
+    if not _takes_use_cache(model) or "use_cache" in inputs.kwargs:
         return inputs
     bound = _bind(model, inputs)
     if bound is not None and "use_cache" in bound.arguments:
         return inputs
     return Inputs(inputs.args, {**inputs.kwargs, "use_cache": False})
+
+
+def _takes_use_cache(model) -> bool:
+    """Whether `model.forward` takes `use_cache`, itself or through `**kwargs` to the model it
+    wraps (peft's `PeftModel.get_base_model()`)."""
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    if "use_cache" in parameters:
+        return True
+    passes_on = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    base = getattr(model, "get_base_model", None)
+    return passes_on and callable(base) and base() is not model and _takes_use_cache(base())
 
 
 # NOTE: [Eager branches]
