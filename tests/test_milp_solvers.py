@@ -138,7 +138,8 @@ def test_auto_picks_by_structure(example):
     expected = {"gpt2": "rockmate", "resnet": "rockmate", "transformer": "hiremate", "unet": "hiremate"}
     name = Path(model_file.spec.split(":")[0]).stem
     assert choose_solver(captured.graph) == expected[name]
-    plan = planner.plan(planner.autograd_peak * 7 // 10, "auto")
+    # at 50%, a budget the solvers' cases above solved: the Planner has its blocks' options
+    plan = planner.plan(planner.autograd_peak // 2, "auto")
     assert plan.header.solver.startswith(f"auto: {expected[name]}")
 
 

@@ -14,7 +14,6 @@ All were refused with "SymIntArrayRef expected to contain only concrete integers
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 import torch
@@ -28,14 +27,12 @@ LLAMA = MODELS / "hf_llama_checkpointing.py"
 
 
 def plan_within(spec: str, budget: str, tmp_path) -> str:
-    """The plan of `spec` at `budget` (`min`: 110% of the smallest), trained against eager:
-    the search for the smallest budget, the shell pipeline and the comparison together in
-    under 2 minutes (the stock Llama's took 73-83 s on this loaded 2-core machine)."""
-    start = time.monotonic()
+    """The plan of `spec` at `budget` (`min`: 110% of the smallest), trained against eager.
+    How long planning takes is bench/planning_time.py's to measure (MODEL.py arguments), on
+    an idle machine: tests check behaviour, not timings."""
     if budget == "min":
         budget = f"{smallest_budget(spec, tmp_path) * 11 // 10}B"
     text, _ = plan_and_train(spec, budget, tmp_path)
-    assert time.monotonic() - start < 120
     return text
 
 
