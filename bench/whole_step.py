@@ -74,7 +74,8 @@ Rows (time is a step, forward + backward + optimizer update):
   not fit: every op once + the device update).
 
 Configurations (issue 48): Llama-2-7B fp32, batch 4 x 512, AdamW on rtx3060, rtx4090 and
-h100 (h100-sxm); Llama-2-13B with bf16 parameters on h100; Llama-2-7B + LoRA on rtx3060.
+h100 (h100-sxm); Llama-2-13B with bf16 parameters on rtx4090 and h100; Llama-2-7B + LoRA on
+rtx3060.
 Assumptions for bf16 (13B): on the device AdamW runs as torch.optim runs it on bf16
 parameters (bf16 states, no master copy: the planner's model); where the optimizer is on
 the host (ZeRO rows), fp32 master weights and fp32 states, W = 4 N; the paged optimizer
@@ -186,6 +187,7 @@ CONFIGS = (
     Config("7b-fp32-rtx3060", LLAMA2_7B, "float32", "rtx3060"),
     Config("7b-fp32-rtx4090", LLAMA2_7B, "float32", "rtx4090"),
     Config("7b-fp32-h100", LLAMA2_7B, "float32", "h100-sxm"),
+    Config("13b-bf16-rtx4090", LLAMA2_13B, "bfloat16", "rtx4090"),
     Config("13b-bf16-h100", LLAMA2_13B, "bfloat16", "h100-sxm"),
     Config("7b-lora-rtx3060", LLAMA2_7B, "float32", "rtx3060", lora=True),
 )
