@@ -43,6 +43,9 @@ RUG = {
     "wait": None,
     "update": "#55A868",
     "host_update": "#C44E52",
+    "prefetch_states": "#2E8B57",
+    "offload_states": "#8172B3",
+    "wait_states": None,
 }
 MIB = 1024 * 1024
 PNG_SOFTWARE = "remat-dsl (remat show --png)"  # its PNGs' Software (NOTE: [Safe outputs] in remat_dsl/cli/console.py)
