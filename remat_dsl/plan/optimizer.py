@@ -14,7 +14,8 @@ the defaults too, so a plan says exactly what runs).  `update P` runs P's update
 device (its optimizer states live on the device for the whole step); `host_update P`
 runs it on the host from the host copy of P's gradient (offloaded before) with the
 optimizer states and an fp32 master copy of P kept in host memory, and then copies P back
-to the device on the h2d stream (eq. 4.18-4.23: host memory, host update time).
+to the device on the h2d stream (eq. 4.18-4.23: host memory, host update time).  A
+device update may also page its states (NOTE: [Paged optimizer states]).
 
 Memory, per parameter of `nbytes` bytes (its dtype's bytes; states have the parameter's
 dtype, as torch.optim makes them):
