@@ -92,6 +92,60 @@ def test_paged_states_train_bit_exactly_with_the_predicted_peak(kind, tmp_path):
     assert peak_bytes(step) + resident == given
 
 
+def test_paged_states_on_emulated_streams_are_ordered_and_exact(tmp_path):
+    """The CUDA path of the states' copies (NOTE: [Streams] in remat_dsl/codegen/runtime.py)
+    on the stream emulation (tests/stream_emulation.py): no access unordered with a copy, no
+    copy left unwaited, and the same parameters as eager after 3 SGD-momentum steps."""
+    from stream_emulation import Emulation
+
+    plan, _, eager, inputs = _paged_plan("sgd")
+    path = tmp_path / "paged.plan"
+    path.write_text(plan_text(plan))
+    source = tmp_path / "fast_paged.py"
+    source.write_text(generate_module(path))
+    module = load_module(source)
+    make = OPTIMIZERS["sgd"][1]
+    ours = copy.deepcopy(eager)
+    fast = module.FastModel(ours, optimizer=make(ours.parameters()))
+    eager_opt = make(eager.parameters())
+    emulation = Emulation()
+    with emulation.running(module):
+        for step in range(3):
+            torch.manual_seed(step)
+            eager(*inputs).square().mean().backward()
+            eager_opt.step()
+            eager_opt.zero_grad()
+            torch.manual_seed(step)
+            fast(*inputs).square().mean().backward()
+    assert emulation.problems == []
+    assert emulation.unwaited == []
+    names = {emulation.name(c.stream) for c in emulation.history}
+    assert names == {"d2h", "h2d"}
+    for (name, a), b in zip(eager.named_parameters(), ours.parameters()):
+        assert torch.equal(a, b), name
+
+
+def test_an_update_not_ordered_after_its_states_prefetch_is_caught_by_the_emulation(tmp_path):
+    """The emulation can fail the test above: without the first `wait_states` the update
+    writes states the h2d copy has not finished."""
+    from stream_emulation import Emulation
+
+    plan, _, eager, inputs = _paged_plan("sgd")
+    path = tmp_path / "paged.plan"
+    path.write_text(plan_text(plan))
+    lines = generate_module(path).splitlines(keepends=True)
+    first = next(i for i, line in enumerate(lines) if "_s.optimizers.wait_states(" in line)
+    source = tmp_path / "fast_unordered.py"
+    source.write_text("".join(lines[:first] + lines[first + 1 :]))
+    module = load_module(source)
+    fast = module.FastModel(eager, optimizer=OPTIMIZERS["sgd"][1](eager.parameters()))
+    emulation = Emulation()
+    with emulation.running(module):
+        for _ in range(2):  # the first step has no states to prefetch
+            fast(*inputs).square().mean().backward()
+    assert any("of the h2d copy at" in p and "with no wait for it" in p for p in emulation.problems), emulation.problems
+
+
 def _edit(text: str, edit) -> str:
     lines = text.splitlines(keepends=True)
     return "".join(edit(lines))

@@ -552,7 +552,7 @@ class _Optimizers:
                 host[key] = value
                 continue
             if key not in host:  # the first update made them
-                host[key] = torch.empty(value.shape, dtype=value.dtype, pin_memory=_streamed(value.device))
+                host[key] = torch.empty(value.shape, dtype=value.dtype, pin_memory=value.device.type == "cuda")
             events.append(_copy_to_host(host[key], value))
         self.transfers[i] = (events, True)
 
