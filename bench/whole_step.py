@@ -404,7 +404,9 @@ def remat_row(graph: ir.Graph, kind: str, device: DeviceModel, t: Terms, memory:
     peak = h.peak_bytes
     streamed = len({i.target for i in (*plan.forward, *plan.backward) if i.verb == "prefetch"} & {
         p.name for p in graph.parameters})  # fmt: skip
-    note = (f"{hosted}/{updated} parameters updated on the host, {streamed} kept in host memory; "
+    paged = sum(1 for i in plan.backward if i.verb == "prefetch_states")  # NOTE: [Paged optimizer states]
+    note = (f"{hosted}/{updated} parameters updated on the host, {paged} with paged states, {streamed} kept in "
+            f"host memory; "
             f"solver {h.solver.split(';')[0]}")  # fmt: skip
     return Row("remat plan", h.time_us, peak, peak <= memory, note)
 
