@@ -66,7 +66,8 @@ Rows (time is a step, forward + backward + optimizer update):
     the host and come back for the update: 2 x their bytes over the link each step)
   remat plan       budget b = M; peak = the plan's peak; time = the plan's time_us
     (Planner(graph).plan_step(b, AdamW, update_speeds, "auto"): the whole step's plan,
-    optimizer placed per parameter on the device or the host, parameters kept in host
+    optimizer placed per parameter on the device (states held or paged) or the host, the
+    fastest placement that fits kept, parameters kept in host
     memory where the budget needs it (NOTE: [Optimizer placement] in
     remat_dsl/solve/driver.py).  The plan's peak counts the parameters on the device, the
     device's optimizer states and updates, activations and gradients.)
@@ -405,7 +406,9 @@ def remat_row(graph: ir.Graph, kind: str, device: DeviceModel, t: Terms, memory:
     peak = h.peak_bytes
     streamed = len({i.target for i in (*plan.forward, *plan.backward) if i.verb == "prefetch"} & {
         p.name for p in graph.parameters})  # fmt: skip
-    note = (f"{hosted}/{updated} parameters updated on the host, {streamed} kept in host memory; "
+    paged = sum(1 for i in plan.backward if i.verb == "prefetch_states")  # NOTE: [Paged optimizer states]
+    note = (f"{hosted}/{updated} parameters updated on the host, {paged} with paged states, {streamed} kept in "
+            f"host memory; "
             f"solver {h.solver.split(';')[0]}")  # fmt: skip
     return Row("remat plan", h.time_us, peak, peak <= memory, note)
 

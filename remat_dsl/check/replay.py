@@ -28,6 +28,9 @@ no longer held to the end: it may be deleted after its update.  The parameters u
 the host keep their master copy and their states in host memory for the whole step; on a
 "cpu" device, host and device share one allocator, so a `host_update`'s temporaries are
 counted in device memory too.
+Paged optimizer states (NOTE: [Paged optimizer states] in remat_dsl.plan.optimizer) are
+held in host memory through the step and on the device from their `prefetch_states` to the
+`wait_states` after their `offload_states`.
 NOTE: [Parameters on the host]
 In a whole-step plan the parameters are counted in device memory, held through the step,
 except those the plan prefetches: they live in host memory (the host copy of a parameter
@@ -53,6 +56,9 @@ of P's master copy (fp32 at least: a bf16 parameter's are twice its own) / the h
 speed (the first of the step also for the header's overhead, the host's management time per
 step), then copies P to the device on the h2d stream (P's
 bytes / bandwidth); the step ends when the last of them does (thesis ch. 4, eq. 4.23).
+`prefetch_states P` / `offload_states P` take their states' bytes / bandwidth on the h2d /
+d2h stream as a prefetch / offload does, and `wait_states P` moves the compute clock to the
+end of that transfer (thesis ch. 4, eq. 4.10, 4.21-4.22: PrfO, OflO).
 """
 
 from __future__ import annotations
@@ -393,6 +399,12 @@ class _Simulator:
             if g.value is not None
         }
         self.states_bytes = 0  # the device's optimizer states, held through the step
+        self.paged_live: dict[str, int] = {}  # the paged states on the device at the peak
+        # NOTE: [Paged optimizer states] in remat_dsl/plan/optimizer.py
+        self.paged = {i.target for i in plan.backward if i.verb == "prefetch_states" and i.target in self.param_bytes}
+        self.states_here: dict[str, int] = {}  # paged parameter -> bytes of its states on the device now
+        self.states_pending: dict[str, _Transfer] = {}  # paged parameter -> its states' transfer in flight
+        self.states_moved: dict[str, str] = {}  # "prefetch_states P" / "offload_states P" -> where
         self.params_bytes = 0  # the parameters on the device through the whole step (whole-step plans)
         # NOTE: [Parameters on the host]: parameters the plan prefetches live in host memory
         self.streamed = {
@@ -401,6 +413,7 @@ class _Simulator:
         if self.optimizer is not None:
             opt = self.optimizer
             on_device = {i.target for i in plan.backward if i.verb == "update" and i.target in self.param_bytes}
+            on_device -= self.paged
             on_host = {i.target for i in plan.backward if i.verb == "host_update" and i.target in self.param_bytes}
             self.states_bytes = sum(opt.state_bytes(self.param_bytes[p]) for p in on_device)
             self.params_bytes = sum(n for p, n in self.param_bytes.items() if p not in self.streamed)
@@ -416,6 +429,7 @@ class _Simulator:
             master = self.master_bytes
             self.host_bytes = sum(master[p] + opt.state_bytes(master[p]) for p in on_host)
             self.host_bytes += sum(self.param_bytes[p] for p in self.streamed - on_host)
+            self.host_bytes += sum(opt.state_bytes(self.param_bytes[p]) for p in self.paged)
             self.host_peak = self.host_bytes
             self.host_ready.update(self.streamed)
 
@@ -525,6 +539,7 @@ class _Simulator:
                 f"delete {name} after its last use in the backward",
                 span,
             )
+        self._end_paged(span)
         if self.optimizer is not None:
             for g in self.plan.graph.gradients:
                 if g.value is not None and g.parameter not in self.updated:
@@ -604,6 +619,7 @@ class _Simulator:
         # copies only (C speed): sorting what is live at every new peak made a store-all
         # plan of 20,000 ops take 88 s to simulate; `peak_live` sorts the last one
         self._peak_state = (dict(self.resident), dict(self.rng), self._freed + extra)
+        self.paged_live = dict(self.states_here)
 
     @property
     def peak_live(self) -> tuple[tuple[str, int], ...]:
@@ -615,6 +631,7 @@ class _Simulator:
         live += [(f"rng state of {op}", n) for op, n in rng.items()]
         live += freed  # freed by the peak's instruction: still live at its peak
         live += [("optimizer states on the device", self.states_bytes)] if self.states_bytes else []
+        live += [(f"optimizer states of {p}", n) for p, n in self.paged_live.items()]
         live += [("parameters on the device", self.params_bytes)] if self.params_bytes else []
         return tuple(sorted((item for item in live if item[1]), key=lambda item: (-item[1], item[0])))
 
@@ -976,7 +993,11 @@ class _Simulator:
         self._start_transfer("prefetch", name, instr)
         return 0, []
 
-    def _start_transfer(self, kind: str, name: str, instr: ir.Instruction) -> None:
+    def _start_transfer(
+        self, kind: str, name: str, instr: ir.Instruction, nbytes: int | None = None, pending: dict | None = None
+    ) -> None:
+        """Start `kind` of `name` (`nbytes`: its bytes, a tensor's by default) on the
+        instruction's stream, recorded in `pending` (the tensors' by default)."""
         bandwidth = self.plan.header.bandwidth
         if bandwidth <= 0:
             self._fail(
@@ -985,13 +1006,13 @@ class _Simulator:
                 instr.span,
             )
         streams = self.clocks.streams
-        duration = transfer_us(self._nbytes(name), bandwidth)
+        duration = transfer_us(self._nbytes(name) if nbytes is None else nbytes, bandwidth)
         # its data is ready by the compute clock: the compute stream made the tensor (offload),
         # or waited for the offload before this prefetch (`_prefetch` requires that wait)
         end = max(streams[ir.COMPUTE_STREAM], streams[instr.stream]) + duration
         streams[instr.stream] = end
         self.clocks.transfer_us += duration
-        self.pending[name] = _Transfer(kind, end, self._where(), instr.span)
+        (self.pending if pending is None else pending)[name] = _Transfer(kind, end, self._where(), instr.span)
 
     def _nbytes(self, name: str) -> int:
         """Bytes of a tensor, or of a parameter the plan prefetches."""
@@ -1044,7 +1065,7 @@ class _Simulator:
                 "move this line to the backward section, after its gradient is made",
                 instr.span,
             )
-        if name in self.updated:
+        if name in self.updated and instr.verb in ("update", "host_update"):
             self._fail(
                 f"parameter '{name}' is updated twice (first at {self.updated[name]}): the optimizer would "
                 "take two steps",
@@ -1055,6 +1076,8 @@ class _Simulator:
     def _update(self, instr: ir.Instruction) -> tuple[int, list]:
         name = instr.target
         assert self.optimizer is not None  # _check_parameter_name
+        if name in self.paged:
+            self._check_states_ready(name, instr)
         if name in self.streamed:
             self._fail(
                 f"cannot update '{name}' on the device: the plan keeps it in host memory (it prefetches it)",
@@ -1087,6 +1110,13 @@ class _Simulator:
     def _host_update(self, instr: ir.Instruction) -> tuple[int, list]:
         name = instr.target
         assert self.optimizer is not None  # _check_parameter_name
+        if name in self.paged:
+            self._fail(
+                f"cannot host_update '{name}': the plan pages its optimizer states to the device "
+                f"(prefetch_states at {self.states_moved.get('prefetch_states ' + name, 'a later line')})",
+                f"write `update {name}`, or remove its prefetch_states, wait_states and offload_states lines",
+                instr.span,
+            )
         for ref in self.grad_refs[name]:
             if ref not in self.host_ready:
                 started = self.offloaded_at.get(ref)
@@ -1120,6 +1150,112 @@ class _Simulator:
             self._held.append((f"temporaries of host_update {name}", temp))
         return self.current + temp, [(f"temporaries of host_update {name}", temp)] if temp else []
 
+    # -- paged optimizer states (NOTE: [Paged optimizer states] in remat_dsl/plan/optimizer.py) --
+
+    def _check_states_ready(self, name: str, instr: ir.Instruction) -> None:
+        """A paged update needs its states on the device, their prefetch waited for."""
+        started = self.states_moved.get(f"prefetch_states {name}")
+        if name not in self.states_here:
+            self._fail(
+                f"cannot update '{name}': its paged optimizer states are not on the device"
+                + (f" (prefetched at {started}, offloaded since)" if started else ""),
+                f"add `prefetch_states {name}` and `wait_states {name}` before this line",
+                instr.span,
+            )
+        transfer = self.states_pending.get(name)
+        if transfer is not None:
+            self._fail(
+                f"cannot update '{name}': the prefetch of its optimizer states ({transfer.where}) is not waited for",
+                f"add `wait_states {name}` before this line",
+                instr.span,
+            )
+
+    def _once(self, name: str, instr: ir.Instruction) -> None:
+        """Each states transfer of a paged parameter is in the plan once."""
+        key = f"{instr.verb} {name}"
+        if key in self.states_moved:
+            self._fail(
+                f"the optimizer states of '{name}' are moved twice ({instr.verb} at {self.states_moved[key]})",
+                "remove one of the two lines: a paged update prefetches its states once and offloads them once",
+                instr.span,
+            )
+        self.states_moved[key] = self._where()
+
+    def _prefetch_states(self, instr: ir.Instruction) -> tuple[int, list]:
+        name = instr.target
+        assert self.optimizer is not None  # _check_parameter_name
+        self._once(name, instr)
+        if name in self.updated:
+            self._fail(
+                f"cannot prefetch the optimizer states of '{name}' after its update ({self.updated[name]})",
+                f"move this line before `update {name}`",
+                instr.span,
+            )
+        nbytes = self.optimizer.state_bytes(self.param_bytes[name])
+        self.states_here[name] = nbytes
+        self.current += nbytes
+        label = f"optimizer states of {name}"
+        self._added.append((label, nbytes))
+        self._held.append((label, nbytes))
+        self._start_transfer("prefetch", name, instr, nbytes, self.states_pending)
+        return 0, []
+
+    def _check_paged(self, name: str, instr: ir.Instruction) -> None:
+        if name not in self.paged:
+            self._fail(
+                f"cannot {instr.verb} '{name}': its optimizer states are not paged (no `prefetch_states {name}`)",
+                f"remove this line, or add `prefetch_states {name}` and `wait_states {name}` before `update {name}`",
+                instr.span,
+            )
+
+    def _offload_states(self, instr: ir.Instruction) -> tuple[int, list]:
+        name = instr.target
+        self._check_paged(name, instr)
+        self._once(name, instr)
+        if name not in self.updated or name not in self.states_here:
+            self._fail(
+                f"cannot offload the optimizer states of '{name}' before its update: the update's new states "
+                "would not reach host memory",
+                f"move this line after `update {name}`",
+                instr.span,
+            )
+        self._start_transfer("offload", name, instr, self.states_here[name], self.states_pending)
+        return 0, []
+
+    def _wait_states(self, instr: ir.Instruction) -> tuple[int, list]:
+        name = instr.target
+        self._check_paged(name, instr)
+        transfer = self.states_pending.pop(name, None)
+        if transfer is None:
+            self._fail(
+                f"nothing to wait for: the optimizer states of '{name}' have no transfer in flight",
+                f"remove this line, or move it after `prefetch_states {name}` or `offload_states {name}`",
+                instr.span,
+            )
+        streams = self.clocks.streams
+        streams[ir.COMPUTE_STREAM] = max(streams[ir.COMPUTE_STREAM], transfer.end_us)
+        if transfer.kind == "offload":  # their host copy is written: the device copy is freed
+            nbytes = self.states_here.pop(name)
+            self.current -= nbytes
+            self._freed.append((f"optimizer states of {name}", nbytes))
+        return 0, []
+
+    def _end_paged(self, span: ir.Span | None) -> None:
+        """No paged states transfer is in flight, and none is left on the device, when the step ends."""
+        for name, transfer in self.states_pending.items():
+            self._fail(
+                f"the {transfer.kind} of the optimizer states of '{name}' ({transfer.where}) is never waited for",
+                f"add `wait_states {name}` after it, before the end of the backward section",
+                transfer.span or span,
+            )
+        for name in self.states_here:
+            self._fail(
+                f"the optimizer states of '{name}' are still on the device at the end of the step: the next "
+                "step's prefetch reads the host copy, which would miss this update",
+                f"add `offload_states {name}` and `wait_states {name}` after `update {name}`",
+                span,
+            )
+
 
 # The replay of each verb of ir.INSTRUCTIONS, called with the simulator and the instruction;
 # it returns (device bytes at its peak, the (name, bytes) live at that peak beside the
@@ -1133,4 +1269,7 @@ HANDLERS = {
     "wait": _Simulator._wait,
     "update": _Simulator._update,
     "host_update": _Simulator._host_update,
+    "prefetch_states": _Simulator._prefetch_states,
+    "offload_states": _Simulator._offload_states,
+    "wait_states": _Simulator._wait_states,
 }

@@ -413,6 +413,8 @@ class _Renderer:
             key=self.param_index.__getitem__,
         )
         self.param_attr = {name: self.var[name] for name in self.streamed}
+        # NOTE: [Paged optimizer states] in remat_dsl/plan/optimizer.py
+        self.paged = {i.target for i in self.plan.backward if i.verb == "prefetch_states"}
         self.var = {**self.var, **{name: f"dev_{names.attr(name)}" for name in self.streamed}}
 
     def context(self) -> dict:
@@ -653,7 +655,22 @@ class _Renderer:
         """`_s.optimizers.update(K, GRAD)`: parameter K's update from its gradient (NOTE:
         [Optimizer in the step])."""
         value = self._reached(self._gradient(param))
-        return [f"_s.optimizers.update({self.param_index[param]}, {value})  # {where}"]
+        paged = ", paged=True" if param in self.paged else ""
+        return [f"_s.optimizers.update({self.param_index[param]}, {value}{paged})  # {where}"]
+
+    def _prefetch_states(self, param: str, step, where: str) -> list[str]:
+        """`_s.optimizers.prefetch_states(K, _device)`: P's paged states copied to the device
+        on the h2d stream (NOTE: [Paged optimizer states] in remat_dsl/plan/optimizer.py)."""
+        return [f"_s.optimizers.prefetch_states({self.param_index[param]}, _device)  # {where}"]
+
+    def _offload_states(self, param: str, step, where: str) -> list[str]:
+        """`_s.optimizers.offload_states(K, _device)`: P's new states copied to host memory on d2h."""
+        return [f"_s.optimizers.offload_states({self.param_index[param]}, _device)  # {where}"]
+
+    def _wait_states(self, param: str, step, where: str) -> list[str]:
+        """`_s.optimizers.wait_states(K, _device)`: the compute stream waits for P's states'
+        copy; after their offload, their device copy is dropped."""
+        return [f"_s.optimizers.wait_states({self.param_index[param]}, _device)  # {where}"]
 
     def _host_update(self, param: str, step, where: str) -> list[str]:
         """`_s.optimizers.host_update(K, HOST GRAD, (EVENTS,), _device)`: the update on the
@@ -892,6 +909,9 @@ EMITTERS = {
     "wait": _Renderer._wait,
     "update": _Renderer._update,
     "host_update": _Renderer._host_update,
+    "prefetch_states": _Renderer._prefetch_states,
+    "offload_states": _Renderer._offload_states,
+    "wait_states": _Renderer._wait_states,
 }
 
 

@@ -169,6 +169,19 @@ def _prefetch(host, written, device):
     return tensor, h2d.record_event()
 
 
+def _copy_to_host(host, tensor):
+    """The event of copying device `tensor` into `host` on the d2h stream (None on the CPU,
+    where the copy is done when this returns)."""
+    if not _streamed(tensor.device):
+        host.copy_(tensor)
+        return None
+    d2h = _side_stream("d2h", tensor.device)
+    d2h.wait_stream(_cuda.current_stream(tensor.device))
+    with _cuda.stream(d2h):
+        host.copy_(tensor, non_blocking=True)
+    return d2h.record_event()
+
+
 def _wait(event, device):
     if event is not None:
         _cuda.current_stream(device).wait_event(event)
@@ -482,6 +495,10 @@ class _Optimizers:
         self.workers = {}  # (parameter index, where) -> its torch.optim optimizer
         self.masters = {}  # parameter index -> its copy in host memory, fp32 at least
         self.versions = {}  # parameter index -> the parameter's version counter after its last copy back
+        # NOTE: [Paged optimizer states] in remat_dsl/plan/optimizer.py: their host copy is the
+        # main optimizer's state; their device copy lives from prefetch_states to wait_states
+        self.paged = {}  # parameter index -> its states' device copy (the step counter shared)
+        self.transfers = {}  # parameter index -> (events of its states' copies, whether they leave the device)
 
     def _worker(self, i, target, host):
         worker = self.workers.get((i, host))
@@ -493,16 +510,60 @@ class _Optimizers:
         worker.param_groups[0].update({k: v for k, v in group.items() if k != "params"})
         return worker
 
-    def update(self, i, grad):
+    def update(self, i, grad, paged=False):
         """The update of parameter `i` on its device from `grad`; none when the loss does
-        not reach it (None) or the main optimizer does not hold it, as eager."""
+        not reach it (None) or the main optimizer does not hold it, as eager.  `paged`: with
+        the device copy of its states that prefetch_states made."""
         param = self.params[i]
         if grad is None or id(param) not in self.groups:
             return
         worker = self._worker(i, param, False)
+        if paged:
+            worker.state = {param: self.paged[i]}
         param.grad = grad
         worker.step()
         param.grad = None
+        if paged:
+            worker.state = self.main.state
+
+    def prefetch_states(self, i, device):
+        """Start copying parameter `i`'s paged states from host memory to `device` (h2d);
+        none before its first update, which makes them."""
+        copies, events = {}, []
+        for key, value in self.main.state.get(self.params[i], {}).items():
+            if key == "step" or not torch.is_tensor(value):  # the counter stays where torch.optim keeps it
+                copies[key] = value
+                continue
+            copies[key], event = _prefetch(value, None, device)
+            events.append(event)
+        self.paged[i] = copies
+        self.transfers[i] = (events, False)
+
+    def offload_states(self, i, device):
+        """Start copying parameter `i`'s updated states back to host memory (d2h), into the
+        host copies (pinned for CUDA) the main optimizer's state holds."""
+        if not self.paged[i]:  # no update ran (no gradient): nothing to keep
+            self.transfers[i] = ([], True)
+            return
+        host = self.main.state[self.params[i]]
+        events = []
+        for key, value in self.paged[i].items():
+            if key == "step" or not torch.is_tensor(value):
+                host[key] = value
+                continue
+            if key not in host:  # the first update made them
+                host[key] = torch.empty(value.shape, dtype=value.dtype, pin_memory=value.device.type == "cuda")
+            events.append(_copy_to_host(host[key], value))
+        self.transfers[i] = (events, True)
+
+    def wait_states(self, i, device):
+        """The compute stream waits for parameter `i`'s states' copy; once they are back in
+        host memory, their device copy is dropped."""
+        events, leaving = self.transfers.pop(i)
+        for event in events:
+            _wait(event, device)
+        if leaving:
+            del self.paged[i]
 
     def host_update(self, i, grad, events, device, on_host=False):
         """The update of parameter `i` on the host from `grad`, the host copy of its

@@ -43,6 +43,15 @@ host_update P    the same update run by the host CPU on the `host` stream, from 
                  copy of P's gradient (offloaded and waited for), with P's optimizer states
                  and master copy in host memory; P is then copied back to the device on
                  the `h2d` stream.
+prefetch_states P  allocates P's optimizer states on the device and starts copying them
+                 from host memory on the `h2d` stream: P's update is paged, its states live
+                 in host memory and are on the device only from here to their offload's
+                 wait (NOTE: [Paged optimizer states] in remat_dsl.plan.optimizer).
+offload_states P starts copying P's updated states back to host memory on the `d2h`
+                 stream, after `update P`.
+wait_states P    the compute stream waits for the transfer of P's states in flight:
+                 required between `prefetch_states P` and `update P`, and after
+                 `offload_states P`, where it frees the states' device copy.
 Random operations (dropout) that are recomputed replay the RNG state saved at their first
 execution; their `compute` instructions keep the captured order, so the random stream is
 consumed as in eager PyTorch.
@@ -112,6 +121,9 @@ INSTRUCTIONS: dict[str, Verb] = {
         Verb("wait", "tensor", COMPUTE_STREAM, transfer=True, aliases=("sync", "synchronize", "join")),
         Verb("update", "parameter", COMPUTE_STREAM, aliases=("step", "optimize", "apply")),
         Verb("host_update", "parameter", HOST_STREAM, aliases=("cpu_update", "update_on_host", "host_step")),
+        Verb("prefetch_states", "parameter", H2D_STREAM, transfer=True, aliases=("load_states", "fetch_states")),
+        Verb("offload_states", "parameter", D2H_STREAM, transfer=True, aliases=("store_states", "evict_states")),
+        Verb("wait_states", "parameter", COMPUTE_STREAM, transfer=True, aliases=("sync_states", "join_states")),
     )
 }
 VERBS = tuple(INSTRUCTIONS)

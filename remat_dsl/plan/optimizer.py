@@ -14,7 +14,8 @@ the defaults too, so a plan says exactly what runs).  `update P` runs P's update
 device (its optimizer states live on the device for the whole step); `host_update P`
 runs it on the host from the host copy of P's gradient (offloaded before) with the
 optimizer states and an fp32 master copy of P kept in host memory, and then copies P back
-to the device on the h2d stream (eq. 4.18-4.23: host memory, host update time).
+to the device on the h2d stream (eq. 4.18-4.23: host memory, host update time).  A
+device update may also page its states (NOTE: [Paged optimizer states]).
 
 Memory, per parameter of `nbytes` bytes (its dtype's bytes; states have the parameter's
 dtype, as torch.optim makes them):
@@ -27,6 +28,26 @@ dtype, as torch.optim makes them):
   at most 2 x nbytes.
 Time: nbytes / the header's update speed (device or host, bytes of parameter per second),
 plus, once a step on the host, its management time (eq. 4.23's H).
+
+NOTE: [Paged optimizer states]
+A device update whose states do not fit beside the step's other memory can page them: P's
+states live in host memory (as a host update's do) and are copied to the device for the
+update only,
+
+    prefetch_states P      h2d: allocate P's states on the device, copy them in
+    wait_states P          the compute stream waits for that copy
+    update P               on the device, as an unpaged update
+    offload_states P       d2h: copy the new states back to host memory
+    wait_states P          the compute stream waits for that copy; the device copy is freed
+
+(X. Zhao's thesis, ch. 4, eq. 4.10: the O-ILP's PrfO and OflO, the prefetch and the offload
+of a parameter's optimizer states, and eq. 4.21-4.22: they run on the h2d and d2h channels
+and their device memory is counted from the prefetch to the end of the offload).  The states
+keep the parameter's dtype, so the host holds state_bytes(P) for the whole step; the link
+carries them twice a step, against a host update's gradient offload, master update at the
+host's speed and parameter copy back.  Each line is once per paged parameter; a plan that
+leaves paged states on the device, updates them before they arrive or offloads them before
+the update is refused (remat_dsl/check/replay.py).
 
 Hyper-parameters are numbers only, and the kind one of KINDS: nothing in a plan's
 optimizer line names code to run.

@@ -51,6 +51,9 @@ POLICIES = {
     "wait": None,
     "update": None,
     "host_update": None,
+    "prefetch_states": None,
+    "offload_states": None,
+    "wait_states": None,
 }
 MAX_LISTED = 50  # changes listed per kind in the summary; the line diff shows them all
 ABSENT = "(absent)"

@@ -89,6 +89,7 @@ from remat_dsl.solve.api import (
 )
 from remat_dsl.solve.lowering import (
     DEFAULT_BANDWIDTH,
+    add_paged_states,
     add_parameter_streaming,
     add_updates,
     autograd_order,
@@ -239,10 +240,18 @@ class Planner:
     # For each, the activations are planned by the solver under the budget less what the
     # device holds besides (its parameters and optimizer states, the two largest prefetched
     # parameters, the largest update's temporaries), the updates placed and the parameters
-    # streamed (lowering's `add_updates`, `add_parameter_streaming`), and the first whole plan
-    # whose simulation fits the budget (and the host
-    # budget) is kept.  It is a heuristic: the thesis' O-ILP (ch. 4, eq. 4.1-4.23) chooses
-    # these fractions, per parameter and per block, in one ILP with the schedule.
+    # streamed (lowering's `add_updates`, `add_parameter_streaming`, `add_paged_states`) and
+    # the whole plan simulated; it must fit the budget and the host budget.  Each host set is
+    # tried twice: the device updates with their states held through the step, and with their
+    # states paged (NOTE: [Paged optimizer states] in
+    # remat_dsl.plan.optimizer: held in host memory, prefetched before the update and offloaded
+    # after it, thesis eq. 4.10's PrfO/OflO; their copies are timed on the h2d and d2h streams
+    # as eq. 4.21-4.22 time them).  Among these plans the fastest that fits (the replay's
+    # predicted time) is kept: paging moves 2 x the states over the link per step where a host
+    # update moves the gradient and the parameter and runs at the host's speed (eq. 4.23), so
+    # which is faster depends on the link, the host and the model.  Parameter streaming is
+    # tried only when none of them fits.  It is a heuristic: the thesis' O-ILP (ch. 4, eq.
+    # 4.1-4.23) chooses these fractions, per parameter and per block, in one ILP with the schedule.
     HOST_SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)
 
     def plan_step(
@@ -271,17 +280,25 @@ class Planner:
         total_params = sum(sizes.values())
         cpu = self.problem.device == "cpu"
         tried, smallest = set(), None
+        host_error: RematError | None = None  # the last plan that fit the budget but not the host budget
+        best: tuple[int, ir.Plan] | None = None  # (predicted time in us, the simulated plan)
+        solved: dict[int, ir.Plan] = {}  # activation budget -> the solver's plan (shared by attempts)
         # the smallest parameters stay on the device: the generated module finds its device by them
-        attempts = [(share, 0.0) for share in self.HOST_SHARES] + [(1.0, share) for share in self.HOST_SHARES[1:-1]]
-        for state_share, param_share in attempts:
+        attempts = [(share, 0.0, paged) for share in self.HOST_SHARES for paged in (False, True)]
+        streaming = [(1.0, share, False) for share in self.HOST_SHARES[1:-1]]
+        for number, (state_share, param_share, paged) in enumerate(attempts + streaming):
+            if number == len(attempts) and best is not None:
+                break  # a plan without parameter streaming fits: the fastest of them
             on_host = _largest(trainable, lambda p: optimizer.state_bytes(sizes[p]), state_share * total_states)
             streamed = _largest(by_size, sizes.__getitem__, param_share * total_params)
             key = (frozenset(on_host) | (frozenset(streamed) & set(trainable)), frozenset(streamed))
-            if key in tried:
-                continue
-            tried.add(key)
             device = [p for p in trainable if p not in key[0]]
-            states = sum(optimizer.state_bytes(sizes[p]) for p in device)
+            if (key, paged) in tried or (paged and not device):
+                continue
+            tried.add((key, paged))
+            device_states = sorted((optimizer.state_bytes(sizes[p]) for p in device), reverse=True)
+            # paged: the states of the updates whose transfers overlap (PREFETCH_LEAD ops each way)
+            states = sum(device_states[:3]) if paged else sum(device_states)
             resident = sum(n for p, n in sizes.items() if p not in key[1])
             working = sum(sorted((sizes[p] for p in key[1]), reverse=True)[:2])  # prefetched ahead of use
             updating = device if not cpu else trainable  # one allocator on a CPU
@@ -289,26 +306,46 @@ class Planner:
             held = states + resident + working + temp
             if budget - held <= 0:
                 continue
+            target = budget - held
             try:
-                plan = activations.plan(budget - held, solver)
+                if target not in solved:
+                    solved[target] = activations.plan(target, solver)
+                plan = solved[target]
             except BudgetError as error:
                 smallest = min(smallest or error.smallest + held, error.smallest + held)
-                continue
+                if not paged or error.smallest + resident + device_states[0] > budget:
+                    continue
+                # a paged update's states and temporaries are on the device while the backward's
+                # activations are mostly freed: the activations at their floor, the simulation judges
+                try:
+                    plan = solved[error.smallest] = solved.get(error.smallest) or activations.plan(
+                        error.smallest, solver
+                    )
+                except BudgetError:
+                    continue
             plan = add_updates(replace(plan, graph=graph), optimizer.text(), key[0], speeds)
             plan = add_parameter_streaming(plan, key[1])
+            if paged:
+                plan = add_paged_states(plan, device)
             plan = replace(plan, header=replace(plan.header, budget=budget))
             sim = simulate(plan)
             if sim.peak_bytes > budget:
                 continue
             host_budget = self.problem.host_budget
             if host_budget is not None and sim.host_peak_bytes > host_budget:
-                raise RematError(
+                host_error = RematError(
                     f"error: the plan that fits the budget needs {format_bytes(sim.host_peak_bytes)} of host memory "
                     f"(optimizer states and copies of {len(key[0] | key[1])} parameters), above the host budget "
                     f"{format_bytes(host_budget)}",
                     hint="raise --host-budget or --budget",
                 )
-            return with_predictions(plan, sim)
+                continue
+            if best is None or sim.time_us < best[0]:
+                best = (sim.time_us, with_predictions(plan, sim))
+        if best is not None:
+            return best[1]
+        if host_error is not None:
+            raise host_error
         why = "with the optimizer's states and updates"
         raise BudgetError(budget, smallest or budget * 2, self._label(solver), why)
 

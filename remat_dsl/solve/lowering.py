@@ -420,3 +420,35 @@ def add_parameter_streaming(plan: ir.Plan, streamed) -> ir.Plan:
         return tuple(result)
 
     return replace(plan, forward=stream(plan.forward), backward=stream(plan.backward))
+
+
+def add_paged_states(plan: ir.Plan, paged) -> ir.Plan:
+    """`plan` (a whole-step plan, after `add_updates`) with the optimizer states of the
+    parameters `paged` (each updated on the device) kept in host memory (NOTE: [Paged
+    optimizer states] in remat_dsl.plan.optimizer): `prefetch_states P` PREFETCH_LEAD ops
+    before `update P` and `wait_states P` right before it (thesis ch. 4, eq. 4.10: PrfO),
+    `offload_states P` right after it and its `wait_states P` PREFETCH_LEAD ops later, or
+    at the end of the backward (eq. 4.10: OflO), so that both copies overlap compute.  The
+    predictions in the header are not updated (simulate the result)."""
+    paged = set(paged)
+    backward = plan.backward
+    before: dict[int, list[ir.Instruction]] = defaultdict(list)
+    after: dict[int, list[ir.Instruction]] = defaultdict(list)
+    computes = [i for i, ins in enumerate(backward) if ins.runs_op]
+    for at, ins in enumerate(backward):
+        if ins.verb != "update" or ins.target not in paged:
+            continue
+        earlier = [i for i in computes if i < at]
+        later = [i for i in computes if i > at]
+        lead = earlier[-PREFETCH_LEAD] if len(earlier) >= PREFETCH_LEAD else 0
+        before[lead].append(ir.Instruction("prefetch_states", ins.target, ir.H2D_STREAM))
+        before[at].append(ir.Instruction("wait_states", ins.target, ir.COMPUTE_STREAM))
+        after[at].append(ir.Instruction("offload_states", ins.target, ir.D2H_STREAM))
+        joined = later[PREFETCH_LEAD - 1] if len(later) >= PREFETCH_LEAD else len(backward) - 1
+        after[joined].append(ir.Instruction("wait_states", ins.target, ir.COMPUTE_STREAM))
+    result: list[ir.Instruction] = []
+    for i, ins in enumerate(backward):
+        result.extend(before.get(i, []))
+        result.append(ins)
+        result.extend(after.get(i, []))
+    return replace(plan, backward=tuple(result))
