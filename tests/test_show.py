@@ -83,6 +83,25 @@ def test_categories_agree_with_simulate_on_the_offload_plan(offload_plan):
     assert_agrees_with_simulate(*offload_plan)
 
 
+@pytest.mark.parametrize("share, device, verb", [(0.92, "cpu", "host_update"), (1.2, "rtx3060", "prefetch_states")])
+def test_categories_agree_with_simulate_on_whole_step_plans(share, device, verb):
+    """A plan with the optimizer holds parameters and states before its first instruction;
+    host updates and paged states add and free them during the step: they count in their
+    own category, and the totals are the simulation's."""
+    from remat_dsl.capture.model_file import load_model_file
+    from remat_dsl.workflow import plan_model
+
+    model_file = load_model_file(str(ROOT / "tests" / "models" / "tiny_mlp.py"))
+    model, inputs = model_file.build(), model_file.inputs()
+    held = 4 * sum(p.numel() * p.element_size() for p in model.parameters())  # AdamW: params, grads, 2 states
+    plan = plan_model(model, inputs, int(share * held), optimizer="adamw", device=device)
+    assert verb in {i.verb for i in plan.backward}
+    sim = simulate(plan)
+    assert_agrees_with_simulate(plan, sim)
+    first = show.category_timeline(VerifiedPlan(plan, sim)).steps[0]
+    assert first.before[show.CATEGORIES.index(show.PARAMETERS)] == sim.timeline[0].mem_before > 0
+
+
 def test_a_drifted_simulation_is_detected(offload_plan):
     plan, sim = offload_plan
     steps = list(sim.timeline)

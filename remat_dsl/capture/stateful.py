@@ -4,7 +4,7 @@ NOTE: [Stateful layers]."""
 from __future__ import annotations
 
 import contextlib
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.fx as fx
@@ -76,7 +76,8 @@ def drop_inputs_returned(gm: fx.GraphModule) -> Callable[[tuple, tuple], tuple]:
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     index = {id(n.meta.get("example_value")): k for k, n in enumerate(placeholders) if "example_value" in n.meta}
     output = gm.graph.output_node()
-    values = list(output.args[0])
+    returned: Any = output.args[0]  # dynamo's graph returns a tuple or list of values
+    values = list(returned)
     dropped = {}
     for position, node in enumerate(values):
         value = node.meta.get("example_value") if isinstance(node, fx.Node) else None
@@ -84,7 +85,7 @@ def drop_inputs_returned(gm: fx.GraphModule) -> Callable[[tuple, tuple], tuple]:
             dropped[position] = index[id(value)]
     if not dropped:
         return lambda args, returned: returned
-    output.args = (type(output.args[0])(v for k, v in enumerate(values) if k not in dropped),)
+    output.args = (type(returned)(v for k, v in enumerate(values) if k not in dropped),)
     gm.graph.lint()
     gm.recompile()
 
@@ -102,7 +103,8 @@ def recomputed_weights(model: torch.nn.Module):
     forward."""
     wrapped = []
     for module in model.modules():
-        names = [h.name for h in module._forward_pre_hooks.values() if type(h).__name__ in SPECTRAL_HOOKS]
+        hooks: list[Any] = [h for h in module._forward_pre_hooks.values() if type(h).__name__ in SPECTRAL_HOOKS]
+        names = [h.name for h in hooks]
         names = [n for n in names if isinstance(getattr(module, n, None), torch.Tensor)]
         if names and "forward" not in module.__dict__:
             module.forward = _restoring(module, module.forward, {n: getattr(module, n) for n in names})
@@ -130,14 +132,15 @@ def plain_updates(forward: fx.GraphModule, first: int) -> None:
     `alias(copy(alias(buffer), value))`, with `value` of the buffer's shape and dtype,
     becomes `value`, in place."""
     output = forward.graph.output_node()
-    values = list(output.args[0])
+    returned: Any = output.args[0]  # the graph's outputs: a tuple or list of values
+    values = list(returned)
     for k in range(first):
         value = _copied_value(values[k])
         if value is not None:
             values[k] = value
-    if values == list(output.args[0]):
+    if values == list(returned):
         return
-    output.args = (type(output.args[0])(values),)
+    output.args = (type(returned)(values),)
     for node in reversed(list(forward.graph.nodes)):
         if node.op == "call_function" and not node.users and node.target in _ALIAS_OR_COPY:
             forward.graph.erase_node(node)
@@ -159,7 +162,8 @@ def _copied_value(node) -> fx.Node | None:
     target, value = copy.args[0], copy.args[1]
     if not (isinstance(target, fx.Node) and target.target is torch.ops.aten.alias.default):
         return None
-    if not (isinstance(value, fx.Node) and target.args[0].op == "placeholder"):
+    source = target.args[0]
+    if not (isinstance(value, fx.Node) and isinstance(source, fx.Node) and source.op == "placeholder"):
         return None
     old, new = target.meta.get("val"), value.meta.get("val")
     if not (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor)):

@@ -24,8 +24,12 @@ OUTPUTS = "model outputs"
 FORWARD_TEMPS = "forward temporaries"
 GRADIENTS = "gradients"
 OP_TEMPS = "op temporaries & RNG states"
-CATEGORIES = (SAVED, OUTPUTS, FORWARD_TEMPS, GRADIENTS, OP_TEMPS)
+# a whole-step plan's parameters on the device and optimizer states (NOTE: [Optimizer in
+# the step] in remat_dsl/plan/optimizer.py): held before its first instruction
+PARAMETERS = "parameters & optimizer states"
+CATEGORIES = (SAVED, OUTPUTS, FORWARD_TEMPS, GRADIENTS, OP_TEMPS, PARAMETERS)
 COLORS = {
+    PARAMETERS: "#937860",
     SAVED: "#4C72B0",
     OUTPUTS: "#8172B3",
     FORWARD_TEMPS: "#8EBAD9",
@@ -43,6 +47,9 @@ RUG = {
     "wait": None,
     "update": "#55A868",
     "host_update": "#C44E52",
+    "prefetch_states": "#2E8B57",
+    "offload_states": "#8172B3",
+    "wait_states": None,
 }
 MIB = 1024 * 1024
 PNG_SOFTWARE = "remat-dsl (remat show --png)"  # its PNGs' Software (NOTE: [Safe outputs] in remat_dsl/cli/console.py)
@@ -83,9 +90,7 @@ def tensor_categories(graph: ir.Graph) -> dict[str, str]:
     from remat_dsl.plan.ir import iter_refs, op_refs
 
     producer_phase = {op.name: op.phase for op in graph.ops}
-    read_by_backward = {
-        ref.name for op in graph.ops if op.phase == ir.BACKWARD for ref in op_refs(op)
-    }
+    read_by_backward = {ref.name for op in graph.ops if op.phase == ir.BACKWARD for ref in op_refs(op)}
     outputs = {ref.name for ref in iter_refs(graph.outputs)}
     categories = {}
     for tensor in graph.tensors:
@@ -113,7 +118,11 @@ def category_timeline(verified) -> CategoryTimeline:
     category = tensor_categories(plan.graph)
     slot = {name: i for i, name in enumerate(CATEGORIES)}
 
+    parameters = {p.name for p in plan.graph.parameters}
+
     def kind(key: str) -> int:
+        if key in parameters or key.startswith(("optimizer states", "parameters on the device")):
+            return slot[PARAMETERS]
         return slot[category.get(key.removesuffix(" (new copy)"), OP_TEMPS)]
 
     def plus(usage: tuple[int, ...], items, sign: int = 1) -> tuple[int, ...]:
@@ -123,6 +132,8 @@ def category_timeline(verified) -> CategoryTimeline:
         return tuple(result)
 
     usage = tuple([0] * len(CATEGORIES))
+    if sim.timeline:  # what the step holds before its first instruction
+        usage = plus(usage, [("optimizer states", sim.timeline[0].mem_before)])
     steps: list[StepUsage] = []
     peak_live: tuple = ()
     for step in sim.timeline:
@@ -273,7 +284,7 @@ def draw_png(verified) -> bytes:
 
 
 def _shorten(text: str, width: int) -> str:
-    return text if len(text) <= width else "…" + text[-(width - 1):]
+    return text if len(text) <= width else "…" + text[-(width - 1) :]
 
 
 # ---------------------------------------------------------------------------
@@ -370,9 +381,7 @@ def _live_table(timeline: CategoryTimeline, sim, limit: int = 10) -> str:
             human_bytes(sum(n for _, n, _ in rest)),
             f"{100 * sum(n for _, n, _ in rest) / total:.1f}%",
         )
-    by_category = ", ".join(
-        f"{name} {human_bytes(peak.peak[c])}" for c, name in enumerate(CATEGORIES) if peak.peak[c]
-    )
+    by_category = ", ".join(f"{name} {human_bytes(peak.peak[c])}" for c, name in enumerate(CATEGORIES) if peak.peak[c])
     buffer = io.StringIO()
     Console(file=buffer, width=120, color_system=None).print(table)
     return f"at the peak: {by_category}\n" + buffer.getvalue().rstrip()
