@@ -635,7 +635,7 @@ class _Builder(Transformer):
             raise _error(
                 "the optimizer line must give every hyper-parameter as the printer writes it",
                 c[0],
-                f'write `optimizer  "{optimizer.text()}"` (or run `remat fmt`)',
+                f"write `optimizer  \"{optimizer.text()}\"` (or run `remat fmt`)",
             )
         return {"optimizer": text}
 
