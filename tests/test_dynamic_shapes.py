@@ -145,3 +145,45 @@ def test_hostile_sizes_are_refused_with_where_and_how(dynamic_plan, tmp_path, ol
     if message:
         assert re.search(rf"m\.plan:{line}:\d+: error: {re.escape(message)}", result.stderr), result.stderr
     assert hint in result.stderr, result.stderr
+
+
+TWO_OUTPUTS = """
+import torch
+from torch import nn
+
+
+class Two(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 8), nn.Linear(16, 4)
+
+    def forward(self, x):
+        return torch.relu(self.a(x)), self.b(x) * 2
+
+
+def build_model():
+    torch.manual_seed(0)
+    return Two()
+
+
+def sample_inputs():
+    return (torch.randn(6, 16, generator=torch.Generator().manual_seed(1)),)
+
+
+def loss_fn(output):
+    return output[0].square().mean()
+"""
+
+
+def test_two_outputs_one_unused_by_the_loss_follow_the_batch(tmp_path):
+    model = tmp_path / "two.py"
+    model.write_text(TWO_OUTPUTS)
+    result = shell(
+        f"remat plan {model} --budget 100% --repeats 1 --dynamic batch > m.plan\nremat codegen m.plan -o f.py", tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "grad_output.1  float32[B, 4]\n" in (tmp_path / "m.plan").read_text()
+    model_file, generated = load_model_file(str(model)), load_generated(tmp_path / "f.py")
+    for batch in (6, 3, 1):
+        comparison = compare_training(_at_batch(model_file, batch), generated, steps=2)
+        assert comparison.identical, (batch, comparison.mismatched[:10])
