@@ -70,13 +70,15 @@ def probe_batch(model_file: ModelFile, autocast=None) -> BatchProbe:
 
     Raises RematError when the inputs have no common batch dim to vary (no tensor input, a
     scalar input, tensor inputs whose first dims differ, or a batch of 1)."""
-    from remat_dsl.capture.fx import capture
+    from remat_dsl.capture.fx import Captured, capture
 
     inputs = model_file.sample_inputs()
     batch = _batch_of(inputs, model_file)
     largest = capture(model_file.build_model(), inputs, None, autocast, copy_model=False)
+    assert isinstance(largest, Captured)  # without `recall`, the whole step is traced
     try:
         smaller = capture(model_file.build_model(), _cut(inputs, batch - 1), None, autocast, copy_model=False)
+        assert isinstance(smaller, Captured)
     except RematError as error:  # the model does not run at a smaller batch: PyTorch's reason
         reason = error.message.partition("error: ")[2] or error.message
         return BatchProbe(batch, {}, Pinned("the model", None, "", reason))
@@ -84,16 +86,20 @@ def probe_batch(model_file: ModelFile, autocast=None) -> BatchProbe:
         pinned = _first_difference(a, b)
         if pinned is not None:
             return BatchProbe(batch, {}, pinned)
+    pairs = [
+        (f"input '{name}'", name, big.shape, small.shape)
+        for (kind, name), big, small in zip(largest.primal_names, largest.example_primals, smaller.example_primals)
+        if kind == "input"
+    ]
+    pairs += [
+        (f"the model's output '{name}'", name, big, small)
+        for (name, big), (_, small) in zip(_tangents(largest), _tangents(smaller))
+    ]
     dims = {}
-    for (kind, name), big, small in zip(largest.primal_names, largest.example_primals, smaller.example_primals):
-        if kind == "input":
-            dims[name] = _varying(big.shape, small.shape, batch)
-    tangents = [_tangents(largest), _tangents(smaller)]
-    for (name, big), (_, small) in zip(*tangents):
+    for what, name, big, small in pairs:
         varying = _varying(big, small, batch)
-        if varying is None:
-            pinned = Pinned(f"the model's output '{name}'", None, str(list(big)), str(list(small)))
-            return BatchProbe(batch, {}, pinned)
+        if varying is None:  # a size that changes other than one for one with the batch
+            return BatchProbe(batch, {}, Pinned(what, None, str(list(big)), str(list(small))))
         dims[name] = varying
     return BatchProbe(batch, dims, None)
 
@@ -158,16 +164,15 @@ def _first_difference(largest: fx.GraphModule, smaller: fx.GraphModule) -> Pinne
 
 def _arguments(node: fx.Node) -> str:
     """`node`'s arguments with every tensor (an fx node) as `%`: its sizes and flags only."""
-    args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda _: _TENSOR)
-    return ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
+    return ", ".join([*map(_render, node.args), *(f"{k}={_render(v)}" for k, v in node.kwargs.items())])
 
 
-class _Tensor:
-    def __repr__(self) -> str:
+def _render(value) -> str:
+    if isinstance(value, fx.Node):
         return "%"
-
-
-_TENSOR = _Tensor()
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(map(_render, value)) + "]"
+    return repr(value)
 
 
 def _where(node: fx.Node) -> str | None:
