@@ -239,6 +239,13 @@ def register(subparsers) -> None:
         action="store_true",
         help="show no progress on stderr (warnings and errors still show); stdout holds the plan either way",
     )
+    plan.add_argument(
+        "--dynamic",
+        choices=["batch"],
+        help="batch: one plan for every batch size up to the sample inputs' (their first dim), named `B` in the"
+        " plan's inputs; an op that pins the batch size is named and the plan made for the sample batch alone"
+        " (NOTE: [Batch probe] in remat_dsl/capture/shapes.py); default: the sample inputs' shapes only",
+    )
     plan.add_argument("-o", "--output", help="write the plan here instead of stdout")
     plan.add_argument(
         "--force",
@@ -409,6 +416,8 @@ def run(args) -> int:
     if args.autocast is not None:  # overrides the model file's `autocast`
         model_file = replace(model_file, autocast=autocast)
     graph, device, costs, eager = _captured(model_file, args, request)
+    if getattr(args, "dynamic", None) == "batch":
+        graph = _with_batch(graph, model_file, quiet)
     if eager:  # NOTE: [Eager agreement] in remat_dsl/capture/agreement.py; also above the plan's header
         status(" ".join(eager).replace("  ", " "))
     step = {}
@@ -538,6 +547,24 @@ def _captured(model_file, args, request: PlanRequest):
         )
     status(f"costs from {args.profile}")
     return apply_profile(captured.graph, request.profile, model=model_file.spec), captured.device, None, captured.eager
+
+
+def _with_batch(graph, model_file, quiet: bool):
+    """`graph` with the batch size symbol on its inputs and tangents, or, where an op pins
+    the batch, with a comment on its inputs that names it (NOTE: [Batch probe] in
+    remat_dsl/capture/shapes.py; the reason also goes to stderr)."""
+    from remat_dsl.capture.shapes import probe_batch, with_batch_symbol
+
+    with Progress(f"tracing {model_file.spec} at a smaller batch", unit=None, quiet=quiet):
+        probe = probe_batch(model_file, model_file.autocast)
+    if probe.pinned is None:
+        return with_batch_symbol(graph, probe)
+    reason = probe.pinned.reason(probe.batch)
+    status(f"warning: {reason}; the plan is for batch {probe.batch} alone")
+    if not graph.inputs:
+        return graph
+    first = graph.inputs[0]
+    return replace(graph, inputs=(replace(first, comments=(*first.comments, reason)), *graph.inputs[1:]))
 
 
 def _cache(args):

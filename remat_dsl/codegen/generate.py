@@ -378,6 +378,16 @@ def _returns(target: str) -> int | None:
     return len(returns)
 
 
+def _input_shape(decl: ir.ValueDecl) -> str:
+    """An input's shape as INPUTS holds it: each size an int, or (symbol, bound) where it
+    varies (NOTE: [Sizes that vary] in remat_dsl/plan/ir.py)."""
+    fixed = _shape(decl.shape)
+    if not decl.dims:
+        return fixed
+    sizes = [size if sym is None else (sym, size) for size, sym in zip(decl.shape, decl.dims, strict=True)]
+    return repr(tuple(sizes))
+
+
 def _shape(shape: tuple[int, ...]) -> str:
     """A shape as a tuple literal; raises ValueError unless every size is an int."""
     if not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
@@ -445,7 +455,7 @@ class _Renderer:
             model_literal=literal(header.model),
             solver_literal=literal(header.solver),
             operators=[(callable_name(t), t) for t in sorted({*aten_targets(self.plan), *self._inplace_targets()})],
-            inputs=[(literal(v.name), _shape(v.shape), _dtype(v.dtype)) for v in graph.inputs],
+            inputs=[(literal(v.name), _input_shape(v), _dtype(v.dtype)) for v in graph.inputs],
             input_vars=[self.var[v.name] for v in graph.inputs],
             parameters=[
                 (
@@ -741,13 +751,28 @@ class _Renderer:
                 self.names.absent(tangent.name),
                 self._section_where("tangents", i + 1),
             )
-            zeros = f"torch.empty({_shape(tangent.shape)}, dtype={_dtype(tangent.dtype)}, device='meta')"
+            zeros = f"torch.empty({self._tangent_shape(tangent)}, dtype={_dtype(tangent.dtype)}, device='meta')"
             given = var
             if not self._any_layout(tangent.name):
                 leaf = int(tangent.name.rpartition(".")[2])
                 given = f"_as_traced({var}, _s.layouts[{leaf}])"
             lines += [f"{absent} = {var} is None  # {where}", f"{var} = {zeros} if {absent} else {given}  # {where}"]
         return lines
+
+    def _tangent_shape(self, tangent: ir.ValueDecl) -> str:
+        """A tangent's shape as Python: its sizes, and for a size symbol the size of the
+        input dim that declares it at this call (NOTE: [Sizes that vary] in
+        remat_dsl/plan/ir.py)."""
+        if not tangent.dims:
+            return _shape(tangent.shape)
+        declared = {
+            sym: (i, dim) for i, v in enumerate(self.plan.graph.inputs) for dim, sym in enumerate(v.dims) if sym
+        }
+        parts = [
+            str(size) if sym is None else f"_tensors[_where[{declared[sym][0]}]].shape[{declared[sym][1]}]"
+            for size, sym in zip(tangent.shape, tangent.dims, strict=True)
+        ]
+        return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
 
     def _real(self, arg: ir.Arg) -> str:
         """`arg` rendered, wrapped in `_zeros_if_absent` where it is a model output's gradient

@@ -901,6 +901,21 @@ def _type_of(dtype, shape):
     return f"{str(dtype).removeprefix('torch.')}{list(shape)}"
 
 
+def _planned_type(dtype, shape):
+    """`float32[B <= 16, 32]`: an input's type as the plan declares it."""
+    sizes = [f"{d[0]} <= {d[1]}" if isinstance(d, tuple) else str(d) for d in shape]
+    return f"{str(dtype).removeprefix('torch.')}[{', '.join(sizes)}]"
+
+
+def _fits(actual, shape):
+    """Whether sizes `actual` have the plan's rank and fixed sizes, where a (symbol, bound)
+    of `shape` takes any size from 1 (NOTE: [Sizes that vary] in
+    remat_dsl/plan/ir.py)."""
+    if len(actual) != len(shape):
+        return False
+    return all(size >= 1 if isinstance(d, tuple) else size == d for size, d in zip(actual, shape))
+
+
 def _device_of(params, kind):
     """The one device of the model's parameters, of the plan's `kind` (DEVICE_KIND)."""
     devices = {value.device for value in params}
@@ -962,11 +977,11 @@ def _bind_inputs(signature, args, kwargs, device, planned, constants):
             arguments[name] = bound[name]
             position += parameter.kind is not inspect.Parameter.KEYWORD_ONLY
     names = [name for name, _, _ in planned]
-    inputs = []
+    inputs, sizes = [], {}
     for name, shape, dtype in planned:
         if name not in arguments:
             raise TypeError(f"the plan needs the argument '{name}' (it was made for {', '.join(names)})")
-        _check_input(name, arguments[name], shape, dtype, device)
+        _check_input(name, arguments[name], shape, dtype, device, sizes)
         inputs.append(arguments[name])
     for name, value in arguments.items():
         if name in constants:
@@ -1019,14 +1034,31 @@ def _is_dataclass(cls):
     return "__dataclass_fields__" in vars(cls)
 
 
-def _check_input(name, value, shape, dtype, device):
+def _check_input(name, value, shape, dtype, device, sizes):
+    """Raise unless `value` may be the plan's input `name` (shape, dtype, device); binds in
+    `sizes` ({symbol: size}) the size symbols its shape declares (NOTE: [Sizes that vary] in remat_dsl/plan/ir.py)."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"input '{name}' must be a tensor, got {type(value).__name__}")
-    if tuple(value.shape) != shape or value.dtype != dtype:
+    if not _fits(tuple(value.shape), shape) or value.dtype != dtype:
         raise ValueError(
-            f"input '{name}' is {_type(value)} but the plan was made for {_type_of(dtype, shape)}: "
+            f"input '{name}' is {_type(value)} but the plan was made for {_planned_type(dtype, shape)}: "
             "plan again for these shapes (remat plan ...)"
         )
+    for size, planned in zip(value.shape, shape):
+        if not isinstance(planned, tuple):
+            continue
+        symbol, bound = planned
+        if size > bound:
+            raise ValueError(
+                f"input '{name}' is {_type(value)} but the plan was made for {_planned_type(dtype, shape)}: its size "
+                f"{symbol} = {size} is above the largest the plan allows, {symbol} = {bound}: plan again with inputs "
+                "that large (remat plan ...)"
+            )
+        if sizes.setdefault(symbol, size) != size:
+            raise ValueError(
+                f"input '{name}' is {_type(value)}, with {symbol} = {size}, but an input before it has {symbol} = "
+                f"{sizes[symbol]}: the plan's inputs share the size {symbol} ({_planned_type(dtype, shape)})"
+            )
     if value.device != device:
         raise ValueError(f"input '{name}' is on {value.device} but the model is on {device}: move the input there")
     if value.requires_grad:

@@ -100,7 +100,7 @@ def items(
         ("buffers", graph.buffers),
         ("tangents", graph.tangents),
     ):
-        result += [Item(section, f"{v.kind} {v.name} {v.dtype}{list(v.shape)}", v.span) for v in values]
+        result += [Item(section, f"{v.kind} {v.name} {v.dtype}{_decl_shape(v)}", v.span) for v in values]
         if section == "inputs":
             result += [Item(section, f"constant {c.name} = {canonical_arg(c.value)}", c.span) for c in graph.constants]
     result += [
@@ -158,3 +158,11 @@ def digest_of(graph: ir.Graph, header: ir.Header) -> ir.Digest:
     """The digest the printer writes for `graph` under `header`."""
     graph_items = items(graph, header=header)
     return ir.Digest(graph_hash(graph_items), encode_items([item_hash(i) for i in graph_items]))
+
+
+def _decl_shape(decl: ir.ValueDecl) -> list:
+    """A declaration's shape as the digest reads it: its sizes, each with its size symbol
+    where one varies (NOTE: [Sizes that vary] in remat_dsl/plan/ir.py)."""
+    if not decl.dims:
+        return list(decl.shape)
+    return [size if sym is None else f"{sym}<={size}" for size, sym in zip(decl.shape, decl.dims)]

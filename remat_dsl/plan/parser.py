@@ -84,7 +84,7 @@ import re
 from dataclasses import dataclass, replace
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 from lark import Lark, Token, Transformer, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
@@ -422,6 +422,75 @@ class _Head:
     autocast: ir.Autocast | None
 
 
+@dataclass(frozen=True)
+class _Shape:
+    """A shape with size symbols, as read: (symbol, size) per dim, either None where the
+    text has none (NOTE: [Sizes that vary] in remat_dsl/plan/ir.py)."""
+
+    dims: tuple[tuple[Token | None, Token | None], ...]
+
+
+def _symbol_error(shape: _Shape, where: str, why: str) -> PlanError:
+    name = next(sym for sym, _ in shape.dims if sym is not None)
+    return _error(
+        f"size symbol '{name}' {where}", name,
+        f"only the inputs declare size symbols (`x  float32[B <= 16, 32]`) and the tangents name them; {why}",
+    )  # fmt: skip
+
+
+def _declared_symbols(inputs: Sequence[ir.ValueDecl]) -> dict[str, int]:
+    """The size symbols the inputs declare, with their bounds; raises PlanError at a symbol
+    without a bound in its first use or with another bound than there."""
+    bounds: dict[str, int] = {}
+    for decl in inputs:
+        if not isinstance(decl.dims, _Shape):
+            continue
+        for sym, size in decl.dims.dims:
+            if sym is None:
+                continue
+            if size is None and sym.value not in bounds:
+                raise _error(
+                    f"size symbol '{sym}' has no bound", sym,
+                    f"declare it with its largest size where the inputs first use it: `{sym} <= N`",
+                )  # fmt: skip
+            if size is not None and bounds.setdefault(sym.value, int(size)) != int(size):
+                raise _error(
+                    f"size symbol '{sym}' bounded by {size} here and by {bounds[sym.value]} above", size,
+                    f"give '{sym}' one bound: write `{sym}` alone after its declaration",
+                )  # fmt: skip
+    return bounds
+
+
+def _sized(decl: ir.ValueDecl, bounds: dict[str, int]) -> ir.ValueDecl:
+    """`decl` with its sizes and size symbols (NOTE: [Sizes that vary] in
+    remat_dsl/plan/ir.py); raises PlanError at a symbol `bounds` does not declare."""
+    if not isinstance(decl.dims, _Shape):
+        return decl
+    shape: list[int] = []
+    dims: list[str | None] = []
+    for sym, size in decl.dims.dims:
+        if sym is None:
+            assert size is not None  # the grammar: a dim without a symbol is an INT
+            shape.append(int(size))
+            dims.append(None)
+            continue
+        if sym.value not in bounds:
+            if not bounds:
+                raise _symbol_error(decl.dims, f"in the {decl.kind}s", "parameters and buffers have fixed shapes")
+            raise _error(
+                f"size symbol '{sym}' is not declared by the inputs", sym,
+                f"the inputs declare {', '.join(sorted(bounds))}: use one of them, or declare '{sym}' there",
+            )  # fmt: skip
+        if size is not None and int(size) != bounds[sym.value]:
+            raise _error(
+                f"size symbol '{sym}' bounded by {size} here and by {bounds[sym.value]} in the inputs", size,
+                f"write `{sym}` alone: the inputs declare its bound",
+            )  # fmt: skip
+        shape.append(bounds[sym.value])
+        dims.append(sym.value)
+    return replace(decl, shape=tuple(shape), dims=tuple(dims))
+
+
 class _Builder(Transformer):
     """Builds ir dataclasses from the parse tree of grammar/plan.lark."""
 
@@ -439,11 +508,13 @@ class _Builder(Transformer):
         top = tuple(x.text for x in c if isinstance(x, _FileComment) and x.where == "top")
         end = tuple(x.text for x in c if isinstance(x, _FileComment) and x.where == "end")
         inputs = sections["inputs"]
+        declared = tuple(x for x in inputs if isinstance(x, ir.ValueDecl))
+        bounds = _declared_symbols(declared)
         graph = ir.Graph(
-            inputs=tuple(x for x in inputs if isinstance(x, ir.ValueDecl)),
-            parameters=sections["parameters"],
-            buffers=sections.get("buffers", ()),
-            tangents=sections.get("tangents", ()),
+            inputs=tuple(_sized(d, bounds) for d in declared),
+            parameters=tuple(_sized(d, {}) for d in sections["parameters"]),
+            buffers=tuple(_sized(d, {}) for d in sections.get("buffers", ())),
+            tangents=tuple(_sized(d, bounds) for d in sections.get("tangents", ())),
             tensors=sections["tensors"],
             ops=_with_outputs(sections["ops"], sections["tensors"]),
             outputs=sections["outputs"],
@@ -624,6 +695,8 @@ class _Builder(Transformer):
 
     def value_decl(self, c: list) -> ir.ValueDecl:
         comments, (name, dtype, shape) = _split_comments(c)
+        if isinstance(shape, _Shape):  # the symbols ride in `dims` until `_sized` resolves them, every input read
+            return ir.ValueDecl("", name.value, (), dtype.value, comments, _span(name), cast(Any, shape))
         return ir.ValueDecl("", name.value, shape, dtype.value, comments, _span(name))
 
     def tensors(self, c: list) -> _Section:
@@ -631,6 +704,8 @@ class _Builder(Transformer):
 
     def tensor_decl(self, c: list) -> ir.TensorDecl:
         comments, (name, shape, dtype, size, *producer) = _split_comments(c)
+        if isinstance(shape, _Shape):
+            raise _symbol_error(shape, "in the tensors section", "a tensor's shape is its size at the largest inputs")
         nbytes = _amount(size[0], size[1], EXACT_SIZE_UNITS, "size")
         op, colon, index = (producer[0] if producer else name).value.rpartition(":")
         op, index = (op, int(index)) if colon else (index, 0)
@@ -662,11 +737,20 @@ class _Builder(Transformer):
     def update(self, c: list) -> ir.BufferUpdate:
         return ir.BufferUpdate(c[0].value, c[1].value[1:], _span(c[0]))
 
-    def shape(self, c: list) -> tuple[int, ...]:
+    def shape(self, c: list) -> "tuple[int, ...] | _Shape":
         for dim in c:
-            if dim.value.startswith("-"):
-                raise _error(f"negative dimension {dim}", dim, "dimensions are integers >= 0")
-        return tuple(int(dim) for dim in c)
+            size = dim[1] if isinstance(dim, tuple) else dim
+            if size is not None and size.value.startswith("-"):
+                raise _error(f"negative dimension {size}", size, "dimensions are integers >= 0")
+        if all(isinstance(dim, Token) for dim in c):
+            return tuple(int(dim) for dim in c)
+        return _Shape(tuple(dim if isinstance(dim, tuple) else (None, dim) for dim in c))
+
+    def bounded_dim(self, c: list) -> tuple[Token, Token]:
+        return c[0], c[1]
+
+    def named_dim(self, c: list) -> tuple[Token, None]:
+        return c[0], None
 
     # --- arguments
     def ref(self, c: list) -> ir.Ref:

@@ -198,6 +198,19 @@ def format_call(target: str, args: Sequence[ir.Arg], kwargs: Sequence[tuple[str,
     return f"{_call_name(target, 'call target')}({', '.join(parts)})"
 
 
+def _decl_shape(decl: ir.ValueDecl, declare: bool) -> str:
+    """`[16, 32]`, or with size symbols (NOTE: [Sizes that vary] in remat_dsl/plan/ir.py)
+    `[B <= 16, 32]` where `declare` (the inputs), `[B, 32]` elsewhere."""
+    if not decl.dims:
+        return _shape(decl.shape)
+    _shape(decl.shape)  # the sizes are checked as for any shape
+    parts = [
+        str(size) if sym is None else (f"{sym} <= {size}" if declare else sym)
+        for size, sym in zip(decl.shape, decl.dims, strict=True)
+    ]
+    return "[" + ", ".join(parts) + "]"
+
+
 def _shape(shape: Sequence[int]) -> str:
     if any(not isinstance(d, int) or isinstance(d, bool) or d < 0 for d in shape):
         raise ValueError(f"cannot print shape {shape!r}: dimensions are integers >= 0")
@@ -290,7 +303,7 @@ def _header(h: ir.Header, autocast: ir.Autocast | None = None) -> list[str]:
 
 
 def _values(title: str, decls: Sequence[ir.ValueDecl]) -> list[str]:
-    rows = [[_name(d.name), _dtype(d.dtype) + _shape(d.shape)] for d in decls]
+    rows = [[_name(d.name), _dtype(d.dtype) + _decl_shape(d, declare=title == "inputs")] for d in decls]
     return [title] + _with_comments(decls, _table(rows))
 
 
