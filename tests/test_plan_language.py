@@ -611,7 +611,7 @@ def test_unknown_verb():
         "  free  mm\n"
         "  ^^^^\n"
         "  hint: did you mean `delete`? expected `compute`, `recompute`, `delete`, `offload`, "
-        "`prefetch`, `wait`, `update` or `host_update`"
+        "`prefetch`, `wait`, `update`, `host_update`, `prefetch_states`, `offload_states` or `wait_states`"
     )
 
 

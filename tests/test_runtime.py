@@ -248,7 +248,7 @@ def test_inputs_are_bound_by_position_and_name_and_checked():
     with pytest.raises(ValueError, match=r"float32\[3, 2\]"):
         rt._bind_inputs(signature, (x.t(), mask), {}, CPU, ((*planned[0][:1], (2, 3), torch.float32), planned[1]), {})
     with pytest.raises(ValueError, match="requires grad"):
-        rt._check_input("x", x.requires_grad_(), (2, 3), torch.float32, CPU)
+        rt._check_input("x", x.requires_grad_(), (2, 3), torch.float32, CPU, {})
 
 
 def test_parameters_are_looked_up_and_checked_against_the_plan():
