@@ -47,6 +47,18 @@ def _paged_plan(kind: str):
     return with_predictions(paged, simulate(paged)), plan, model, inputs
 
 
+def _train_beside(fast, eager, eager_opt, inputs, steps: int = 3) -> None:
+    """`steps` training steps of the generated module (its updates in the backward) and of
+    eager with its optimizer, from the same seeds (the same dropout masks)."""
+    for step in range(steps):
+        torch.manual_seed(step)
+        eager(*inputs).square().mean().backward()
+        eager_opt.step()
+        eager_opt.zero_grad()
+        torch.manual_seed(step)
+        fast(*inputs).square().mean().backward()
+
+
 @pytest.mark.parametrize("kind", list(OPTIMIZERS))
 def test_paged_states_train_bit_exactly_with_the_predicted_peak(kind, tmp_path):
     plan, unpaged, eager, inputs = _paged_plan(kind)
@@ -70,13 +82,7 @@ def test_paged_states_train_bit_exactly_with_the_predicted_peak(kind, tmp_path):
     ours = copy.deepcopy(eager)
     fast = load_module(source).FastModel(ours, optimizer=make(ours.parameters()))
     eager_opt = make(eager.parameters())
-    for step in range(3):
-        torch.manual_seed(step)
-        eager(*inputs).square().mean().backward()
-        eager_opt.step()
-        eager_opt.zero_grad()
-        torch.manual_seed(step)
-        fast(*inputs).square().mean().backward()
+    _train_beside(fast, eager, eager_opt, inputs)
     for (name, a), b in zip(eager.named_parameters(), ours.parameters()):
         assert torch.equal(a, b), name
     theirs, kept = eager_opt.state_dict()["state"], fast.optimizer.state_dict()["state"]
@@ -110,13 +116,7 @@ def test_paged_states_on_emulated_streams_are_ordered_and_exact(tmp_path):
     eager_opt = make(eager.parameters())
     emulation = Emulation()
     with emulation.running(module):
-        for step in range(3):
-            torch.manual_seed(step)
-            eager(*inputs).square().mean().backward()
-            eager_opt.step()
-            eager_opt.zero_grad()
-            torch.manual_seed(step)
-            fast(*inputs).square().mean().backward()
+        _train_beside(fast, eager, eager_opt, inputs)
     assert emulation.problems == []
     assert emulation.unwaited == []
     names = {emulation.name(c.stream) for c in emulation.history}

@@ -64,11 +64,13 @@ def runnable(body: str) -> str:
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
-    stamp, project = ROOT / ".venv" / ".installed", ROOT / "pyproject.toml"
-    if not stamp.exists() or stamp.stat().st_mtime < project.stat().st_mtime:
-        pytest.fail(
-            "the .venv is older than pyproject.toml: run `make venv` (the copy's `make demo` would reinstall it)"
-        )
+    stamp = ROOT / ".venv" / ".installed"
+    for source in (ROOT / "pyproject.toml", ROOT / "requirements.lock"):  # the Makefile's stamp prerequisites
+        if not stamp.exists() or stamp.stat().st_mtime < source.stat().st_mtime:
+            pytest.fail(
+                f"the .venv is older than {source.name}: run `make venv` (the copy's `make demo` would reinstall "
+                "it, with the shared .venv's `remat` pointing into the copy)"
+            )
     work = tmp_path_factory.mktemp("readme") / "remat-dsl"
     shutil.copytree(ROOT, work, ignore=COPY_IGNORED)
     os.symlink(ROOT / ".venv", work / ".venv")
