@@ -55,6 +55,7 @@ The RNG state is restored afterwards, so profiling draws nothing from the user's
 
 from __future__ import annotations
 
+import functools
 import operator
 import time
 from dataclasses import dataclass, field
@@ -68,7 +69,8 @@ from torch.profiler import record_function
 from remat_dsl.capture.fx import DATA_READ_HINT, Captured, model_line
 from remat_dsl.plan.errors import RematError
 from remat_dsl.capture.measure import memory_events, memory_profiler
-from remat_dsl.plan.operators import is_view
+from remat_dsl.capture.recurrent import call_op
+from remat_dsl.plan.operators import GRAD_MODE_OPS, is_view
 
 if TYPE_CHECKING:
     from remat_dsl.capture.cost import DeviceModel
@@ -310,7 +312,7 @@ def _first_run(node: fx.Node, args, kwargs):
     the model (a token id out of the vocabulary) shows here."""
     assert callable(node.target)  # a call_function node's target is the function it calls
     try:
-        return node.target(*args, **kwargs)
+        return call_op(node.target, args, kwargs)
     except Exception as exc:
         lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
         for arg, value in zip(node.args, args):
@@ -445,9 +447,12 @@ def _least_ns(node: fx.Node, args, kwargs, repeats: int, warm_up: bool = True) -
     run when `warm_up`, on the clock NOTE: [Robust timing] names."""
     target = node.target
     assert callable(target)  # a call_function node's target is the function it calls
+    on_cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in pytree.tree_leaves(args))
+    if str(target) in GRAD_MODE_OPS:  # NOTE: [oneDNN workspace] in remat_dsl/plan/operators.py
+        target, args, kwargs = functools.partial(call_op, target, args, kwargs), (), {}
     if warm_up:
         target(*args, **kwargs)
-    if any(isinstance(t, torch.Tensor) and t.is_cuda for t in pytree.tree_leaves(args)):
+    if on_cuda:
         return _least_cuda_ns(target, args, kwargs, repeats)
     clock = time.thread_time_ns if torch.get_num_threads() == 1 else time.perf_counter_ns
     samples = []

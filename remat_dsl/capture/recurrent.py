@@ -11,13 +11,14 @@ from eager, and `recurrent_layers()` replaces them while the model is captured:
 
 - LSTM without projections: eager (aten/src/ATen/native/RNN.cpp, `use_mkldnn`) runs oneDNN's
   `mkldnn_rnn_layer` on CPU for float32 (bfloat16 where the CPU has it) whether or not a
-  gradient is wanted, and saves its workspace for `mkldnn_rnn_layer_backward`.  PyTorch's
-  decomposition takes oneDNN only for inference, and then with `train=False`, so a model whose
-  input needs no gradient got a layer without a workspace that AOTAutograd cannot run
-  backward through, and one whose input needs a gradient other bits (a per-step cell).
-  `_lstm_layer_function` keeps PyTorch's per-step cell where eager runs it (projections,
-  other dtypes) and refuses the oneDNN case: a layer through `mkldnn_rnn_layer` with
-  `train=True` still reaches AOTAutograd's backward without its workspace.
+  gradient is wanted, and `mkldnn_rnn_layer_backward` on the workspace it saves.  PyTorch's
+  decomposition takes oneDNN only for inference (`train=False`, no workspace) and the per-step
+  cell otherwise, whose bits differ.  `_lstm_layer_function` keeps the per-step cell where eager
+  runs it (projections, other dtypes) and otherwise calls `mkldnn_rnn_layer` as eager does:
+  one call per layer and direction on the sequence-first input, 2-D hidden states, zeros of
+  the weights' sizes for absent biases, and the module's own `num_layers`, `bidirectional`,
+  `batch_first` and `train`.  Its workspace is made only in grad mode (NOTE: [oneDNN
+  workspace] in remat_dsl/plan/operators.py).
 - Dropout between layers: `_rnn_helper` never applies it (its condition `num_layers < i - 1`
   is never true); `_rnn_helper` here applies `dropout` after every layer but the last in
   training, as eager's layer stack does.
@@ -30,7 +31,7 @@ from itertools import chain
 
 import torch
 
-from remat_dsl.plan.errors import RematError
+from remat_dsl.plan.operators import GRAD_MODE_OPS
 
 
 @contextlib.contextmanager
@@ -69,27 +70,53 @@ def _eager_uses_onednn(input: torch.Tensor, hx, params) -> bool:
 
 
 def _lstm_layer_function(input, hx, params):
-    """The decomposition of one LSTM layer: PyTorch's per-step cell where eager runs it; refused
-    where eager runs oneDNN (NOTE: [Recurrent layers])."""
+    """The decomposition of one LSTM layer: PyTorch's per-step cell where eager runs it, eager's
+    oneDNN layer where eager runs that (NOTE: [Recurrent layers])."""
     from torch._decomp import decompositions
 
-    if not _eager_uses_onednn(input, hx, params):
-        return decompositions.one_layer_lstm
-    raise RematError(
-        "error: nn.LSTM without proj_size cannot be captured: on CPU eager runs oneDNN's "
-        "aten.mkldnn_rnn_layer, and the graph AOTAutograd makes of it saves no workspace for "
-        'aten.mkldnn_rnn_layer_backward ("Expected a proper Tensor but got None ... for argument '
-        '#22 \'workspace\'"); without allow_rnn dynamo says "Dynamo does not support RNN, GRU, or LSTM."',
-        hint="set `torch.backends.mkldnn.enabled = False` at the top of the model file (eager then runs the "
-        "per-step LSTM cells, which are captured bit for bit); nn.GRU, nn.RNN and nn.LSTM with proj_size are "
-        "captured as they are; or write the loop with nn.LSTMCell",
-    )
+    return _OneDNNLayer() if _eager_uses_onednn(input, hx, params) else decompositions.one_layer_lstm
+
+
+class _OneDNNLayer:
+    """One LSTM layer as eager runs it through oneDNN (aten/src/ATen/native/mkldnn/RNN.cpp,
+    `mkldnn_rnn`): `aten.mkldnn_rnn_layer` on the sequence-first input, with the module's own
+    `num_layers`, `bidirectional`, `batch_first` and `train`, which `_rnn_helper` binds."""
+
+    flags: tuple[int, bool, bool, bool] = (1, False, False, False)
+
+    def bind(self, num_layers: int, bidirectional: bool, batch_first: bool, train: bool) -> "_OneDNNLayer":
+        self.flags = (num_layers, bidirectional, batch_first, train)
+        return self
+
+    def __call__(self, inp, hidden, params, has_biases, reverse=False):
+        num_layers, bidirectional, batch_first, train = self.flags
+        w0, w1 = params[0], params[1]
+        # without biases, eager passes zeros of the weights' sizes in their place
+        w2, w3 = (params[2], params[3]) if has_biases else (torch.zeros_like(w0), torch.zeros_like(w1))
+        hx, cx = hidden
+        out, hy, cy, _ = torch.ops.aten.mkldnn_rnn_layer.default(
+            inp.contiguous(), w0, w1, w2, w3, hx, cx, reverse, [], 2, hx.size(-1), num_layers, has_biases,
+            bidirectional, batch_first, train,
+        )  # fmt: skip
+        return out, (hy, cy)
+
+
+def call_op(target, args, kwargs):
+    """`target(*args, **kwargs)`, in grad mode on detached arguments for GRAD_MODE_OPS
+    (NOTE: [oneDNN workspace] in remat_dsl/plan/operators.py)."""
+    if str(target) not in GRAD_MODE_OPS:
+        return target(*args, **kwargs)
+    detached = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
+    with torch.enable_grad():
+        return target(*detached, **kwargs)
 
 
 def _rnn_helper(input, hidden, params, has_biases, num_layers, dropout, train, bidirectional, batch_first, layer_fn):
     """PyTorch's `_rnn_helper` with eager's dropout between layers."""
     from torch._decomp.decompositions import params_hiddens
 
+    if isinstance(layer_fn, _OneDNNLayer):
+        layer_fn = layer_fn.bind(num_layers, bidirectional, batch_first, train)
     input = input.transpose(0, 1) if batch_first else input
     final_hiddens = []
     for i in range(num_layers):

@@ -47,7 +47,7 @@ from pathlib import Path
 
 from remat_dsl.plan import ir
 from remat_dsl.plan.inplace import INPLACE_OUT, whole_tensor
-from remat_dsl.plan.operators import torch_constants
+from remat_dsl.plan.operators import GRAD_MODE_OPS, torch_constants
 from remat_dsl.plan.ir import refs_in
 from remat_dsl.plan.liveness import live_intervals, op_steps
 from remat_dsl.plan.optimizer import KINDS, parse_optimizer
@@ -454,7 +454,10 @@ class _Renderer:
             plan_literal=literal(self.source),
             model_literal=literal(header.model),
             solver_literal=literal(header.solver),
-            operators=[(callable_name(t), t) for t in sorted({*aten_targets(self.plan), *self._inplace_targets()})],
+            operators=[
+                (callable_name(t), t, t in GRAD_MODE_OPS)
+                for t in sorted({*aten_targets(self.plan), *self._inplace_targets()})
+            ],
             inputs=[(literal(v.name), _input_shape(v), _dtype(v.dtype)) for v in graph.inputs],
             input_vars=[self.var[v.name] for v in graph.inputs],
             parameters=[

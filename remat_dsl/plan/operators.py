@@ -25,6 +25,17 @@ VIEW_EXTRA = frozenset(
     }
 )
 
+# NOTE: [oneDNN workspace]
+# `aten.mkldnn_rnn_layer` (eager's LSTM layer on CPU, NOTE: [Recurrent layers] in
+# remat_dsl/capture/recurrent.py) makes the workspace its backward reads only while grad
+# mode is on: eager runs it inside autograd.  Run with grad mode off, as the profile and the
+# generated module run a captured op, it returns None there, and
+# `aten.mkldnn_rnn_layer_backward` fails on it.  So these ops run with grad mode on, on
+# detached arguments, so that no autograd graph is recorded: `call_op` in
+# remat_dsl/capture/recurrent.py, and the generated module's own binding of them
+# (templates/module.py.jinja).
+GRAD_MODE_OPS = frozenset({"aten.mkldnn_rnn_layer.default"})
+
 
 def is_view(overload) -> bool:
     """Whether the torch OpOverload `overload` returns views of its inputs only."""
