@@ -106,7 +106,7 @@ class Named(torch.nn.Module):
         return h.transpose(0, 1) if self.transposed else h
 
 
-@settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=5, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(
     names=st.lists(st.sampled_from(POOL), min_size=2, max_size=5, unique=True),
     transposed=st.booleans(),
