@@ -251,6 +251,33 @@ def test_inputs_are_bound_by_position_and_name_and_checked():
         rt._check_input("x", x.requires_grad_(), (2, 3), torch.float32, CPU, {})
 
 
+def test_containers_are_bound_element_by_element():
+    """NOTE: [Nested arguments] in remat_dsl/capture/fx.py: a tuple, list or dict argument is
+    bound by its elements' names, and another structure is refused naming them."""
+
+    def forward(tokens, hidden, batch):
+        pass
+
+    signature = inspect.signature(forward)
+    t, h, c, w = torch.zeros(2, dtype=torch.int64), torch.zeros(1, 2), torch.ones(1, 2), torch.zeros(2)
+    planned = (
+        ("tokens", (2,), torch.int64),
+        ("hidden.0", (1, 2), torch.float32),
+        ("hidden.1", (1, 2), torch.float32),
+        ("batch.weights.0", (2,), torch.float32),
+    )
+    constants = {"batch.scale": 2}
+    bound = rt._bind_inputs(signature, (t, (h, c), {"weights": [w], "scale": 2}), {}, CPU, planned, constants)
+    assert bound == [t, h, c, w] and bound[1] is h and bound[2] is c
+    assert rt._bind_inputs(signature, (t, [h, c]), {"batch": {"scale": 2, "weights": (w,)}}, CPU, planned, constants)
+    with pytest.raises(TypeError, match=r"'hidden' is Tensor, where the plan takes .* holding hidden.0, hidden.1"):
+        rt._bind_inputs(signature, (t, h, {"weights": [w], "scale": 2}), {}, CPU, planned, constants)
+    with pytest.raises(TypeError, match="made without the argument 'hidden.2'"):
+        rt._bind_inputs(signature, (t, (h, c, c), {"weights": [w], "scale": 2}), {}, CPU, planned, constants)
+    with pytest.raises(ValueError, match="batch.scale=2, not 3"):
+        rt._bind_inputs(signature, (t, (h, c), {"weights": [w], "scale": 3}), {}, CPU, planned, constants)
+
+
 def test_parameters_are_looked_up_and_checked_against_the_plan():
     model = torch.nn.Linear(3, 2)
     parameters = (("weight", "weight", (2, 3), torch.float32, True), ("bias", "bias", (2,), torch.float32, False))

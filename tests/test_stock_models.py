@@ -122,6 +122,16 @@ def test_stock_hugging_face_models(name, budgets, tmp_path):
     run_stock(name, tmp_path, budgets)
 
 
+def test_arguments_in_containers_are_inputs_of_their_own(tmp_path):
+    """NOTE: [Nested arguments] in remat_dsl/capture/fx.py: a dict batch holding a list of
+    tensors and a flag plans, names each element, and trains bit for bit."""
+    text, _ = plan_and_train(MODELS / "dict_batch.py", "100%", tmp_path)
+    inputs = text.split("\ninputs\n", 1)[1].split("\n\n", 1)[0]
+    names = [line.split()[0] for line in inputs.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    assert sorted(names) == ["batch.features.0", "batch.features.1", "batch.input_ids", "batch.mask", "batch.pool"]
+    assert re.search(r"^  batch.pool = True$", inputs, re.M), inputs
+
+
 @pytest.mark.parametrize("budget", ["100%", "min"])
 def test_outputs_that_alias_repeat_or_go_undifferentiated(budget, tmp_path):
     """NOTE: [Aliased outputs] and [Output order] in remat_dsl/capture/fx.py, [Absent output

@@ -29,6 +29,8 @@ back through it contiguous, and `silu_backward` then rounds other last bits.  On
 tensor passed as two arguments (`input_ids=ids, labels=ids`) is captured as two inputs
 (the second a copy), so the plan does not assume they are the same tensor.  Logging calls
 inside the forward (transformers warns once from inside `forward`) are ignored.
+An argument that is a tuple, list or dict of tensors and constants (an LSTM's `(h0, c0)`)
+is taken element by element (NOTE: [Nested arguments]).
 Hugging Face's output capturing installs its hooks on the first forward that asks for
 hidden states (SegFormer's segmentation head does), under a threading lock that dynamo
 cannot trace; when a capture fails and the model has such hooks to install, capture
@@ -135,10 +137,11 @@ def capture(
     inputs = training_defaults(model, inputs)
     defaulted = tuple(name for name in inputs.kwargs if name not in given.kwargs)
     named = _distinct_tensors(model, _named_arguments(model, inputs))
-    constants = [(name, value) for name, value in named if value is None or isinstance(value, (bool, int, float, str))]
+    flat = flat_arguments(named)  # NOTE: [Nested arguments]
+    constants = [(name, value) for name, value in flat if value is None or isinstance(value, (bool, int, float, str))]
     count = len(inputs.args)
     call = Inputs(tuple(value for _, value in named[:count]), dict(named[count:]))
-    tensors = {id(value): name for name, value in named if isinstance(value, torch.Tensor)}
+    tensors = {id(value): name for name, value in flat if isinstance(value, torch.Tensor)}
     record: dict = {}
 
     def lookup(gm, example_inputs):  # NOTE: [Capture key]: what `recall` gives for dynamo's graph
@@ -246,8 +249,9 @@ def _graph_key(gm: fx.GraphModule, example_inputs, names, constants, portable: s
 
 
 def named_inputs(model, inputs: Inputs) -> list[tuple[str, object]]:
-    """The arguments capture names, as it names them: (name, value) in call order."""
-    return _named_arguments(model, training_defaults(model, inputs))
+    """The arguments capture names, as it names them: (name, value) in call order, each
+    container's leaves in its place (NOTE: [Nested arguments])."""
+    return flat_arguments(_named_arguments(model, training_defaults(model, inputs)))
 
 
 def _inline_constants(gm: fx.GraphModule) -> None:
@@ -482,20 +486,59 @@ def _named_arguments(model, inputs: Inputs) -> list[tuple[str, object]]:
         named.append((positional[index] if index < len(positional) else f"input_{index}", value))
     named += list(inputs.kwargs.items())
     for name, value in named:
-        if isinstance(value, torch.Tensor) or value is None or type(value) in (bool, int, float, str):
-            continue
-        if any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(value)):
-            raise RematError(
-                f"error: argument '{name}' is {_kind(value)} holding tensors; remat-dsl takes tensors as separate"
-                " arguments",
-                hint="pass each tensor as its own argument of forward",
-            )
-        raise RematError(
-            f"error: argument '{name}' is {_kind(value)}; arguments must be tensors or constants (None, bool, int,"
-            " float, str)",
-            hint="leave the argument out of sample_inputs() or pass a plain constant",
-        )
+        _check_argument(name, value)
     return named
+
+
+# NOTE: [Nested arguments]
+# Models take some arguments as containers: an LSTM language model its state `(h0, c0)`, a
+# model its batch as a dict.  Capture takes a tuple, list or dict (nested too) whose leaves
+# are tensors and constants, and names each leaf after the argument and its place:
+# `hidden.0`, `hidden.1`, `batch.ids` (`flat_arguments`).  Each leaf is then a plan input or
+# constant of its own, and the generated module flattens the arguments of a call the same
+# way (`_flat_arguments` in remat_dsl/codegen/runtime.py), so a call with another structure
+# (a 3-tuple, another key) is refused by name.  A dict key must be a plan name's part:
+# letters, digits and `_`.
+_KEY = re.compile(r"[A-Za-z0-9_]+")
+
+
+def flat_arguments(named: list[tuple[str, object]]) -> list[tuple[str, object]]:
+    """Each argument's leaves as (name, value), NOTE: [Nested arguments]: a tuple's or a
+    list's elements named `NAME.INDEX`, a dict's `NAME.KEY`, nested containers in turn."""
+    flat: list[tuple[str, object]] = []
+    for name, value in named:
+        if isinstance(value, dict):
+            flat += flat_arguments([(f"{name}.{key}", item) for key, item in value.items()])
+        elif isinstance(value, (tuple, list)):
+            flat += flat_arguments([(f"{name}.{index}", item) for index, item in enumerate(value)])
+        else:
+            flat.append((name, value))
+    return flat
+
+
+def _check_argument(name: str, value) -> None:
+    """Raise RematError unless `value` is a tensor, a constant or a container of them."""
+    if isinstance(value, torch.Tensor) or value is None or type(value) in (bool, int, float, str):
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not (isinstance(key, str) and _KEY.fullmatch(key)):
+                raise RematError(
+                    f"error: argument '{name}' is a dict with the key {key!r}; remat-dsl names each element"
+                    f" '{name}.KEY', with KEY made of letters, digits and `_`",
+                    hint="rename the key, or pass the element as its own argument of forward",
+                )
+            _check_argument(f"{name}.{key}", item)
+        return
+    if isinstance(value, (tuple, list)):
+        for index, item in enumerate(value):
+            _check_argument(f"{name}.{index}", item)
+        return
+    raise RematError(
+        f"error: argument '{name}' is {_kind(value)}; arguments must be tensors, constants (None, bool, int,"
+        " float, str), or tuples, lists and dicts of them",
+        hint="pass its tensors as arguments of their own, or leave the argument out of sample_inputs()",
+    )
 
 
 def _signature_text(model) -> str:
@@ -506,23 +549,30 @@ def _signature_text(model) -> str:
 
 
 def _distinct_tensors(model, named: list[tuple[str, object]]) -> list[tuple[str, object]]:
-    """The named arguments with every tensor its own object: a tensor passed twice is copied,
-    and a parameter or buffer passed as an argument is refused."""
+    """The named arguments with every tensor its own object: a tensor passed twice is copied
+    (inside containers too), and a parameter or buffer passed as an argument is refused."""
     owned = {id(t) for t in (*model.parameters(), *model.buffers())}
     seen: set[int] = set()
-    distinct = []
-    for name, value in named:
-        if isinstance(value, torch.Tensor):
-            if id(value) in owned:
-                raise RematError(
-                    f"error: argument '{name}' is one of the model's own parameters or buffers",
-                    hint="pass data, not the model's state",
-                )
-            if id(value) in seen:
-                value = value.clone()
-            seen.add(id(value))
-        distinct.append((name, value))
-    return distinct
+
+    def distinct(name: str, value):
+        if isinstance(value, dict):
+            return type(value)((key, distinct(f"{name}.{key}", item)) for key, item in value.items())
+        if isinstance(value, (tuple, list)):
+            items = [distinct(f"{name}.{index}", item) for index, item in enumerate(value)]
+            return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+        if not isinstance(value, torch.Tensor):
+            return value
+        if id(value) in owned:
+            raise RematError(
+                f"error: argument '{name}' is one of the model's own parameters or buffers",
+                hint="pass data, not the model's state",
+            )
+        if id(value) in seen:
+            value = value.clone()
+        seen.add(id(value))
+        return value
+
+    return [(name, distinct(name, value)) for name, value in named]
 
 
 def _check_output_leaves(out) -> None:

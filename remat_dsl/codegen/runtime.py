@@ -976,10 +976,18 @@ def _bind_inputs(signature, args, kwargs, device, planned, constants):
         elif name in bound:
             arguments[name] = bound[name]
             position += parameter.kind is not inspect.Parameter.KEYWORD_ONLY
+    given, arguments = arguments, dict(_flat_arguments(arguments.items()))
     names = [name for name, _, _ in planned]
     inputs, sizes = [], {}
     for name, shape, dtype in planned:
         if name not in arguments:
+            root = name.split(".")[0]
+            held = [n for n in names if n.split(".")[0] == root]
+            if root != name and root in given:
+                raise TypeError(
+                    f"the plan needs the argument '{name}': '{root}' is {type(given[root]).__name__}, where the plan "
+                    f"takes a tuple, list or dict holding {', '.join(held)}"
+                )
             raise TypeError(f"the plan needs the argument '{name}' (it was made for {', '.join(names)})")
         _check_input(name, arguments[name], shape, dtype, device, sizes)
         inputs.append(arguments[name])
@@ -995,6 +1003,21 @@ def _bind_inputs(signature, args, kwargs, device, planned, constants):
                 f"the plan was made without the argument '{name}': pass only {', '.join(names)}, or plan again with it"
             )
     return inputs
+
+
+def _flat_arguments(named):
+    """(name, value) of each argument's leaves: a tuple's or a list's elements `NAME.INDEX`, a
+    dict's `NAME.KEY`, nested in turn, as remat-dsl's capture names them (NOTE: [Nested
+    arguments] in its capture)."""
+    flat = []
+    for name, value in named:
+        if isinstance(value, dict):
+            flat += _flat_arguments((f"{name}.{key}", item) for key, item in value.items())
+        elif isinstance(value, (tuple, list)):
+            flat += _flat_arguments((f"{name}.{index}", item) for index, item in enumerate(value))
+        else:
+            flat.append((name, value))
+    return flat
 
 
 def _output_type(path, where):

@@ -1,6 +1,6 @@
 """A word-level LSTM language model as in PyTorch's examples/word_language_model: sequence-first
 (time, batch) tokens, dropout on the embeddings, between the layers and on the output, an
-LSTM without biases, and the hidden state carried in from the previous batch (`h0`, `c0`)."""
+LSTM without biases, and the hidden state `(h0, c0)` carried in from the previous batch, as one tuple argument."""
 
 import torch
 import torch.nn.functional as F
@@ -17,9 +17,9 @@ class RNNModel(nn.Module):
         self.rnn = nn.LSTM(width, hidden, layers, dropout=dropout, bias=False)
         self.decoder = nn.Linear(hidden, VOCAB)
 
-    def forward(self, tokens, h0, c0):
+    def forward(self, tokens, hidden):
         emb = self.drop(self.encoder(tokens))
-        output, hidden = self.rnn(emb, (h0, c0))
+        output, hidden = self.rnn(emb, hidden)
         return self.decoder(self.drop(output)).view(-1, VOCAB), hidden
 
 
@@ -31,7 +31,8 @@ def build_model():
 def sample_inputs():
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, VOCAB, (9, 4), generator=g)
-    return (tokens, torch.randn(3, 4, 28, generator=g), torch.randn(3, 4, 28, generator=g))
+    hidden = (torch.randn(3, 4, 28, generator=g), torch.randn(3, 4, 28, generator=g))
+    return (tokens, hidden)
 
 
 def loss_fn(output):

@@ -1,21 +1,23 @@
+from types import SimpleNamespace
+
 from torch import nn
 
 from _tiny import inputs
 
 
-class Lists(nn.Module):
+class Namespaced(nn.Module):
     def __init__(self):
         super().__init__()
         self.fc = nn.Linear(8, 8)
 
-    def forward(self, xs):
-        return sum(self.fc(x) for x in xs)
+    def forward(self, batch):
+        return self.fc(batch.x)
 
 
 def build_model():
-    return Lists()
+    return Namespaced()
 
 
 def sample_inputs():
     (x,) = inputs()
-    return ([x, x + 1],)
+    return (SimpleNamespace(x=x),)
