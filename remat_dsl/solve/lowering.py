@@ -382,9 +382,13 @@ def add_updates(
 def add_parameter_streaming(plan: ir.Plan, streamed) -> ir.Plan:
     """`plan` (a whole-step plan, after `add_updates`) with the parameters `streamed` kept in
     host memory (NOTE: [Parameters on the host] in remat_dsl.check.replay): in each section
-    that reads one, `prefetch` PREFETCH_LEAD instructions before its first read, `wait`
-    right before it and `delete` right after its last read (after its update, where that is
-    later).  The predictions in the header are not updated (simulate the result)."""
+    that reads one, `prefetch` PREFETCH_LEAD ops before its first read, `wait` right before
+    it and `delete` right after its last read.  One updated on the device (`update P`, a
+    read of its device copy) is written back after its update: `offload P` right after it,
+    `wait P` and `delete P` PREFETCH_LEAD ops later or at the end of the backward, so that
+    the copy overlaps compute (thesis ch. 4, eq. 4.10 and 4.22: the offload of a parameter
+    updated on the GPU, on the d2h channel).  The predictions in the header are not
+    updated (simulate the result)."""
     streamed = set(streamed)
     ops = plan.graph.op_by_name
 
@@ -393,7 +397,7 @@ def add_parameter_streaming(plan: ir.Plan, streamed) -> ir.Plan:
         last: dict[str, int] = {}
         for i, ins in enumerate(instructions):
             names = [r.name for r in ir.op_refs(ops[ins.target])] if ins.runs_op else []
-            if ins.verb in ("update", "host_update"):
+            if ins.verb == "update":
                 names = [ins.target]
             for name in names:
                 if name in streamed:
@@ -401,17 +405,24 @@ def add_parameter_streaming(plan: ir.Plan, streamed) -> ir.Plan:
                     last[name] = i
         before: dict[int, list[ir.Instruction]] = defaultdict(list)
         after: dict[int, list[ir.Instruction]] = defaultdict(list)
+        computes = [i for i, ins in enumerate(instructions) if ins.runs_op]
         for name in sorted(first, key=lambda n: (first[n], n)):
-            reads = [i for i in range(first[name], last[name] + 1) if instructions[i].runs_op]
-            if not reads:  # read by its update only: no device copy needed
-                continue
-            start = reads[0]
+            start, end = first[name], last[name]
             lead = start
             for _ in range(PREFETCH_LEAD):  # PREFETCH_LEAD ops earlier, so the copy overlaps them
                 lead = next((j for j in range(lead - 1, -1, -1) if instructions[j].runs_op), lead)
             before[lead].append(ir.Instruction("prefetch", name, ir.H2D_STREAM))
             before[start].append(ir.Instruction("wait", name, ir.COMPUTE_STREAM))
-            after[reads[-1]].append(ir.Instruction("delete", name, ir.COMPUTE_STREAM))
+            if instructions[end].verb != "update":
+                after[end].append(ir.Instruction("delete", name, ir.COMPUTE_STREAM))
+                continue
+            later = [i for i in computes if i > end]
+            joined = later[PREFETCH_LEAD - 1] if len(later) >= PREFETCH_LEAD else len(instructions) - 1
+            after[end].append(ir.Instruction("offload", name, ir.D2H_STREAM))
+            after[joined] += [
+                ir.Instruction("wait", name, ir.COMPUTE_STREAM),
+                ir.Instruction("delete", name, ir.COMPUTE_STREAM),
+            ]
         result: list[ir.Instruction] = []
         for i, ins in enumerate(instructions):
             result.extend(before.get(i, []))
