@@ -89,6 +89,7 @@ from remat_dsl.solve.api import (
 )
 from remat_dsl.solve.lowering import (
     DEFAULT_BANDWIDTH,
+    PREFETCH_LEAD,
     add_paged_states,
     add_parameter_streaming,
     add_updates,
@@ -260,12 +261,16 @@ class Planner:
     # bytes updated on the host instead: the parameters whose gradients are complete first, so
     # that the host's updates (eq. 4.23) run while the rest of the backward does.  On a slow
     # host (the RTX 3060's machine updates 1.1 GB/s) the link then carries the step's parameters
-    # and most states at 10 GB/s each way where the host would update them all: about 1.1x the
-    # unconstrained step for Llama-2-7B instead of 3x.  Their activations are planned for one
-    # budget per streamed share (the held memory counted for the largest states and updates).
+    # and most states, each way, where the host would update them all.  Their activations are
+    # planned for one budget per streamed share (the held memory counted for the largest states
+    # and updates), and each is lowered with its copies LEADS ops ahead of their use (and the
+    # waits for the write-backs, the states' offloads and the host updates' gradients as many
+    # ops after): with the link the bottleneck, a copy issued a few ops ahead leaves it idle
+    # while the compute stream waits for another, so a longer lead is faster where memory allows.
     HOST_SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)
     STREAM_SHARES = (0.75, 0.95)
     MIXED_HOST_SHARES = (0.0, 0.25)
+    LEADS = (PREFETCH_LEAD, 8, 16, 32, 64)  # ops between each copy and the instruction it serves
 
     def plan_step(
         self, budget: int, optimizer: Optimizer, speeds: tuple[int, int, int], solver: str | type[Solver] = "auto"
@@ -305,8 +310,12 @@ class Planner:
             if number == len(attempts) and best is not None:
                 break  # a plan without parameter streaming fits: the fastest of them
             states_of = lambda p: optimizer.state_bytes(sizes[p])  # noqa: E731
-            on_host = _largest(completed if mixed else trainable, states_of, state_share * total_states)
             streamed = _largest(by_size, sizes.__getitem__, param_share * total_params)
+            # mixed: only streamed parameters go to the host, updated where they live; one held on
+            # the device would be copied back on the h2d stream after its host update, holding the
+            # parameters' prefetches behind the host's clock
+            candidates = [p for p in completed if p in streamed] if mixed else trainable
+            on_host = _largest(candidates, states_of, state_share * total_states)
             key = (
                 frozenset(on_host) | (frozenset() if mixed else frozenset(streamed) & set(trainable)),
                 frozenset(streamed),
@@ -345,25 +354,27 @@ class Planner:
                     )
                 except BudgetError:
                     continue
-            plan = add_updates(replace(plan, graph=graph), optimizer.text(), key[0], speeds)
-            plan = add_parameter_streaming(plan, key[1])
-            if paged:
-                plan = add_paged_states(plan, device)
-            plan = replace(plan, header=replace(plan.header, budget=budget))
-            sim = simulate(plan)
-            if sim.peak_bytes > budget:
-                continue
-            host_budget = self.problem.host_budget
-            if host_budget is not None and sim.host_peak_bytes > host_budget:
-                host_error = RematError(
-                    f"error: the plan that fits the budget needs {format_bytes(sim.host_peak_bytes)} of host memory "
-                    f"(optimizer states and copies of {len(key[0] | key[1])} parameters), above the host budget "
-                    f"{format_bytes(host_budget)}",
-                    hint="raise --host-budget or --budget",
-                )
-                continue
-            if best is None or sim.time_us < best[0]:
-                best = (sim.time_us, with_predictions(plan, sim))
+            solved_plan = replace(plan, graph=graph)
+            for lead in self.LEADS if mixed else (PREFETCH_LEAD,):
+                plan = add_updates(solved_plan, optimizer.text(), key[0], speeds, lead if mixed else 0)
+                plan = add_parameter_streaming(plan, key[1], lead)
+                if paged:
+                    plan = add_paged_states(plan, device, lead)
+                plan = replace(plan, header=replace(plan.header, budget=budget))
+                sim = simulate(plan)
+                if sim.peak_bytes > budget:
+                    continue
+                host_budget = self.problem.host_budget
+                if host_budget is not None and sim.host_peak_bytes > host_budget:
+                    host_error = RematError(
+                        f"error: the plan that fits the budget needs {format_bytes(sim.host_peak_bytes)} of host "
+                        f"memory (optimizer states and copies of {len(key[0] | key[1])} parameters), above the host "
+                        f"budget {format_bytes(host_budget)}",
+                        hint="raise --host-budget or --budget",
+                    )
+                    continue
+                if best is None or sim.time_us < best[0]:
+                    best = (sim.time_us, with_predictions(plan, sim))
         if best is not None:
             return best[1]
         if host_error is not None:
