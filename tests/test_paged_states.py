@@ -24,7 +24,7 @@ from remat_dsl.check.replay import simulate, with_predictions
 from remat_dsl.plan.ir import with_gradient_zeros
 from remat_dsl.plan.optimizer import parse_optimizer
 from remat_dsl.plan.parser import parse
-from remat_dsl.solve.lowering import add_paged_states, add_parameter_streaming
+from remat_dsl.solve.lowering import add_paged_states, add_parameter_streaming, add_updates
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTIMIZERS = {
@@ -257,6 +257,24 @@ def _streamed_plan(kind: str):
     return with_predictions(edited, simulate(edited)), plan, model, inputs, set(streamed)
 
 
+def _mixed_plan(kind: str, lead: int = 8):
+    """The streamed plan of `_streamed_plan` placed as the planner's mixed attempts place it
+    (NOTE: [Optimizer placement] in remat_dsl/solve/driver.py): head.weight, whose gradient
+    is complete first, updated on the host where it lives, the others on the device with
+    paged states, every copy `lead` ops ahead of its use or after its update."""
+    model, inputs = _tiny()
+    plan = plan_model(model, inputs, 10**9, optimizer=OPTIMIZERS[kind][0])
+    header = plan.header
+    solved = dataclasses.replace(plan, backward=tuple(i for i in plan.backward if i.verb != "update"))
+    speeds = (header.device_update, header.host_update, header.host_update_overhead_us)
+    smallest = min(plan.graph.parameters, key=lambda p: math.prod(p.shape)).name
+    streamed = [p.name for p in plan.graph.parameters if p.name != smallest]
+    mixed = add_updates(solved, header.optimizer, {"head.weight"}, speeds, lag=lead)
+    mixed = add_parameter_streaming(mixed, streamed, lead)
+    mixed = add_paged_states(mixed, {p.name for p in plan.graph.parameters} - {"head.weight"}, lead)
+    return with_predictions(mixed, simulate(mixed)), model, inputs
+
+
 @pytest.mark.parametrize("kind", list(OPTIMIZERS))
 def test_streamed_parameters_updated_on_the_device_train_bit_exactly_with_the_predicted_peak(kind, tmp_path):
     plan, held, eager, inputs, streamed = _streamed_plan(kind)
@@ -295,6 +313,25 @@ def test_streamed_parameters_updated_on_the_device_train_bit_exactly_with_the_pr
     resident = sum(p.numel() * p.element_size() for n, p in ours.named_parameters() if n not in streamed)
     given = simulate(dataclasses.replace(plan, graph=with_gradient_zeros(plan.graph, -1))).peak_bytes
     assert peak_bytes(step) + resident == given
+
+
+def test_a_mixed_placement_with_long_leads_trains_bit_exactly():
+    """A streamed parameter updated on the host beside others updated on the device and
+    written back, the copies 8 ops ahead (the gradient's wait and the host update 8 ops
+    after its offload): 3 AdamW steps equal eager's."""
+    plan, eager, inputs = _mixed_plan("adamw")
+    verbs = [(i.verb, i.target) for i in plan.backward]
+    assert ("host_update", "head.weight") in verbs and ("offload", "fc2.weight") in verbs
+    offload = verbs.index(("offload", "head.bwd.mm_1"))  # head.weight's gradient
+    waited = verbs.index(("wait", "head.bwd.mm_1"))
+    assert sum(1 for i in plan.backward[offload:waited] if i.runs_op) == 8
+    module = _module_of(plan)
+    make = OPTIMIZERS["adamw"][1]
+    ours = copy.deepcopy(eager)
+    fast = module.FastModel(ours, optimizer=make(ours.parameters()))
+    _train_beside(fast, eager, make(eager.parameters()), inputs)
+    for (name, a), b in zip(eager.named_parameters(), ours.parameters()):
+        assert torch.equal(a, b), name
 
 
 def test_streamed_device_updates_on_emulated_streams_are_ordered_and_exact():
