@@ -67,7 +67,7 @@ def _loss(output):
         ("hf_llama", "sgd", 0.6),
         pytest.param("hf_gpt2", "adamw", 0.6, marks=pytest.mark.slow),  # AdamW: the tiny MLP's cases below
         # peft's LoRA as `get_peft_model` returns it: the frozen base weights streamed, the
-        # adapters updated on the host
+        # adapters' states on the host
         ("hf_llama_lora", "adamw", 0.65),
     ],
 )
@@ -75,7 +75,8 @@ def test_stock_models_train_bit_exactly_with_the_optimizer_in_the_plan(name, kin
     plan, path, budget, held = _plan(name, kind, tmp_path, share)
     assert plan.header.peak_bytes <= budget < held
     verbs = {ins.verb for ins in plan.backward}
-    assert "host_update" in verbs and "offload" in verbs  # gradient transfers, states on the host
+    # states on the host: updated there (gradient transfers), or paged to the device around the update
+    assert ("host_update" in verbs and "offload" in verbs) or "prefetch_states" in verbs
     parameters = {p.name for p in plan.graph.parameters}
     prefetched = {i.target for i in (*plan.forward, *plan.backward) if i.verb == "prefetch"} & parameters
     paged = {i.target for i in plan.backward if i.verb == "prefetch_states"}

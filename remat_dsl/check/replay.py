@@ -37,7 +37,24 @@ except those the plan prefetches: they live in host memory (the host copy of a p
 updated on the host is the parameter itself, so `host_update` copies nothing back), and
 are on the device from their `prefetch` to their `delete`, which each section has for
 itself (none is on the device when the forward ends, or when the step does).  Such a
-parameter is frozen or updated on the host.
+parameter is frozen, updated on the host, or updated on the device and written back:
+
+    prefetch P ... wait P       its device copy, for its backward reads and its update
+    update P                    in place on the device copy (its states paged or held)
+    offload P                   d2h: the write-back, the updated device copy into P's host copy
+    wait P                      the compute stream waits for the write-back
+    delete P                    only now: the device copy is the one up-to-date P until then
+
+For a parameter kept on the host, `offload P` is this write-back and nothing else: its
+host copy always exists (it is the parameter), so there is no other copy it could make,
+and a new verb would add a line to every table of instructions for the same d2h copy of
+the same bytes.  The replay refuses it before `update P` (it would copy the old value)
+and for a parameter not updated on the device (frozen, or updated on the host: the host
+copy is already the new value), refuses `delete P` after `update P` until the write-back
+is waited for, and so a device update without its write-back (thesis ch. 4, eq. 4.10:
+the O-ILP offloads a parameter updated on the GPU back to the CPU after its update; eq.
+4.21-4.22 time it on the d2h channel).  The write-back takes P's bytes / bandwidth on the
+d2h stream, as an offload does, and adds no host memory (it writes P's own host copy).
 
 NOTE: [Time model]
 Four streams (compute, d2h, h2d and host), each with a clock in microseconds.
@@ -57,7 +74,8 @@ speed (the first of the step also for the header's overhead, the host's manageme
 step), then copies P to the device on the h2d stream (P's
 bytes / bandwidth); the step ends when the last of them does (thesis ch. 4, eq. 4.23).
 `prefetch_states P` / `offload_states P` take their states' bytes / bandwidth on the h2d /
-d2h stream as a prefetch / offload does, and `wait_states P` moves the compute clock to the
+d2h stream as a prefetch / offload does (and the write-back `offload P` of a parameter kept
+on the host, P's bytes), and `wait_states P` moves the compute clock to the
 end of that transfer (thesis ch. 4, eq. 4.10, 4.21-4.22: PrfO, OflO).
 """
 
@@ -387,6 +405,11 @@ class _Simulator:
         self.moved: set[str] = set()  # inputs whose storage an output took; their delete frees nothing
         self.optimizer = self._optimizer(plan)
         self.updated: dict[str, str] = {}  # parameter -> where its update is
+        self.on_device: set[str] = set()  # parameters updated by `update` (on the device)
+        # NOTE: [Parameters on the host]: parameter -> where its write-back (`offload P`) started,
+        # and the parameters whose write-back was waited for
+        self.written_back: dict[str, str] = {}
+        self.back_home: set[str] = set()
         # NOTE: [Stateful layers] in remat_dsl/capture/stateful.py: a buffer takes its new value
         # where the forward computes it; an op that reads the buffer after that would read it
         self.buffer_updates = {u.tensor: u.buffer for u in plan.graph.updates}
@@ -672,7 +695,11 @@ class _Simulator:
     def _check_tensor_name(self, instr: ir.Instruction) -> None:
         if instr.target in self.graph.tensors:
             return
-        if instr.target in self.param_bytes and instr.verb in ("prefetch", "wait", "delete") and self.optimizer:
+        if (
+            instr.target in self.param_bytes
+            and instr.verb in ("prefetch", "wait", "delete", "offload")
+            and self.optimizer
+        ):
             if instr.target not in self.streamed:
                 self._fail(
                     f"cannot {instr.verb} parameter '{instr.target}': the plan never prefetches it, so it stays on "
@@ -916,6 +943,13 @@ class _Simulator:
                 f"add `wait {name}` before this line",
                 instr.span,
             )
+        if name in self.on_device and name in self.streamed and name not in self.back_home:
+            self._fail(
+                f"cannot delete parameter '{name}': it was updated on the device ({self.updated[name]}) and its "
+                "device copy is not written back to its host copy, so the next step would read the old value",
+                f"add `offload {name}` and `wait {name}` (its write-back) before this line",
+                instr.span,
+            )
         self._freed = [(name, self._release(name))]
         self.deleted_at[name] = self._where()
         return 0, []
@@ -943,6 +977,8 @@ class _Simulator:
 
     def _offload(self, instr: ir.Instruction) -> tuple[int, list]:
         name = instr.target
+        if name in self.streamed:
+            return self._write_back(instr)
         self._check_resident(name, instr)
         if name in self.offloaded_at:
             self._fail(
@@ -954,6 +990,36 @@ class _Simulator:
         self.host_bytes += self.resident[name]
         self.host_peak = max(self.host_peak, self.host_bytes)
         self._start_transfer("offload", name, instr)
+        return 0, []
+
+    def _write_back(self, instr: ir.Instruction) -> tuple[int, list]:
+        """`offload P` of a parameter kept on the host: its updated device copy copied into
+        its host copy (NOTE: [Parameters on the host])."""
+        name = instr.target
+        if name in self.written_back:
+            self._fail(
+                f"parameter '{name}' is written back twice (first at {self.written_back[name]})",
+                "remove one of the two lines: a parameter updated on the device is written back once",
+                instr.span,
+            )
+        if name in self.updated and name not in self.on_device:
+            self._fail(
+                f"cannot offload parameter '{name}': it is updated on the host ({self.updated[name]}), where it "
+                "lives, so its host copy already holds the new value",
+                "remove this line",
+                instr.span,
+            )
+        if name not in self.on_device:
+            self._fail(
+                f"cannot offload parameter '{name}' before its update: the write-back would copy the old value "
+                "into its host copy",
+                f"move this line after `update {name}`"
+                + ("" if name in self.grad_refs else f" (or remove it: {name} is frozen, its host copy is current)"),
+                instr.span,
+            )
+        self._check_resident(name, instr)
+        self.written_back[name] = self._where()
+        self._start_transfer("write-back", name, instr)
         return 0, []
 
     def _prefetch(self, instr: ir.Instruction) -> tuple[int, list]:
@@ -1022,6 +1088,13 @@ class _Simulator:
     def _wait(self, instr: ir.Instruction) -> tuple[int, list]:
         name = instr.target
         transfer = self.pending.pop(name, None)
+        if transfer is None and name in self.on_device and name in self.streamed and name not in self.written_back:
+            self._fail(
+                f"nothing to wait for: parameter '{name}' was updated on the device ({self.updated[name]}) and "
+                "never written back to its host copy",
+                f"add `offload {name}` (its write-back) after `update {name}`, before this line",
+                instr.span,
+            )
         if transfer is None:
             self._fail(
                 f"nothing to wait for: '{name}' has no offload or prefetch in flight",
@@ -1032,6 +1105,8 @@ class _Simulator:
         streams[ir.COMPUTE_STREAM] = max(streams[ir.COMPUTE_STREAM], transfer.end_us)
         if transfer.kind == "offload":
             self.host_ready.add(name)
+        if transfer.kind == "write-back":
+            self.back_home.add(name)
         return 0, []
 
     # -- optimizer updates (NOTE: [Optimizer in the step]) --------------------
@@ -1078,12 +1153,17 @@ class _Simulator:
         assert self.optimizer is not None  # _check_parameter_name
         if name in self.paged:
             self._check_states_ready(name, instr)
-        if name in self.streamed:
-            self._fail(
-                f"cannot update '{name}' on the device: the plan keeps it in host memory (it prefetches it)",
-                f"write `host_update {name}`",
-                instr.span,
-            )
+        if name in self.streamed:  # NOTE: [Parameters on the host]: its device copy is updated
+            transfer = self.pending.get(name)
+            if name not in self.resident or transfer is not None:
+                self._fail(
+                    f"cannot update '{name}' on the device: the plan keeps it in host memory and its device copy "
+                    + (f"is not ready (its prefetch at {transfer.where} is not waited for)" if transfer else
+                       "is not on the device here"),
+                    (f"add `wait {name}` before this line" if transfer else
+                     f"add `prefetch {name}` and `wait {name}` before this line, or write `host_update {name}`"),
+                    instr.span,
+                )  # fmt: skip
         for ref in self.grad_refs[name]:
             transfer = self.pending.get(ref)
             if ref not in self.resident or (transfer is not None and transfer.kind == "prefetch"):
@@ -1104,6 +1184,7 @@ class _Simulator:
         self.clocks.streams[ir.COMPUTE_STREAM] += duration
         self.clocks.compute_us += duration
         self.updated[name] = self._where()
+        self.on_device.add(name)
         extra = [(f"temporaries of update {name}", temp)] if temp else []
         return self.current + temp, extra
 

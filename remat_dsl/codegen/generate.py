@@ -358,7 +358,7 @@ def host_layout(plan: ir.Plan) -> tuple[dict[str, int], int]:
     offsets: dict[str, int] = {}
     end = 0
     for ins in (*plan.forward, *plan.backward):
-        if ins.verb != "offload" or ins.target in offsets:
+        if ins.verb != "offload" or ins.target in offsets or ins.target not in tensors:  # a parameter's write-back
             continue
         decl = tensors[ins.target]
         offsets[ins.target] = end
@@ -646,7 +646,12 @@ class _Renderer:
         return {INPLACE_OUT[self.ops[step.instruction.target].target][0] for step in self.sim.timeline if step.into}
 
     def _offload(self, tensor: str, step, where: str) -> list[str]:
-        """`host_T, event_T = _offload(T, _pool, OFFSET)`: into T's slot of the host buffer."""
+        """`host_T, event_T = _offload(T, _pool, OFFSET)`: into T's slot of the host buffer.  A
+        parameter kept on the host: `event_dev_P = _write_back(_p.P, dev_P)`, its updated device
+        copy into its host copy (NOTE: [Parameters on the host] in remat_dsl/check/replay.py)."""
+        if tensor in self.param_attr:
+            dev = self.var[tensor]
+            return [f"event_{dev} = _write_back({self.param_attr[tensor]}, {dev})  # {where}"]
         host, event, offset = self.names.host(tensor), self.names.event(tensor), self.host_offsets[tensor]
         return [f"{host}, {event} = _offload({self.var[tensor]}, _pool, {offset})  # {where}"]
 
@@ -669,6 +674,7 @@ class _Renderer:
         [Optimizer in the step])."""
         value = self._reached(self._gradient(param))
         paged = ", paged=True" if param in self.paged else ""
+        paged += f", target={self.var[param]}" if param in self.param_attr else ""  # the device copy
         return [f"_s.optimizers.update({self.param_index[param]}, {value}{paged})  # {where}"]
 
     def _prefetch_states(self, param: str, step, where: str) -> list[str]:

@@ -182,6 +182,13 @@ def _copy_to_host(host, tensor):
     return d2h.record_event()
 
 
+def _write_back(param, tensor):
+    """The event of copying `tensor`, the updated device copy of a parameter kept on the
+    host, into `param`'s host storage (NOTE: [Parameters on the host] in
+    remat_dsl/check/replay.py); None on the CPU, where the copy is done when this returns."""
+    return _copy_to_host(param.detach(), tensor)
+
+
 def _wait(event, device):
     if event is not None:
         _cuda.current_stream(device).wait_event(event)
@@ -510,21 +517,26 @@ class _Optimizers:
         worker.param_groups[0].update({k: v for k, v in group.items() if k != "params"})
         return worker
 
-    def update(self, i, grad, paged=False):
+    def update(self, i, grad, paged=False, target=None):
         """The update of parameter `i` on its device from `grad`; none when the loss does
         not reach it (None) or the main optimizer does not hold it, as eager.  `paged`: with
-        the device copy of its states that prefetch_states made."""
+        the device copy of its states that prefetch_states made.  `target`: the device copy
+        of a parameter kept on the host (STREAMED), updated in its place and written back
+        after (NOTE: [Parameters on the host] in remat_dsl/check/replay.py)."""
         param = self.params[i]
         if grad is None or id(param) not in self.groups:
             return
         worker = self._worker(i, param, False)
-        if paged:
-            worker.state = {param: self.paged[i]}
-        param.grad = grad
+        stepped = param if target is None else target
+        if paged or target is not None:  # the states of `param` (in the main optimizer's), stepped with `stepped`
+            worker.state = {stepped: self.paged[i] if paged else self.main.state[param]}
+            worker.param_groups[0]["params"] = [stepped]
+        stepped.grad = grad
         worker.step()
-        param.grad = None
-        if paged:
+        stepped.grad = None
+        if paged or target is not None:
             worker.state = self.main.state
+            worker.param_groups[0]["params"] = [param]
 
     def prefetch_states(self, i, device):
         """Start copying parameter `i`'s paged states from host memory to `device` (h2d);

@@ -29,7 +29,10 @@ compute OP       first execution of OP (forward ops in `forward`, backward ops i
 recompute OP     any later execution of a forward OP, in either section.
 delete T         frees the device copy of T.  Model outputs (held by the caller) and
                  parameter gradients (returned to autograd) cannot be deleted.
-offload T        starts copying resident T to host memory on the `d2h` stream.
+offload T        starts copying resident T to host memory on the `d2h` stream.  For a
+                 parameter P kept in host memory (prefetched), `offload P` after `update P`
+                 is its write-back: the updated device copy copied into P's host copy
+                 (NOTE: [Parameters on the host] in remat_dsl.check.replay).
 prefetch T       allocates T on the device and starts copying it back on the `h2d` stream;
                  T must have a completed host copy and no device copy.
 wait T           the compute stream waits for T's pending transfer; required before a

@@ -15,7 +15,9 @@ device (its optimizer states live on the device for the whole step); `host_updat
 runs it on the host from the host copy of P's gradient (offloaded before) with the
 optimizer states and an fp32 master copy of P kept in host memory, and then copies P back
 to the device on the h2d stream (eq. 4.18-4.23: host memory, host update time).  A
-device update may also page its states (NOTE: [Paged optimizer states]).
+device update may also page its states (NOTE: [Paged optimizer states]), and may update a
+parameter kept in host memory, on its device copy, which is then written back (NOTE:
+[Parameters on the host] in remat_dsl/check/replay.py).
 
 Memory, per parameter of `nbytes` bytes (its dtype's bytes; states have the parameter's
 dtype, as torch.optim makes them):

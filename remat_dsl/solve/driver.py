@@ -89,6 +89,7 @@ from remat_dsl.solve.api import (
 )
 from remat_dsl.solve.lowering import (
     DEFAULT_BANDWIDTH,
+    PREFETCH_LEAD,
     add_paged_states,
     add_parameter_streaming,
     add_updates,
@@ -252,7 +253,24 @@ class Planner:
     # which is faster depends on the link, the host and the model.  Parameter streaming is
     # tried only when none of them fits.  It is a heuristic: the thesis' O-ILP (ch. 4, eq.
     # 4.1-4.23) chooses these fractions, per parameter and per block, in one ILP with the schedule.
+    # Beside streaming with every update on the host, `plan_step` tries streamed parameters
+    # updated on the device (STREAM_SHARES of the parameters' bytes, the largest first), their
+    # states paged and each written back to its host copy after its update (NOTE: [Parameters on
+    # the host] in remat_dsl.check.replay; thesis eq. 4.10, 4.21-4.22: PrfO/OflO of the states and
+    # the offload of a parameter updated on the GPU), with MIXED_HOST_SHARES of the states'
+    # bytes updated on the host instead: the parameters whose gradients are complete first, so
+    # that the host's updates (eq. 4.23) run while the rest of the backward does.  On a slow
+    # host (the RTX 3060's machine updates 1.1 GB/s) the link then carries the step's parameters
+    # and most states, each way, where the host would update them all.  Their activations are
+    # planned for one budget per streamed share (the held memory counted for the largest states
+    # and updates), and each is lowered with its copies LEADS ops ahead of their use (and the
+    # waits for the write-backs, the states' offloads and the host updates' gradients as many
+    # ops after): with the link the bottleneck, a copy issued a few ops ahead leaves it idle
+    # while the compute stream waits for another, so a longer lead is faster where memory allows.
     HOST_SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)
+    STREAM_SHARES = (0.75, 0.95)
+    MIXED_HOST_SHARES = (0.0, 0.25)
+    LEADS = (PREFETCH_LEAD, 8, 16, 32, 64)  # ops between each copy and the instruction it serves
 
     def plan_step(
         self, budget: int, optimizer: Optimizer, speeds: tuple[int, int, int], solver: str | type[Solver] = "auto"
@@ -284,24 +302,37 @@ class Planner:
         best: tuple[int, ir.Plan] | None = None  # (predicted time in us, the simulated plan)
         solved: dict[int, ir.Plan] = {}  # activation budget -> the solver's plan (shared by attempts)
         # the smallest parameters stay on the device: the generated module finds its device by them
-        attempts = [(share, 0.0, paged) for share in self.HOST_SHARES for paged in (False, True)]
-        streaming = [(1.0, share, False) for share in self.HOST_SHARES[1:-1]]
-        for number, (state_share, param_share, paged) in enumerate(attempts + streaming):
+        attempts = [(share, 0.0, paged, False) for share in self.HOST_SHARES for paged in (False, True)]
+        streaming = [(1.0, share, False, False) for share in self.HOST_SHARES[1:-1]]
+        streaming += [(share, part, True, True) for part in self.STREAM_SHARES for share in self.MIXED_HOST_SHARES]
+        completed = _by_gradient_completion(graph, trainable)
+        for number, (state_share, param_share, paged, mixed) in enumerate(attempts + streaming):
             if number == len(attempts) and best is not None:
                 break  # a plan without parameter streaming fits: the fastest of them
-            on_host = _largest(trainable, lambda p: optimizer.state_bytes(sizes[p]), state_share * total_states)
+            states_of = lambda p: optimizer.state_bytes(sizes[p])  # noqa: E731
             streamed = _largest(by_size, sizes.__getitem__, param_share * total_params)
-            key = (frozenset(on_host) | (frozenset(streamed) & set(trainable)), frozenset(streamed))
+            # mixed: only streamed parameters go to the host, updated where they live; one held on
+            # the device would be copied back on the h2d stream after its host update, holding the
+            # parameters' prefetches behind the host's clock
+            candidates = [p for p in completed if p in streamed] if mixed else trainable
+            on_host = _largest(candidates, states_of, state_share * total_states)
+            key = (
+                frozenset(on_host) | (frozenset() if mixed else frozenset(streamed) & set(trainable)),
+                frozenset(streamed),
+            )
             device = [p for p in trainable if p not in key[0]]
             if (key, paged) in tried or (paged and not device):
                 continue
             tried.add((key, paged))
-            device_states = sorted((optimizer.state_bytes(sizes[p]) for p in device), reverse=True)
+            device_states = sorted(
+                (optimizer.state_bytes(sizes[p]) for p in (trainable if mixed else device)), reverse=True
+            )
             # paged: the states of the updates whose transfers overlap (PREFETCH_LEAD ops each way)
             states = sum(device_states[:3]) if paged else sum(device_states)
             resident = sum(n for p, n in sizes.items() if p not in key[1])
-            working = sum(sorted((sizes[p] for p in key[1]), reverse=True)[:2])  # prefetched ahead of use
-            updating = device if not cpu else trainable  # one allocator on a CPU
+            # prefetched ahead of use; updated on the device: held from the backward's read to the write-back
+            working = sum(sorted((sizes[p] for p in key[1]), reverse=True)[: 4 if mixed else 2])
+            updating = device if not (cpu or mixed) else trainable  # one allocator on a CPU
             temp = max((optimizer.temp_bytes(sizes[p], cpu) for p in updating), default=0)
             held = states + resident + working + temp
             if budget - held <= 0:
@@ -323,25 +354,27 @@ class Planner:
                     )
                 except BudgetError:
                     continue
-            plan = add_updates(replace(plan, graph=graph), optimizer.text(), key[0], speeds)
-            plan = add_parameter_streaming(plan, key[1])
-            if paged:
-                plan = add_paged_states(plan, device)
-            plan = replace(plan, header=replace(plan.header, budget=budget))
-            sim = simulate(plan)
-            if sim.peak_bytes > budget:
-                continue
-            host_budget = self.problem.host_budget
-            if host_budget is not None and sim.host_peak_bytes > host_budget:
-                host_error = RematError(
-                    f"error: the plan that fits the budget needs {format_bytes(sim.host_peak_bytes)} of host memory "
-                    f"(optimizer states and copies of {len(key[0] | key[1])} parameters), above the host budget "
-                    f"{format_bytes(host_budget)}",
-                    hint="raise --host-budget or --budget",
-                )
-                continue
-            if best is None or sim.time_us < best[0]:
-                best = (sim.time_us, with_predictions(plan, sim))
+            solved_plan = replace(plan, graph=graph)
+            for lead in self.LEADS if mixed else (PREFETCH_LEAD,):
+                plan = add_updates(solved_plan, optimizer.text(), key[0], speeds, lead if mixed else 0)
+                plan = add_parameter_streaming(plan, key[1], lead)
+                if paged:
+                    plan = add_paged_states(plan, device, lead)
+                plan = replace(plan, header=replace(plan.header, budget=budget))
+                sim = simulate(plan)
+                if sim.peak_bytes > budget:
+                    continue
+                host_budget = self.problem.host_budget
+                if host_budget is not None and sim.host_peak_bytes > host_budget:
+                    host_error = RematError(
+                        f"error: the plan that fits the budget needs {format_bytes(sim.host_peak_bytes)} of host "
+                        f"memory (optimizer states and copies of {len(key[0] | key[1])} parameters), above the host "
+                        f"budget {format_bytes(host_budget)}",
+                        hint="raise --host-budget or --budget",
+                    )
+                    continue
+                if best is None or sim.time_us < best[0]:
+                    best = (sim.time_us, with_predictions(plan, sim))
         if best is not None:
             return best[1]
         if host_error is not None:
@@ -626,6 +659,19 @@ class Planner:
             f"{format_bytes(error.smallest)}",
             hint=f"raise the budget to {error.smallest} bytes or more, or relax the keep/offload/recompute lines",
         )
+
+
+def _by_gradient_completion(graph: ir.Graph, trainable: list[str]) -> list[str]:
+    """`trainable` in the order the backward completes their gradients (the graph's order of
+    the last op making each gradient): the updates that can start first."""
+    position = {op.name: i for i, op in enumerate(graph.ops)}
+    tensors = graph.tensor_by_name
+    done = {
+        g.parameter: max((position[tensors[r].producer] for r in ir.refs_in(g.value) if r in tensors), default=-1)
+        for g in graph.gradients
+        if g.value is not None
+    }
+    return sorted(trainable, key=lambda p: (done.get(p, -1), p))
 
 
 def _largest(names: list[str], size, amount: float) -> list[str]:

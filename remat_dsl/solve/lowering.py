@@ -302,7 +302,7 @@ def _prefetch_before_first_use(backward, tensor, ops, names):
 
 
 def add_updates(
-    plan: ir.Plan, optimizer: str, on_host=frozenset(), speeds: tuple[int, int, int] = (0, 0, 0)
+    plan: ir.Plan, optimizer: str, on_host=frozenset(), speeds: tuple[int, int, int] = (0, 0, 0), lag: int = 0
 ) -> ir.Plan:
     """`plan` with the whole step's optimizer (NOTE: [Optimizer in the step] in
     remat_dsl.plan.optimizer): the header's `optimizer` (its text) and `update-speed`
@@ -310,8 +310,11 @@ def add_updates(
     microseconds), and in the backward, for each trainable parameter P, the update where
     its gradient is complete and P is read no more (thesis ch. 4, eq. 4.6), then the
     gradient deleted after its last read.  P in `on_host`: the gradient offloaded as soon
-    as it is made, waited for and deleted where the update goes, then `host_update P`.
-    The predictions in the header are not updated (simulate the result)."""
+    as it is made, waited for and deleted where the update goes, then `host_update P`; with
+    `lag`, that many ops later (or at the end of the backward), so that the gradient's copy
+    overlaps them instead of the compute stream waiting for it (thesis ch. 4, eq. 4.21: the
+    offload runs on the d2h channel beside compute).  The predictions in the header are not
+    updated (simulate the result)."""
     graph = plan.graph
     gradient_tensors = {name for g in graph.gradients for name in ir.refs_in(g.value)}
     # deletes of gradients (a plan made without gradient lines frees them after their last
@@ -328,6 +331,15 @@ def add_updates(
             for ref in ir.op_refs(op):
                 last_read[ref.name] = i
     after: dict[int, list[ir.Instruction]] = defaultdict(list)
+    computes = [i for i, ins in enumerate(backward) if ins.runs_op]
+
+    def later(index: int) -> int:
+        """The `lag`-th op after instruction `index` (the last instruction when there are fewer)."""
+        if not lag:
+            return index
+        following = [i for i in computes if i > index]
+        return following[lag - 1] if len(following) >= lag else len(backward) - 1
+
     pinned = set(ir.refs_in(graph.outputs))
     gradient_of: dict[str, int] = defaultdict(int)  # tensor -> how many gradients read it
     for g in graph.gradients:
@@ -355,8 +367,8 @@ def add_updates(
                 for t in tensors
                 if not updates_left[t] and t not in pinned
             ]
-            after[freed].extend(step)
-            after[freed].append(ir.Instruction("host_update", g.parameter, ir.HOST_STREAM))
+            after[later(freed)].extend(step)
+            after[later(freed)].append(ir.Instruction("host_update", g.parameter, ir.HOST_STREAM))
         else:
             after[ready].append(ir.Instruction("update", g.parameter, ir.COMPUTE_STREAM))
             after[freed].extend(
@@ -379,21 +391,26 @@ def add_updates(
     return replace(plan, header=header, backward=tuple(result))
 
 
-def add_parameter_streaming(plan: ir.Plan, streamed) -> ir.Plan:
+def add_parameter_streaming(plan: ir.Plan, streamed, lead: int = PREFETCH_LEAD) -> ir.Plan:
     """`plan` (a whole-step plan, after `add_updates`) with the parameters `streamed` kept in
     host memory (NOTE: [Parameters on the host] in remat_dsl.check.replay): in each section
-    that reads one, `prefetch` PREFETCH_LEAD instructions before its first read, `wait`
-    right before it and `delete` right after its last read (after its update, where that is
-    later).  The predictions in the header are not updated (simulate the result)."""
+    that reads one, `prefetch` `lead` ops before its first read, `wait` right before it and
+    `delete` right after its last read.  One updated on the device (`update P`, a read of
+    its device copy) is written back after its update: `offload P` right after it, `wait P`
+    and `delete P` `lead` ops later or at the end of the backward, so that the copy overlaps
+    compute (thesis ch. 4, eq. 4.10 and 4.22: the offload of a parameter
+    updated on the GPU, on the d2h channel).  The predictions in the header are not
+    updated (simulate the result)."""
     streamed = set(streamed)
     ops = plan.graph.op_by_name
+    ahead = max(1, lead)
 
     def stream(instructions: tuple[ir.Instruction, ...]) -> tuple[ir.Instruction, ...]:
         first: dict[str, int] = {}
         last: dict[str, int] = {}
         for i, ins in enumerate(instructions):
             names = [r.name for r in ir.op_refs(ops[ins.target])] if ins.runs_op else []
-            if ins.verb in ("update", "host_update"):
+            if ins.verb == "update":
                 names = [ins.target]
             for name in names:
                 if name in streamed:
@@ -401,17 +418,24 @@ def add_parameter_streaming(plan: ir.Plan, streamed) -> ir.Plan:
                     last[name] = i
         before: dict[int, list[ir.Instruction]] = defaultdict(list)
         after: dict[int, list[ir.Instruction]] = defaultdict(list)
+        computes = [i for i, ins in enumerate(instructions) if ins.runs_op]
         for name in sorted(first, key=lambda n: (first[n], n)):
-            reads = [i for i in range(first[name], last[name] + 1) if instructions[i].runs_op]
-            if not reads:  # read by its update only: no device copy needed
-                continue
-            start = reads[0]
-            lead = start
-            for _ in range(PREFETCH_LEAD):  # PREFETCH_LEAD ops earlier, so the copy overlaps them
-                lead = next((j for j in range(lead - 1, -1, -1) if instructions[j].runs_op), lead)
-            before[lead].append(ir.Instruction("prefetch", name, ir.H2D_STREAM))
+            start, end = first[name], last[name]
+            at = start
+            for _ in range(ahead):  # `ahead` ops earlier, so the copy overlaps them
+                at = next((j for j in range(at - 1, -1, -1) if instructions[j].runs_op), at)
+            before[at].append(ir.Instruction("prefetch", name, ir.H2D_STREAM))
             before[start].append(ir.Instruction("wait", name, ir.COMPUTE_STREAM))
-            after[reads[-1]].append(ir.Instruction("delete", name, ir.COMPUTE_STREAM))
+            if instructions[end].verb != "update":
+                after[end].append(ir.Instruction("delete", name, ir.COMPUTE_STREAM))
+                continue
+            later = [i for i in computes if i > end]
+            joined = later[ahead - 1] if len(later) >= ahead else len(instructions) - 1
+            after[end].append(ir.Instruction("offload", name, ir.D2H_STREAM))
+            after[joined] += [
+                ir.Instruction("wait", name, ir.COMPUTE_STREAM),
+                ir.Instruction("delete", name, ir.COMPUTE_STREAM),
+            ]
         result: list[ir.Instruction] = []
         for i, ins in enumerate(instructions):
             result.extend(before.get(i, []))
@@ -422,15 +446,16 @@ def add_parameter_streaming(plan: ir.Plan, streamed) -> ir.Plan:
     return replace(plan, forward=stream(plan.forward), backward=stream(plan.backward))
 
 
-def add_paged_states(plan: ir.Plan, paged) -> ir.Plan:
+def add_paged_states(plan: ir.Plan, paged, lead: int = PREFETCH_LEAD) -> ir.Plan:
     """`plan` (a whole-step plan, after `add_updates`) with the optimizer states of the
     parameters `paged` (each updated on the device) kept in host memory (NOTE: [Paged
-    optimizer states] in remat_dsl.plan.optimizer): `prefetch_states P` PREFETCH_LEAD ops
-    before `update P` and `wait_states P` right before it (thesis ch. 4, eq. 4.10: PrfO),
-    `offload_states P` right after it and its `wait_states P` PREFETCH_LEAD ops later, or
-    at the end of the backward (eq. 4.10: OflO), so that both copies overlap compute.  The
+    optimizer states] in remat_dsl.plan.optimizer): `prefetch_states P` `lead` ops before
+    `update P` and `wait_states P` right before it (thesis ch. 4, eq. 4.10: PrfO),
+    `offload_states P` right after it and its `wait_states P` `lead` ops later, or at the
+    end of the backward (eq. 4.10: OflO), so that both copies overlap compute.  The
     predictions in the header are not updated (simulate the result)."""
     paged = set(paged)
+    ahead = max(1, lead)
     backward = plan.backward
     before: dict[int, list[ir.Instruction]] = defaultdict(list)
     after: dict[int, list[ir.Instruction]] = defaultdict(list)
@@ -440,11 +465,11 @@ def add_paged_states(plan: ir.Plan, paged) -> ir.Plan:
             continue
         earlier = [i for i in computes if i < at]
         later = [i for i in computes if i > at]
-        lead = earlier[-PREFETCH_LEAD] if len(earlier) >= PREFETCH_LEAD else 0
-        before[lead].append(ir.Instruction("prefetch_states", ins.target, ir.H2D_STREAM))
+        start = earlier[-ahead] if len(earlier) >= ahead else 0
+        before[start].append(ir.Instruction("prefetch_states", ins.target, ir.H2D_STREAM))
         before[at].append(ir.Instruction("wait_states", ins.target, ir.COMPUTE_STREAM))
         after[at].append(ir.Instruction("offload_states", ins.target, ir.D2H_STREAM))
-        joined = later[PREFETCH_LEAD - 1] if len(later) >= PREFETCH_LEAD else len(backward) - 1
+        joined = later[ahead - 1] if len(later) >= ahead else len(backward) - 1
         after[joined].append(ir.Instruction("wait_states", ins.target, ir.COMPUTE_STREAM))
     result: list[ir.Instruction] = []
     for i, ins in enumerate(backward):
