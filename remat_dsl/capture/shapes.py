@@ -11,7 +11,7 @@ every tensor input cut on the dims that declare them, and the traces compared op
 forward and backward (matched by position): the targets and every argument that is not an
 integer must be equal.  Each integer argument (also inside lists) is fitted exactly from
 those traces as k*B*S + a*B + b*S + c with integers k, a, b, c, and one more trace at a
-clearly smaller size (B = 1, S = S//2 + 1) must give what the fitted expressions say; the
+clearly smaller size (B - 2, or 1 below 3; S//2 + 1) must give what the fitted expressions say; the
 plan writes them as size expressions (NOTE: [Size expressions] in remat_dsl/plan/ir.py).
 An op whose arguments differ otherwise (a float computed from a size, another op, an
 integer no such expression gives, a trace that fails) pins the sizes it depends on: the
@@ -175,6 +175,10 @@ def with_sizes(graph: ir.Graph, probe: SizeProbe) -> ir.Graph:
         inputs=tuple(map(sized, graph.inputs)),
         tangents=tuple(map(sized, graph.tangents)),
         ops=tuple(map(op, graph.ops)),
+        outputs=_substituted(graph.outputs, ir.FORWARD, probe.args),
+        gradients=tuple(
+            dataclasses.replace(g, value=_substituted(g.value, ir.BACKWARD, probe.args)) for g in graph.gradients
+        ),
     )
 
 
@@ -265,7 +269,7 @@ def _probe(traces: _Traces, active: list[int]) -> SizeProbe | Pinned:
     for subset in _subsets(active):
         points.append(tuple(size - 1 if i in subset else size for i, size in enumerate(full)))
     check = tuple(
-        (1 if traces.dynamic.dims[i][0] == BATCH else size // 2 + 1) if i in active else size
+        (max(size - 2, 1) if traces.dynamic.dims[i][0] == BATCH else size // 2 + 1) if i in active else size
         for i, size in enumerate(full)
     )
     if check in points:  # a sample size of 2: the smaller traces cover it
@@ -505,17 +509,19 @@ def _filled(value, exprs: tuple):
 
 def _substituted(arg: ir.Arg, phase: str, table: dict) -> ir.Arg:
     """`arg` with the views inside it given their size expressions."""
-    if isinstance(arg, ir.ListArg):
-        return ir.ListArg(tuple(_substituted(a, phase, table) for a in arg.items))
+    if isinstance(arg, (ir.ListArg, ir.TupleArg)):
+        return type(arg)(tuple(_substituted(a, phase, table) for a in arg.items))
     if not isinstance(arg, ir.Call) or arg.target in ("torch.device", "operator.getitem"):
         if isinstance(arg, ir.Call):
             return dataclasses.replace(arg, args=tuple(_substituted(a, phase, table) for a in arg.args))
         return arg
     args = tuple(_substituted(a, phase, table) for a in arg.args)
     kwargs = tuple((k, _substituted(v, phase, table)) for k, v in arg.kwargs)
-    key = _key_ir(phase, arg.target, args, kwargs)
-    if key in table:
-        args, kwargs = _filled((args, kwargs), table[key])
+    for where in (phase, ir.FORWARD):  # a backward op may read a view the forward made
+        key = _key_ir(where, arg.target, args, kwargs)
+        if key in table:
+            args, kwargs = _filled((args, kwargs), table[key])
+            break
     return ir.Call(arg.target, args, kwargs)
 
 

@@ -566,34 +566,26 @@ def _resolve_size(text: _SizeText, bounds: dict[str, int]) -> "ir.SizeExpr | int
     return ir.SizeExpr(terms)
 
 
-def _resolve_arg(arg, bounds: dict[str, int], allowed: bool):
-    """`arg` with its size expressions resolved (`_resolve_size`); where `allowed` is False
-    (outputs, gradients, constants), a size expression is an error."""
+def _resolve_arg(arg, bounds: dict[str, int]):
+    """`arg` with its size expressions resolved (`_resolve_size`)."""
     if isinstance(arg, _SizeText):
-        if not allowed and _lone_name(arg):
-            raise _bare_name(arg.first)
-        if not allowed:
-            raise _error(
-                f"size expression at `{arg.first}` outside an operation's arguments", arg.first,
-                "size expressions are integer arguments of ops; outputs and gradients name values with `%`",
-            )  # fmt: skip
         return _resolve_size(arg, bounds)
     if isinstance(arg, ir.Call):
         return replace(
             arg,
-            args=tuple(_resolve_arg(a, bounds, allowed) for a in arg.args),
-            kwargs=tuple((k, _resolve_arg(v, bounds, allowed)) for k, v in arg.kwargs),
+            args=tuple(_resolve_arg(a, bounds) for a in arg.args),
+            kwargs=tuple((k, _resolve_arg(v, bounds)) for k, v in arg.kwargs),
         )
     if isinstance(arg, ir.ListArg):
-        return ir.ListArg(tuple(_resolve_arg(a, bounds, allowed) for a in arg.items))
+        return ir.ListArg(tuple(_resolve_arg(a, bounds) for a in arg.items))
     if isinstance(arg, ir.TupleArg):
-        return ir.TupleArg(tuple(_resolve_arg(a, bounds, allowed) for a in arg.items))
+        return ir.TupleArg(tuple(_resolve_arg(a, bounds) for a in arg.items))
     return arg
 
 
 def _resolve_op(op: ir.Op, bounds: dict[str, int]) -> ir.Op:
-    args = tuple(_resolve_arg(a, bounds, True) for a in op.args)
-    kwargs = tuple((k, _resolve_arg(v, bounds, True)) for k, v in op.kwargs)
+    args = tuple(_resolve_arg(a, bounds) for a in op.args)
+    kwargs = tuple((k, _resolve_arg(v, bounds)) for k, v in op.kwargs)
     return op if (args, kwargs) == (op.args, op.kwargs) else replace(op, args=args, kwargs=kwargs)
 
 
@@ -623,8 +615,8 @@ class _Builder(Transformer):
             tangents=tuple(_sized(d, bounds) for d in sections.get("tangents", ())),
             tensors=sections["tensors"],
             ops=_with_outputs(tuple(_resolve_op(op, bounds) for op in sections["ops"]), sections["tensors"]),
-            outputs=_resolve_arg(sections["outputs"], bounds, False),
-            gradients=tuple(replace(g, value=_resolve_arg(g.value, bounds, False)) for g in sections["gradients"]),
+            outputs=_resolve_arg(sections["outputs"], bounds),
+            gradients=tuple(replace(g, value=_resolve_arg(g.value, bounds)) for g in sections["gradients"]),
             updates=sections.get("updates", ()),
             constants=tuple(x for x in inputs if isinstance(x, ir.ConstantInput)),
             autocast=autocast,
