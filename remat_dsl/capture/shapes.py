@@ -109,7 +109,11 @@ class Pinned:
         if not self.largest:
             return f"{what} cannot vary: at {self.at}, {self.smaller}"
         at = f" ({self.where})" if self.where else ""
-        return f"{what} cannot vary: {self.target}{at} takes {self.largest} at {self.sample} and {self.smaller} at {self.at}"
+        verb = "runs" if self.target.startswith("the step") else "takes"
+        return (
+            f"{what} cannot vary: {self.target}{at} {verb} {self.largest} at {self.sample} and {self.smaller} at"
+            f" {self.at}"
+        )
 
 
 def _sizes_phrase(symbols: tuple[str, ...]) -> str:
@@ -322,9 +326,10 @@ def _fit_ops(phase, graphs, per_point, symbols, traces, points, args) -> Pinned 
         if len(other) != len(nodes[0]):
             longer = nodes[0] if len(nodes[0]) > len(other) else other
             extra = longer[min(len(nodes[0]), len(other))]
+            target = str(extra.target).removeprefix("<built-in function ").removesuffix(">")
             return Pinned(
-                _changed(full, points[k], traces), str(extra.target), _where(extra), f"{len(nodes[0])} ops",
-                f"{len(other)} ops", traces.label(points[k]), traces.label(full),
+                _changed(full, points[k], traces), f"the step (the first op one trace lacks: {target})",
+                _where(extra), f"{len(nodes[0])} ops", f"{len(other)} ops", traces.label(points[k]), traces.label(full),
             )  # fmt: skip
     for column in zip(*nodes):
         first = column[0]
@@ -347,7 +352,7 @@ def _fit_ops(phase, graphs, per_point, symbols, traces, points, args) -> Pinned 
         key = (phase, str(first.target), _skeleton_fx((first.args, first.kwargs), ints=True))
         if args.setdefault(key, tuple(fitted)) != tuple(fitted):
             return Pinned(
-                symbols, str(first.target), _where(first), _arguments(first), "other sizes in another op with these",
+                symbols, str(first.target), _where(first), _arguments(first), "other sizes in another op with these arguments at the sample sizes",
                 traces.label(full), traces.label(full),
             )  # fmt: skip
     for column in zip(*nodes):  # an op with no expression whose twin at the sample sizes has one
