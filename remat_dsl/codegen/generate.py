@@ -298,7 +298,8 @@ def size_var(symbol: str) -> str:
 
 def render_size(expr: ir.SizeExpr) -> str:
     """A size expression (NOTE: [Size expressions] in remat_dsl/plan/ir.py) as Python
-    arithmetic over ints, rendered from its terms (never from text): `(4 * _size_B * _size_S - 1)`."""
+    arithmetic over ints, rendered from its terms (never from text): `(4 * _size_B * _size_S - 1)`,
+    `_size_S`."""
     parts = []
     for symbols, coefficient in expr.terms:
         if type(coefficient) is not int:
@@ -307,7 +308,7 @@ def render_size(expr: ir.SizeExpr) -> str:
         term = " * ".join(factors + [size_var(s) for s in symbols])
         parts.append(("- " if coefficient < 0 else "+ ") + term)
     text = " ".join(parts).removeprefix("+ ") or "0"
-    return f"({text})"
+    return text if text.isidentifier() else f"({text})"
 
 
 def torch_constant(name: str) -> str:

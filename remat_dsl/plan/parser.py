@@ -1206,6 +1206,8 @@ def _section_order(text: str) -> tuple[str, ...]:
 def _token_hint(token: Token, expected: set[str], order: tuple[str, ...] = SECTIONS) -> str | None:
     """A concrete fix for the commonest ways to end up with `token` where `expected` was due."""
     keywords = _keywords(expected)
+    if _in_size(expected):
+        return SIZE_HINT
     if token.type in ("COMMENT", "LINE_COMMENT"):
         return (
             "comments go on their own line above an item of inputs, parameters, buffers, "
@@ -1255,7 +1257,20 @@ def _describe(error: UnexpectedInput, order: tuple[str, ...]) -> tuple[str, str 
     char = error.char if isinstance(error, UnexpectedCharacters) else "?"
     # LALR raises UnexpectedToken or UnexpectedCharacters, which has `allowed`
     allowed = error.allowed  # type: ignore[attr-defined]
-    return f"unexpected character `{char}`, expected {_expected_words(set(allowed or ()))}", None
+    hint = SIZE_HINT if _in_size(set(allowed or ())) else None
+    return f"unexpected character `{char}`, expected {_expected_words(set(allowed or ()))}", hint
+
+
+SIZE_HINT = (
+    "a size expression (`B*S`, `S - 1`, `4*B*S + 2`) joins integers and the size symbols the inputs declare with"
+    " +, - and *; it has no /, **, floats, calls or references"
+)
+
+
+def _in_size(expected: set[str]) -> bool:
+    """Whether the parser stood inside a size expression (NOTE: [Size expressions] in
+    remat_dsl/plan/ir.py): after an operator, or after an operand where one may follow."""
+    return expected == {"NAME", "INT"} or {"STAR", "PLUS", "MINUS"} <= expected
 
 
 def _end_of_text(text: str) -> tuple[int, int]:

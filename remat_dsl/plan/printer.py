@@ -169,11 +169,11 @@ def format_arg(arg: ir.Arg) -> str:
     if isinstance(arg, ir.TupleArg):
         return _tuple(arg.items)
     if isinstance(arg, ir.SizeExpr):
-        return format_size(arg)
+        return format_size_expr(arg)
     raise ValueError(f"cannot print argument {arg!r}")
 
 
-def format_size(expr: ir.SizeExpr) -> str:
+def format_size_expr(expr: ir.SizeExpr) -> str:
     """The canonical text of a size expression (NOTE: [Size expressions] in
     remat_dsl/plan/ir.py): `4*B*S + S - 1`, `0` for no terms."""
     text = ""
