@@ -187,3 +187,105 @@ def test_two_outputs_one_unused_by_the_loss_follow_the_batch(tmp_path):
     for batch in (6, 3, 1):
         comparison = compare_training(_at_batch(model_file, batch), generated, steps=2)
         assert comparison.identical, (batch, comparison.mismatched[:10])
+
+
+GPT2 = MODELS / "hf_gpt2_dynamic.py"
+SEQ_FIRST = MODELS / "seq_first_dynamic.py"
+SEQ_PINNED = MODELS / "seq_pinned.py"
+
+
+def _at_sizes(model_file, sizes: dict[int, int]):
+    """`model_file` whose sample inputs are its own cut to `sizes` ({dim: size})."""
+
+    def cut(value):
+        for dim, size in sizes.items():
+            value = value.narrow(dim, 0, size)
+        return value.clone()
+
+    def inputs():
+        given = model_file.inputs()
+        return {k: cut(v) for k, v in given.items()} if isinstance(given, dict) else tuple(map(cut, given))
+
+    return dataclasses.replace(model_file, inputs=inputs)
+
+
+def _trains_exactly_within_the_peak(model_file, generated, plan, sizes: dict[int, int]) -> None:
+    at = _at_sizes(model_file, sizes)
+    comparison = compare_training(at, generated, steps=2)
+    assert comparison.identical, (sizes, comparison.mismatched[:10])
+    peak = step_peak(generated.FastModel(at.build_model()), at.sample_inputs())
+    assert 0 < peak <= plan.header.peak_bytes, (sizes, peak, plan.header.peak_bytes)
+
+
+@pytest.mark.parametrize(
+    "sample, shapes",
+    [((4, 64), [(4, 64), (3, 64), (4, 40), (1, 17)]), ((8, 512), [(8, 512), (5, 512), (8, 300), (1, 17)])],
+    ids=["4x64", "8x512"],
+)
+def test_a_causal_lm_trains_every_batch_and_sequence_up_to_its_own(sample, shapes, tmp_path):
+    model = GPT2
+    if sample != (8, 512):
+        model = tmp_path / "gpt2.py"
+        model.write_text(GPT2.read_text().replace("(8, 512)", str(sample)))
+    full = sample == (8, 512)
+    against_model = "remat check m.plan --model > model.txt\n" if full else ""  # 4x64: ~20 s more
+    solver = "" if full else "--solver twremat"  # no ILP: 4x64 spends 40 s solving with auto
+    result = shell(
+        f"remat plan {model} --budget 60% {solver} --repeats 1 --dynamic batch,seq > m.plan\n"
+        "remat check m.plan > report.txt\n"
+        f"{against_model}remat codegen m.plan -o fast.py\ncp m.plan f.plan\nremat fmt f.plan",
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    text = (tmp_path / "m.plan").read_text()
+    assert (tmp_path / "f.plan").read_text() == text  # one canonical form of the size expressions
+    batch, seq = sample
+    assert f"  input_ids  int64[B <= {batch}, S <= {seq}]\n" in text, text[:3000]
+    assert "B*S" in text and "[B, S, 128]" in text, text
+    plan = parse(text)
+    assert any(i.verb == "recompute" for i in plan.backward), text
+    model_file, generated = load_model_file(str(model)), load_generated(tmp_path / "fast.py")
+    for b, s in shapes:
+        _trains_exactly_within_the_peak(model_file, generated, plan, {0: b, 1: s})
+    fast = generated.FastModel(model_file.build_model())
+    for b, s, symbol, bound in ((batch + 1, seq, "B", batch), (batch, seq + 1, "S", seq)):
+        ids = torch.zeros(b, s, dtype=torch.int64)
+        with pytest.raises(ValueError, match=rf"{symbol} = {b if symbol == 'B' else s} is above the largest the plan"
+                           rf" allows, {symbol} = {bound}"):  # fmt: skip
+            fast(input_ids=ids, labels=ids)
+
+
+def test_a_sequence_first_model_varies_dim_0_as_s_and_dim_1_as_b(tmp_path):
+    result = shell(
+        f"remat plan {SEQ_FIRST} --budget 100% --repeats 1 --dynamic S=0,B=1 > m.plan\nremat codegen m.plan -o f.py",
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    text = (tmp_path / "m.plan").read_text()
+    assert "  tokens  int64[S <= 20, B <= 6]\n" in text and "  grad_output.0  float32[S, B, 50]\n" in text, text
+    plan = parse(text)
+    model_file, generated = load_model_file(str(SEQ_FIRST)), load_generated(tmp_path / "f.py")
+    for s, b in ((20, 6), (20, 3), (11, 6), (5, 1)):
+        _trains_exactly_within_the_peak(model_file, generated, plan, {0: s, 1: b})
+
+
+def test_the_op_that_pins_the_sequence_is_named_and_the_batch_still_varies(tmp_path):
+    result = shell(f"remat plan {SEQ_PINNED} --budget 100% --repeats 1 --dynamic batch,seq > m.plan", tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    reason = (
+        r"the sequence length cannot vary: aten\.slice\.Tensor \(\S*seq_pinned\.py:16\) takes %, 1, 0, 5 at B=4, S=10"
+        r" and %, 1, 0, 4 at B=4, S=9"
+    )
+    assert re.search(f"warning: {reason}; the plan is for its sample S alone", result.stderr), result.stderr
+    text = (tmp_path / "m.plan").read_text()
+    assert re.search(f"^inputs\n  # {reason}\n  tokens  int64\\[B <= 4, 10\\]\n", text, re.M), text
+
+
+@pytest.mark.parametrize("value", ["seq", "B=0,B=1", "T=1"])
+def test_dynamic_is_refused_before_the_model_is_imported(value, tmp_path):
+    model = tmp_path / "loud.py"
+    model.write_text("raise SystemExit('imported')\n")
+    result = shell(f"remat plan {model} --budget 100% --dynamic '{value}' > m.plan", tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr and "imported" not in result.stderr
+    assert f"error: --dynamic '{value}'" in result.stderr and "hint: " in result.stderr, result.stderr
+    assert (tmp_path / "m.plan").read_text() == ""

@@ -9,10 +9,10 @@ VOCAB = 50
 
 
 class SeqFirstLM(nn.Module):
-    def __init__(self, width: int = 32, layers: int = 2):
+    def __init__(self, width: int = 16, layers: int = 1):
         super().__init__()
         self.embed = nn.Embedding(VOCAB, width)
-        layer = nn.TransformerEncoderLayer(width, nhead=4, dim_feedforward=64, dropout=0.1)
+        layer = nn.TransformerEncoderLayer(width, nhead=2, dim_feedforward=32, dropout=0.1)
         self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.head = nn.Linear(width, VOCAB)
 
