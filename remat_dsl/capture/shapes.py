@@ -69,7 +69,9 @@ def parse_dynamic(text: str) -> Dynamic:
     for part in text.split(","):
         sym, equals, dim = part.strip().partition("=")
         if not equals or sym not in (BATCH, SEQ) or not dim.isdigit() or len(dim) > 1:
-            raise RematError(f"error: --dynamic {text[:80]!r}: expected batch, batch,seq or B=DIM,S=DIM", hint=DYNAMIC_HINT)
+            raise RematError(
+                f"error: --dynamic {text[:80]!r}: expected batch, batch,seq or B=DIM,S=DIM", hint=DYNAMIC_HINT
+            )
         pairs.append((sym, int(dim)))
     symbols, dims = [s for s, _ in pairs], [d for _, d in pairs]
     if len(set(symbols)) != len(symbols) or len(set(dims)) != len(dims):
@@ -276,21 +278,20 @@ def _probe(traces: _Traces, active: list[int]) -> SizeProbe | Pinned:
         (max(size - 2, 1) if traces.dynamic.dims[i][0] == BATCH else size // 2 + 1) if i in active else size
         for i, size in enumerate(full)
     )
-    if check in points:  # a sample size of 2: the smaller traces cover it
-        check = None
+    every = points if check in points else [*points, check]  # a sample size of 2: the smaller traces cover it
     captured = []
-    for point in [*points, *([check] if check else [])]:
+    for point in every:
         trace = traces.at(point)
         if isinstance(trace, RematError):
             reason = trace.message.partition("error: ")[2] or trace.message
             return Pinned(_changed(full, point, traces), "the model", None, "", reason, traces.label(point))
         captured.append(trace)
     sizes = {traces.dynamic.dims[i][0]: full[i] for i in active}
-    per_point = [{sym: point[i] for sym, i in zip(symbols, active)} for point in [*points, *([check] if check else [])]]
+    per_point = [{sym: point[i] for sym, i in zip(symbols, active)} for point in every]
     args: dict[tuple, tuple] = {}
     for phase in (ir.FORWARD, ir.BACKWARD):
         graphs = [c.forward if phase == ir.FORWARD else c.backward for c in captured]
-        found = _fit_ops(phase, graphs, per_point, symbols, traces, [*points, *([check] if check else [])], args)
+        found = _fit_ops(phase, graphs, per_point, symbols, traces, every, args)
         if found is not None:
             return found
     dims: dict[str, tuple[str | None, ...]] = {}
@@ -298,7 +299,6 @@ def _probe(traces: _Traces, active: list[int]) -> SizeProbe | Pinned:
         fitted = _fit_dims(shapes, per_point, symbols)
         if fitted is None:
             bad = next((k for k, shape in enumerate(shapes) if list(shape) != list(shapes[0])), len(shapes) - 1)
-            every = [*points, *([check] if check else [])]
             return Pinned(
                 _changed(full, every[bad], traces), what, None, str(list(shapes[0])), str(list(shapes[bad])),
                 traces.label(every[bad]), traces.label(full),
@@ -352,8 +352,9 @@ def _fit_ops(phase, graphs, per_point, symbols, traces, points, args) -> Pinned 
         key = (phase, str(first.target), _skeleton_fx((first.args, first.kwargs), ints=True))
         if args.setdefault(key, tuple(fitted)) != tuple(fitted):
             return Pinned(
-                symbols, str(first.target), _where(first), _arguments(first), "other sizes in another op with these arguments at the sample sizes",
-                traces.label(full), traces.label(full),
+                symbols, str(first.target), _where(first), _arguments(first),
+                "other sizes in another op with these arguments at the sample sizes", traces.label(full),
+                traces.label(full),
             )  # fmt: skip
     for column in zip(*nodes):  # an op with no expression whose twin at the sample sizes has one
         first = column[0]
@@ -421,7 +422,7 @@ def _fit_dims(shapes, per_point, symbols) -> tuple[str | None, ...] | None:
         if type(expr) is int:
             dims.append(None)
         elif isinstance(expr, ir.SizeExpr) and len(expr.terms) == 1 and expr.terms[0][1] == 1:
-            (names, _), = expr.terms
+            ((names, _),) = expr.terms
             if len(names) != 1:
                 return None
             dims.append(names[0])

@@ -565,8 +565,10 @@ def _with_sizes(graph, model_file, dynamic: str, quiet: bool):
     graph = with_sizes(graph, probe)
     reasons = [pinned.reason() for pinned in probe.pinned]
     for reason in reasons:
-        fixed = "sample sizes" if not probe.sizes else "sample " + " and ".join(
-            s for s in ("B", "S") if s not in probe.sizes
+        fixed = (
+            "sample sizes"
+            if not probe.sizes
+            else "sample " + " and ".join(s for s in ("B", "S") if s not in probe.sizes)
         )
         status(f"warning: {reason}; the plan is for its {fixed} alone")
     if not reasons or not graph.inputs:

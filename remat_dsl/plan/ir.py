@@ -296,15 +296,16 @@ class ValueDecl:
 
 
 # NOTE: [Sizes that vary]
-# A plan made with `remat plan --dynamic batch` serves every batch size up to the one its
+# A plan made with `remat plan --dynamic` serves every size up to the one its
 # sample inputs have.  The inputs declare the size symbol with its bound (`x
 # float32[B <= 16, 32]`) and the tangents name it (`grad_output.0  float32[B, 8]`);
 # `ValueDecl.shape` keeps the largest sizes, at which every tensor, cost and peak of the
 # plan is given, and `ValueDecl.dims` names the symbol of each dim that varies.  Every op
 # of such a plan computes the same thing at every size up to the bound: capture checks
-# that the ops' arguments do not depend on the size (NOTE: [Batch probe] in
-# remat_dsl/capture/shapes.py), so a smaller size allocates no more than the largest
-# (every tensor of an op is as large or smaller) and the plan's peak holds below it.
+# that the ops' arguments follow the sizes as size expressions (NOTE: [Size probe] in
+# remat_dsl/capture/shapes.py, NOTE: [Size expressions]), so a smaller size allocates no
+# more than the largest (every tensor of an op is as large or smaller) and the plan's peak
+# holds below it.
 
 
 def size_symbols(decls: Sequence[ValueDecl]) -> dict[str, int]:
