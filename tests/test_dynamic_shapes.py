@@ -289,3 +289,29 @@ def test_dynamic_is_refused_before_the_model_is_imported(value, tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr and "imported" not in result.stderr
     assert f"error: --dynamic '{value}'" in result.stderr and "hint: " in result.stderr, result.stderr
     assert (tmp_path / "m.plan").read_text() == ""
+
+
+def test_offloaded_activation_at_a_smaller_batch(tmp_path, rows=5):
+    """The hand-written offload plan of tests/plans with its batch declared: the host
+    buffer is sized at batch 16 and holds the smaller activation at batch 5 (at 16, the
+    plan runs as tests/test_runtime.py runs it)."""
+    from remat_dsl.plan.printer import print_plan
+
+    plan = parse((MODELS.parent / "plans" / "tiny_mlp_offload.plan").read_text())
+    assert any(ins.verb == "offload" for ins in plan.forward)
+    graph = plan.graph
+    graph = dataclasses.replace(
+        graph,
+        inputs=(dataclasses.replace(graph.inputs[0], dims=("B", None)),),
+        tangents=(dataclasses.replace(graph.tangents[0], dims=("B", None)),),
+    )
+    (tmp_path / "off.plan").write_text(print_plan(dataclasses.replace(plan, graph=graph)))
+    result = shell("remat check off.plan > report.txt\nremat codegen off.plan -o off.py", tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "  x  float32[B <= 16, 32]\n" in (tmp_path / "off.plan").read_text()
+    model_file = _at_batch(load_model_file(str(MODELS / "tiny_mlp.py")), rows)
+    generated = load_generated(tmp_path / "off.py")
+    comparison = compare_training(model_file, generated, steps=3)
+    assert comparison.identical, comparison.mismatched[:10]
+    measured = step_peak(generated.FastModel(model_file.build_model()), model_file.sample_inputs())
+    assert measured <= plan.header.peak_bytes, (rows, measured, plan.header.peak_bytes)
