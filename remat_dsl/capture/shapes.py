@@ -24,7 +24,7 @@ as large or smaller (the expressions are sizes and offsets of views of such tens
 the peak holds below.  The traces see Python code that branches on a size only at the
 sizes they run (`if x.shape[0] == 1` is seen, `== 3` is not): such a model must be planned
 with static shapes.  Ops are matched by identical arguments at the sample sizes
-(`size_args`); two ops of one phase with the same target and arguments there but other
+(`_key_ir`); two ops of one phase with the same target and arguments there but other
 expressions pin the sizes as well.
 """
 
@@ -127,7 +127,7 @@ def _sizes_phrase(symbols: tuple[str, ...]) -> str:
 class SizeProbe:
     """The outcome of NOTE: [Size probe]: `sizes` the symbols that vary with their sample
     sizes; `dims` each input and tangent name's symbol per dim (None: fixed); `args` the
-    size expressions of the ops' integer arguments (`size_args`); `pinned` why the
+    size expressions of the ops' integer arguments, keyed as `_key_ir` gives; `pinned` why the
     other requested symbols cannot vary."""
 
     sizes: dict[str, int]
@@ -318,7 +318,7 @@ def _changed(full: Point, point: Point, traces: _Traces) -> tuple[str, ...]:
 
 
 def _fit_ops(phase, graphs, per_point, symbols, traces, points, args) -> Pinned | None:
-    """Fill `args` with the size expressions of `phase`'s ops (keyed as `size_args`), or
+    """Fill `args` with the size expressions of `phase`'s ops (keyed as `_key_ir`), or
     the Pinned of the first op that does not fit."""
     nodes = [[n for n in g.graph.nodes if n.op == "call_function"] for g in graphs]
     full = traces.full
