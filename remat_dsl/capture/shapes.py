@@ -22,8 +22,11 @@ that follow them one for one; a tangent dim that follows them otherwise pins the
 The plan's costs, sizes and peak stay the sample sizes': every tensor at smaller sizes is
 as large or smaller (the expressions are sizes and offsets of views of such tensors), so
 the peak holds below.  The traces see Python code that branches on a size only at the
-sizes they run (`if x.shape[0] == 1` is seen, `== 3` is not): such a model must be planned
-with static shapes.  Ops are matched by identical arguments at the sample sizes
+sizes they run (B, B - 1, B - 2; S, S - 1, S//2 + 1): a model with `if x.shape[0] == 1`
+must be planned with static shapes.  The check trace avoids B = 1 where it can because
+torch's own decompositions branch there: a matmul of a batch of 1 views where a larger
+batch copies (`clone`, `_unsafe_view`), and the plan, running the copies, computes the
+same bits at 1.  Ops are matched by identical arguments at the sample sizes
 (`_key_ir`); two ops of one phase with the same target and arguments there but other
 expressions pin the sizes as well.
 """
