@@ -548,10 +548,10 @@ def _check_graph(plan, model_file: ModelFile, hint: str, fake: bool) -> None:
     captured = capture_graph(
         model_file, measure_time=False, device_model=device_model, fake=fake, kind=plan.header.device
     ).graph
-    if any(d.dims for d in plan.graph.inputs):  # NOTE: [Batch probe] in remat_dsl/capture/shapes.py
-        from remat_dsl.capture.shapes import probe_batch, with_batch_symbol
+    if any(d.dims for d in plan.graph.inputs):  # NOTE: [Size probe] in remat_dsl/capture/shapes.py
+        from remat_dsl.capture.shapes import dynamic_of, probe_sizes, with_sizes
 
-        captured = with_batch_symbol(captured, probe_batch(model_file, autocast))
+        captured = with_sizes(captured, probe_sizes(model_file, dynamic_of(plan.graph.inputs), autocast))
     outputs = plan.section_span("outputs")
     ours = digest.items(plan.graph, outputs and Span(outputs.line + 1, 3), costs=False)
     theirs = digest.items(captured, costs=False)

@@ -241,10 +241,11 @@ def register(subparsers) -> None:
     )
     plan.add_argument(
         "--dynamic",
-        choices=["batch"],
-        help="batch: one plan for every batch size up to the sample inputs' (their first dim), named `B` in the"
-        " plan's inputs; an op that pins the batch size is named and the plan made for the sample batch alone"
-        " (NOTE: [Batch probe] in remat_dsl/capture/shapes.py); default: the sample inputs' shapes only",
+        metavar="SIZES",
+        help="batch: one plan for every batch size up to the sample inputs' (their dim 0), named `B` in the plan;"
+        " batch,seq: also every sequence length up to theirs (dim 1), named `S`; B=0,S=1 or S=0,B=1: the dims"
+        " explicitly (sequence-first layouts).  An op that pins a size is named and the plan made with that size"
+        " fixed (NOTE: [Size probe] in remat_dsl/capture/shapes.py); default: the sample inputs' shapes only",
     )
     plan.add_argument("-o", "--output", help="write the plan here instead of stdout")
     plan.add_argument(
@@ -312,6 +313,10 @@ def read_request(args) -> PlanRequest:
     from remat_dsl.solve.lowering import DEFAULT_BANDWIDTH
 
     solver = solver_choice(args.solver)
+    if getattr(args, "dynamic", None) is not None:
+        from remat_dsl.capture.shapes import parse_dynamic
+
+        parse_dynamic(args.dynamic)  # NOTE: [Fail fast]: before the model is imported
     optimizer = None
     if getattr(args, "optimizer", None) is not None:
         from remat_dsl.workflow import whole_step_optimizer
@@ -416,8 +421,8 @@ def run(args) -> int:
     if args.autocast is not None:  # overrides the model file's `autocast`
         model_file = replace(model_file, autocast=autocast)
     graph, device, costs, eager = _captured(model_file, args, request)
-    if getattr(args, "dynamic", None) == "batch":
-        graph = _with_batch(graph, model_file, quiet)
+    if getattr(args, "dynamic", None) is not None:
+        graph = _with_sizes(graph, model_file, args.dynamic, quiet)
     if eager:  # NOTE: [Eager agreement] in remat_dsl/capture/agreement.py; also above the plan's header
         status(" ".join(eager).replace("  ", " "))
     step = {}
@@ -549,22 +554,27 @@ def _captured(model_file, args, request: PlanRequest):
     return apply_profile(captured.graph, request.profile, model=model_file.spec), captured.device, None, captured.eager
 
 
-def _with_batch(graph, model_file, quiet: bool):
-    """`graph` with the batch size symbol on its inputs and tangents, or, where an op pins
-    the batch, with a comment on its inputs that names it (NOTE: [Batch probe] in
-    remat_dsl/capture/shapes.py; the reason also goes to stderr)."""
-    from remat_dsl.capture.shapes import probe_batch, with_batch_symbol
+def _with_sizes(graph, model_file, dynamic: str, quiet: bool):
+    """`graph` with the size symbols of --dynamic on its inputs and tangents and the size
+    expressions in its ops; where an op pins a size, with a comment on its inputs that names
+    it (NOTE: [Size probe] in remat_dsl/capture/shapes.py; the reason also goes to stderr)."""
+    from remat_dsl.capture.shapes import parse_dynamic, probe_sizes, with_sizes
 
-    with Progress(f"tracing {model_file.spec} at a smaller batch", unit=None, quiet=quiet):
-        probe = probe_batch(model_file, model_file.autocast)
-    if probe.pinned is None:
-        return with_batch_symbol(graph, probe)
-    reason = probe.pinned.reason(probe.batch)
-    status(f"warning: {reason}; the plan is for batch {probe.batch} alone")
-    if not graph.inputs:
+    with Progress(f"tracing {model_file.spec} at smaller sizes", unit=None, quiet=quiet):
+        probe = probe_sizes(model_file, parse_dynamic(dynamic), model_file.autocast)
+    graph = with_sizes(graph, probe)
+    reasons = [pinned.reason() for pinned in probe.pinned]
+    for reason in reasons:
+        fixed = (
+            "sample sizes"
+            if not probe.sizes
+            else "sample " + " and ".join(s for s in ("B", "S") if s not in probe.sizes)
+        )
+        status(f"warning: {reason}; the plan is for its {fixed} alone")
+    if not reasons or not graph.inputs:
         return graph
     first = graph.inputs[0]
-    return replace(graph, inputs=(replace(first, comments=(*first.comments, reason)), *graph.inputs[1:]))
+    return replace(graph, inputs=(replace(first, comments=(*first.comments, *reasons)), *graph.inputs[1:]))
 
 
 def _cache(args):

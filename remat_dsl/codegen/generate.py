@@ -283,7 +283,32 @@ def render_arg(arg: ir.Arg, var: dict[str, str]) -> str:
     if isinstance(arg, ir.TupleArg):
         items = [render_arg(a, var) for a in arg.items]
         return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+    if isinstance(arg, ir.SizeExpr):
+        return render_size(arg)
     return literal(arg)
+
+
+def size_var(symbol: str) -> str:
+    """The generated module's variable of size symbol `symbol` (`_size_B`), bound from its
+    inputs' sizes at each call; raises ValueError for a symbol that is not an identifier."""
+    if not symbol.isidentifier() or keyword.iskeyword(symbol):
+        raise ValueError(f"`{symbol[:80]}` is not a size symbol")
+    return f"_size_{symbol}"
+
+
+def render_size(expr: ir.SizeExpr) -> str:
+    """A size expression (NOTE: [Size expressions] in remat_dsl/plan/ir.py) as Python
+    arithmetic over ints, rendered from its terms (never from text): `(4 * _size_B * _size_S - 1)`,
+    `_size_S`."""
+    parts = []
+    for symbols, coefficient in expr.terms:
+        if type(coefficient) is not int:
+            raise ValueError(f"size expression coefficient {coefficient!r} is not an integer")
+        factors = [repr(abs(coefficient))] if abs(coefficient) != 1 or not symbols else []
+        term = " * ".join(factors + [size_var(s) for s in symbols])
+        parts.append(("- " if coefficient < 0 else "+ ") + term)
+    text = " ".join(parts).removeprefix("+ ") or "0"
+    return text if text.isidentifier() else f"({text})"
 
 
 def torch_constant(name: str) -> str:
@@ -460,6 +485,7 @@ class _Renderer:
             ],
             inputs=[(literal(v.name), _input_shape(v), _dtype(v.dtype)) for v in graph.inputs],
             input_vars=[self.var[v.name] for v in graph.inputs],
+            size_bindings=self._size_bindings(),
             parameters=[
                 (
                     literal(p.name),
@@ -767,6 +793,16 @@ class _Renderer:
                 given = f"_as_traced({var}, _s.layouts[{leaf}])"
             lines += [f"{absent} = {var} is None  # {where}", f"{var} = {zeros} if {absent} else {given}  # {where}"]
         return lines
+
+    def _size_bindings(self) -> list[str]:
+        """`_size_B = ...`: each size symbol the inputs declare, bound to the size of its first
+        input dim at this call (NOTE: [Size expressions] in remat_dsl/plan/ir.py)."""
+        declared: dict[str, tuple[int, int]] = {}
+        for i, decl in enumerate(self.plan.graph.inputs):
+            for dim, sym in enumerate(decl.dims):
+                if sym is not None:
+                    declared.setdefault(sym, (i, dim))
+        return [f"{size_var(sym)} = _tensors[_where[{i}]].shape[{dim}]" for sym, (i, dim) in declared.items()]
 
     def _tangent_shape(self, tangent: ir.ValueDecl) -> str:
         """A tangent's shape as Python: its sizes, and for a size symbol the size of the

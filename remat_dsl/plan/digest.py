@@ -71,6 +71,8 @@ def canonical_arg(arg: ir.Arg) -> str:
         return "[" + ", ".join(canonical_arg(a) for a in arg.items) + "]"
     if isinstance(arg, ir.TupleArg):
         return "(" + "".join(canonical_arg(a) + ", " for a in arg.items) + ")"
+    if isinstance(arg, ir.SizeExpr):  # NOTE: [Size expressions] in remat_dsl/plan/ir.py
+        return "size(" + " ".join(f"{c}*{'*'.join(symbols) or 1}" for symbols, c in arg.terms) + ")"
     raise ValueError(f"cannot digest argument {arg!r}")
 
 

@@ -66,7 +66,7 @@ import functools
 import math
 import re
 from dataclasses import dataclass, field, replace
-from typing import Container, Iterator, Sequence, Union
+from typing import Container, Iterable, Iterator, Mapping, Sequence, Union
 
 from remat_dsl.plan.units import round_gap, round_seconds
 
@@ -210,8 +210,56 @@ def is_structure(arg: "Arg") -> bool:
     )
 
 
+@dataclass(frozen=True)
+class SizeExpr:
+    """An integer argument that follows the sizes that vary (NOTE: [Size expressions]):
+    a sum of terms, each an integer coefficient times a product of size symbols (none for
+    the constant), in the canonical order `canonical_terms` gives.
+
+    terms: ((("B", "S"), 4), (("S",), 1), ((), -1)) is `4*B*S + S - 1`."""
+
+    terms: tuple[tuple[tuple[str, ...], int], ...]
+
+    def evaluate(self, sizes: Mapping[str, int]) -> int:
+        """The value at `sizes` ({symbol: size}); raises KeyError for a symbol it lacks."""
+        total = 0
+        for symbols, coefficient in self.terms:
+            value = coefficient
+            for symbol in symbols:
+                value *= sizes[symbol]
+            total += value
+        return total
+
+    def symbols(self) -> tuple[str, ...]:
+        """The size symbols it names, sorted."""
+        return tuple(sorted({s for symbols, _ in self.terms for s in symbols}))
+
+
+def canonical_terms(terms: Iterable[tuple[Sequence[str], int]]) -> tuple[tuple[tuple[str, ...], int], ...]:
+    """`terms` ((symbols, coefficient) pairs) summed into SizeExpr's canonical order: like
+    terms added, zero terms left out, the highest degree first, then by symbol names."""
+    summed: dict[tuple[str, ...], int] = {}
+    for symbols, coefficient in terms:
+        key = tuple(sorted(symbols))
+        summed[key] = summed.get(key, 0) + coefficient
+    kept = [(symbols, c) for symbols, c in summed.items() if c != 0]
+    return tuple(sorted(kept, key=lambda term: (-len(term[0]), term[0])))
+
+
+# NOTE: [Size expressions]
+# A plan whose inputs declare size symbols (NOTE: [Sizes that vary]) may hold integer
+# arguments computed from those sizes: `aten.view.default(%x, [B*S, 64])`, `aten.arange
+# .start(0, S)`, `aten.slice.Tensor(%m, 1, 0, S - 1)`.  Capture finds them by tracing the
+# step at several sizes (NOTE: [Size probe] in remat_dsl/capture/shapes.py); the plan
+# writes each as a polynomial over the symbols with integer coefficients, one canonical
+# text (`4*B*S + S - 1`: the highest degree first, a coefficient before its symbols), and
+# the parser takes `+`, `-`, `*`, integers and declared symbols only: an expression is a
+# tree of checked names and numbers, never text to evaluate.  Every size and cost of the
+# plan is the one at the symbols' bounds; the generated module evaluates each expression
+# at the sizes of its call's inputs (`render_arg` in remat_dsl/codegen/generate.py).
+
 # int, float (inf, -inf, nan allowed), bool, None and str are plain Python constants.
-Arg = Union[Ref, Sym, Call, ListArg, TupleArg, int, float, bool, None, str]
+Arg = Union[Ref, Sym, Call, ListArg, TupleArg, SizeExpr, int, float, bool, None, str]
 
 
 def iter_refs(arg: Arg) -> Iterator[Ref]:
@@ -251,15 +299,16 @@ class ValueDecl:
 
 
 # NOTE: [Sizes that vary]
-# A plan made with `remat plan --dynamic batch` serves every batch size up to the one its
+# A plan made with `remat plan --dynamic` serves every size up to the one its
 # sample inputs have.  The inputs declare the size symbol with its bound (`x
 # float32[B <= 16, 32]`) and the tangents name it (`grad_output.0  float32[B, 8]`);
 # `ValueDecl.shape` keeps the largest sizes, at which every tensor, cost and peak of the
 # plan is given, and `ValueDecl.dims` names the symbol of each dim that varies.  Every op
 # of such a plan computes the same thing at every size up to the bound: capture checks
-# that the ops' arguments do not depend on the size (NOTE: [Batch probe] in
-# remat_dsl/capture/shapes.py), so a smaller size allocates no more than the largest
-# (every tensor of an op is as large or smaller) and the plan's peak holds below it.
+# that the ops' arguments follow the sizes as size expressions (NOTE: [Size probe] in
+# remat_dsl/capture/shapes.py, NOTE: [Size expressions]), so a smaller size allocates no
+# more than the largest (every tensor of an op is as large or smaller) and the plan's peak
+# holds below it.
 
 
 def size_symbols(decls: Sequence[ValueDecl]) -> dict[str, int]:

@@ -491,6 +491,104 @@ def _sized(decl: ir.ValueDecl, bounds: dict[str, int]) -> ir.ValueDecl:
     return replace(decl, shape=tuple(shape), dims=tuple(dims))
 
 
+@dataclass(frozen=True)
+class _SizeText:
+    """A size expression as read (NOTE: [Size expressions] in remat_dsl/plan/ir.py): terms of
+    (symbol tokens, coefficient), resolved against the inputs' symbols by `_resolve_sizes`;
+    `first`: its first token, where an error points."""
+
+    terms: tuple[tuple[tuple[Token, ...], int], ...]
+    first: Token
+
+
+SIZE_LIMIT = 1 << 62  # the largest magnitude of an integer in a size expression (torch sizes are int64)
+
+
+def _bare_name(token: Token) -> PlanError:
+    return _error(
+        f"bare name `{token}` in an argument", token,
+        f"refer to a value with `%`: write `%{token}` (constants are written `{SYM_PREFIX}NAME`, size expressions"
+        " name the size symbols the inputs declare)",
+    )  # fmt: skip
+
+
+def _bounded(value: int, token: Token) -> int:
+    if abs(value) >= SIZE_LIMIT:
+        raise _error(
+            "integer out of range in a size expression", token, "size expressions stay below 2**62 in magnitude"
+        )
+    return value
+
+
+def _as_size(value, token: Token | None = None) -> _SizeText:
+    """`value` (an int or a _SizeText from the rules under `size`) as a _SizeText."""
+    if isinstance(value, _SizeText):
+        return value
+    if type(value) is int and token is not None:
+        return _SizeText((((), value),), token)
+    raise _error(
+        f"`{value}` in a size expression", token or Token("NAME", "?"),
+        "size expressions hold integers and the size symbols the inputs declare, joined by +, - and *",
+    )  # fmt: skip
+
+
+def _size_sum(left, right, sign: int) -> "_SizeText | int":
+    if type(left) is int and type(right) is int:
+        return left + sign * right
+    first = left.first if isinstance(left, _SizeText) else right.first
+    a, b = _as_size(left, first), _as_size(right, first)
+    return _SizeText(a.terms + tuple((symbols, sign * c) for symbols, c in b.terms), a.first)
+
+
+def _lone_name(text: _SizeText) -> bool:
+    return len(text.terms) == 1 and len(text.terms[0][0]) == 1 and text.terms[0][1] == 1
+
+
+def _resolve_size(text: _SizeText, bounds: dict[str, int]) -> "ir.SizeExpr | int":
+    """`text` as a SizeExpr over the declared symbols `bounds`, or an int when no symbol is
+    left; raises PlanError at a name the inputs do not declare or an integer out of range."""
+    for symbols, coefficient in text.terms:
+        _bounded(coefficient, text.first)
+        for token in symbols:
+            if token.value not in bounds:
+                if _lone_name(text):
+                    raise _bare_name(token)
+                declared = ", ".join(sorted(bounds)) or "none"
+                raise _error(
+                    f"size symbol '{token}' is not declared by the inputs", token,
+                    f"the inputs declare {declared}; a size expression names those (`x  int64[B <= 8, S <= 512]`)",
+                )  # fmt: skip
+    terms = ir.canonical_terms((tuple(t.value for t in symbols), c) for symbols, c in text.terms)
+    for _, coefficient in terms:
+        _bounded(coefficient, text.first)
+    if not any(symbols for symbols, _ in terms):
+        return terms[0][1] if terms else 0
+    return ir.SizeExpr(terms)
+
+
+def _resolve_arg(arg, bounds: dict[str, int]):
+    """`arg` with its size expressions resolved (`_resolve_size`)."""
+    if isinstance(arg, _SizeText):
+        return _resolve_size(arg, bounds)
+    if isinstance(arg, ir.Call):
+        return replace(
+            arg,
+            args=tuple(_resolve_arg(a, bounds) for a in arg.args),
+            kwargs=tuple((k, _resolve_arg(v, bounds)) for k, v in arg.kwargs),
+        )
+    if isinstance(arg, ir.ListArg):
+        return ir.ListArg(tuple(_resolve_arg(a, bounds) for a in arg.items))
+    if isinstance(arg, ir.TupleArg):
+        return ir.TupleArg(tuple(_resolve_arg(a, bounds) for a in arg.items))
+    return arg
+
+
+def _resolve_op(op: ir.Op, bounds: dict[str, int]) -> ir.Op:
+    args = tuple(_resolve_arg(a, bounds) for a in op.args)
+    kwargs = tuple((k, _resolve_arg(v, bounds)) for k, v in op.kwargs)
+    return op if (args, kwargs) == (op.args, op.kwargs) else replace(op, args=args, kwargs=kwargs)
+
+
 class _Builder(Transformer):
     """Builds ir dataclasses from the parse tree of grammar/plan.lark."""
 
@@ -516,9 +614,9 @@ class _Builder(Transformer):
             buffers=tuple(_sized(d, {}) for d in sections.get("buffers", ())),
             tangents=tuple(_sized(d, bounds) for d in sections.get("tangents", ())),
             tensors=sections["tensors"],
-            ops=_with_outputs(sections["ops"], sections["tensors"]),
-            outputs=sections["outputs"],
-            gradients=sections["gradients"],
+            ops=_with_outputs(tuple(_resolve_op(op, bounds) for op in sections["ops"]), sections["tensors"]),
+            outputs=_resolve_arg(sections["outputs"], bounds),
+            gradients=tuple(replace(g, value=_resolve_arg(g.value, bounds)) for g in sections["gradients"]),
             updates=sections.get("updates", ()),
             constants=tuple(x for x in inputs if isinstance(x, ir.ConstantInput)),
             autocast=autocast,
@@ -756,17 +854,31 @@ class _Builder(Transformer):
     def ref(self, c: list) -> ir.Ref:
         return ir.Ref(c[0].value[1:], _span(c[0]))
 
-    def sym(self, c: list) -> ir.Sym:
-        if not c[0].value.startswith(SYM_PREFIX):
-            raise _error(
-                f"bare name `{c[0]}` in an argument",
-                c[0],
-                f"refer to a value with `%`: write `%{c[0]}` (constants are written `{SYM_PREFIX}NAME`)",
-            )
-        return ir.Sym(c[0].value)
+    def sym(self, c: list) -> "ir.Sym | _SizeText":
+        if c[0].value.startswith(SYM_PREFIX):
+            return ir.Sym(c[0].value)
+        if not c[0].value.isidentifier():
+            raise _bare_name(c[0])
+        return _SizeText(((((c[0],), 1)),), c[0])  # a size symbol, checked once the inputs are read
 
     def integer(self, c: list) -> int:
         return int(c[0])
+
+    def size_add(self, c: list) -> "_SizeText | int":
+        return _size_sum(c[0], c[1], 1)
+
+    def size_sub(self, c: list) -> "_SizeText | int":
+        return _size_sum(c[0], c[1], -1)
+
+    def size_mul(self, c: list) -> "_SizeText | int":
+        if type(c[0]) is int and type(c[1]) is int:
+            return c[0] * c[1]
+        first = c[0].first if isinstance(c[0], _SizeText) else c[1].first
+        a, b = _as_size(c[0], first), _as_size(c[1], first)
+        terms = tuple((x + y, p * q) for x, p in a.terms for y, q in b.terms)
+        for _, coefficient in terms:
+            _bounded(coefficient, a.first)
+        return _SizeText(terms, a.first)
 
     def floating(self, c: list) -> float:
         return float(c[0])
@@ -1094,6 +1206,8 @@ def _section_order(text: str) -> tuple[str, ...]:
 def _token_hint(token: Token, expected: set[str], order: tuple[str, ...] = SECTIONS) -> str | None:
     """A concrete fix for the commonest ways to end up with `token` where `expected` was due."""
     keywords = _keywords(expected)
+    if _in_size(expected):
+        return SIZE_HINT
     if token.type in ("COMMENT", "LINE_COMMENT"):
         return (
             "comments go on their own line above an item of inputs, parameters, buffers, "
@@ -1143,7 +1257,20 @@ def _describe(error: UnexpectedInput, order: tuple[str, ...]) -> tuple[str, str 
     char = error.char if isinstance(error, UnexpectedCharacters) else "?"
     # LALR raises UnexpectedToken or UnexpectedCharacters, which has `allowed`
     allowed = error.allowed  # type: ignore[attr-defined]
-    return f"unexpected character `{char}`, expected {_expected_words(set(allowed or ()))}", None
+    hint = SIZE_HINT if _in_size(set(allowed or ())) else None
+    return f"unexpected character `{char}`, expected {_expected_words(set(allowed or ()))}", hint
+
+
+SIZE_HINT = (
+    "a size expression (`B*S`, `S - 1`, `4*B*S + 2`) joins integers and the size symbols the inputs declare with"
+    " +, - and *; it has no /, **, floats, calls or references"
+)
+
+
+def _in_size(expected: set[str]) -> bool:
+    """Whether the parser stood inside a size expression (NOTE: [Size expressions] in
+    remat_dsl/plan/ir.py): after an operator, or after an operand where one may follow."""
+    return expected == {"NAME", "INT"} or {"STAR", "PLUS", "MINUS"} <= expected
 
 
 def _end_of_text(text: str) -> tuple[int, int]:

@@ -168,7 +168,28 @@ def format_arg(arg: ir.Arg) -> str:
         return "[" + ", ".join(format_arg(item) for item in arg.items) + "]"
     if isinstance(arg, ir.TupleArg):
         return _tuple(arg.items)
+    if isinstance(arg, ir.SizeExpr):
+        return format_size_expr(arg)
     raise ValueError(f"cannot print argument {arg!r}")
+
+
+def format_size_expr(expr: ir.SizeExpr) -> str:
+    """The canonical text of a size expression (NOTE: [Size expressions] in
+    remat_dsl/plan/ir.py): `4*B*S + S - 1`, `0` for no terms."""
+    text = ""
+    for symbols, coefficient in expr.terms:
+        for symbol in symbols:
+            if not symbol.isidentifier():
+                raise ValueError(f"cannot print size symbol {symbol!r}")
+        magnitude = abs(coefficient)
+        leading = not text and coefficient < 0  # `-1*B`: the grammar has no unary minus
+        factors = ([str(magnitude)] if magnitude != 1 or not symbols or leading else []) + list(symbols)
+        term = "*".join(factors)
+        if not text:
+            text = term if coefficient > 0 else "-" + term
+        else:
+            text += (" + " if coefficient > 0 else " - ") + term
+    return text or "0"
 
 
 def _float(x: float) -> str:

@@ -48,6 +48,9 @@ A_FWD_DELETE_FC1 = "  delete   fc1     on compute\n"
 A_FWD_DROP = "  compute  drop    on compute\n"
 A_FWD_FC2 = "  compute  fc2     on compute\n"
 A_FWD_HEAD = "  compute  head    on compute\n"
+A_INPUT_X = "  x  float32[16, 32]\n"
+A_INPUT_X_B = "  x  float32[B <= 16, 32]\n"
+A_HEAD_SUM = "  head.bwd.sum = aten.sum.dim_IntList(%grad_output.0, [0], True)"
 A_BWD_FC1_SUM = "  compute  fc1.bwd.sum                       on compute\n"
 A_BWD_LAST = "  delete   drop.bwd.threshold_backward       on compute\n"
 O_FWD_OFFLOAD = (
@@ -114,6 +117,23 @@ CASES: tuple[Case, ...] = (
            "  relu                              [16, 64]  float32     4 KiB  relu  # saved\n")),
     _case("syntax_unsupported_version", AUTOGRAD, "a format version this tool does not read",
           ("remat-plan 1\n", "remat-plan 3\n")),
+    # --- size expressions (NOTE: [Size expressions] in remat_dsl/plan/ir.py) ---------------
+    _case("size_symbol_undeclared", AUTOGRAD, "a size expression naming S where the inputs declare B",
+          (A_INPUT_X, A_INPUT_X_B), (A_HEAD_SUM, A_HEAD_SUM.replace("[0]", "[S - 1]"))),
+    _case("size_symbol_without_inputs", AUTOGRAD, "a size expression where the inputs declare no symbol",
+          (A_HEAD_SUM, A_HEAD_SUM.replace("[0]", "[2*B]"))),
+    _case("size_division", AUTOGRAD, "a size expression dividing",
+          (A_INPUT_X, A_INPUT_X_B), (A_HEAD_SUM, A_HEAD_SUM.replace("[0]", "[B / 2]"))),
+    _case("size_power", AUTOGRAD, "a size expression with a power",
+          (A_INPUT_X, A_INPUT_X_B), (A_HEAD_SUM, A_HEAD_SUM.replace("[0]", "[B ** 2]"))),
+    _case("size_float", AUTOGRAD, "a size expression with a float",
+          (A_INPUT_X, A_INPUT_X_B), (A_HEAD_SUM, A_HEAD_SUM.replace("[0]", "[B*1.5]"))),
+    _case("size_call", AUTOGRAD, "a size expression calling a function",
+          (A_INPUT_X, A_INPUT_X_B), (A_HEAD_SUM, A_HEAD_SUM.replace("[0]", "[B + len(%x)]"))),
+    _case("size_reference", AUTOGRAD, "a size expression adding a tensor",
+          (A_INPUT_X, A_INPUT_X_B), (A_HEAD_SUM, A_HEAD_SUM.replace("[0]", "[B + %x]"))),
+    _case("size_out_of_range", AUTOGRAD, "a size expression with a coefficient of 2**70",
+          (A_INPUT_X, A_INPUT_X_B), (A_HEAD_SUM, A_HEAD_SUM.replace("[0]", "[1180591620717411303424*B]"))),
     # --- names -------------------------------------------------------------------------
     _case("unknown_op", AUTOGRAD, "compute of an op that is not in the graph",
           (A_FWD_FC2, "  compute  fc3     on compute\n")),
