@@ -187,6 +187,15 @@ def register(subparsers) -> None:
         ),
     )
     plan.add_argument(
+        "--choose-batch",
+        action="store_true",
+        help=(
+            "with --optimizer: plan the whole step at the sample batch B (dim 0 of the inputs) and at B/2, B/4, ... 1"
+            " and 2B, 4B, 8B (up to the first that does not fit), print a line per batch on stderr, and print the plan"
+            " of the batch with the least predicted time per sample (docs/commands.md)"
+        ),
+    )
+    plan.add_argument(
         "--repeats",
         type=positive_int,
         default=5,
@@ -322,6 +331,8 @@ def read_request(args) -> PlanRequest:
         from remat_dsl.workflow import whole_step_optimizer
 
         optimizer = whole_step_optimizer(args.optimizer)
+    if getattr(args, "choose_batch", False):
+        _refuse_batch_choice(args)
     for text, what in ((args.budget, "budget"), (args.host_budget, "host budget"), (args.bandwidth, "bandwidth")):
         if text is not None:  # a number without its unit: 50 is rarely meant as 50 bytes
             _quantity(refuse_bare_number, text, what, percent=what == "budget", per_second=what == "bandwidth")
@@ -404,12 +415,30 @@ def read_request(args) -> PlanRequest:
     )
 
 
+def _refuse_batch_choice(args) -> None:
+    """NOTE: [Fail fast]: `--choose-batch` needs `--optimizer` and refuses `--dynamic` and
+    `--profile`.  Raises RematError."""
+    if args.optimizer is None:
+        raise RematError(
+            "error: --choose-batch plans the whole step: it needs --optimizer",
+            hint='add e.g. --optimizer "adamw lr=1e-4" (a larger batch amortizes the parameters\' update)',
+        )
+    if getattr(args, "dynamic", None) is not None:
+        raise RematError(
+            "error: --choose-batch and --dynamic both set the batch the plan is for",
+            hint="pass --choose-batch for the batch with the least time per sample, or --dynamic for every batch",
+        )
+    if args.profile:
+        raise RematError(
+            "error: --choose-batch captures the model at other batches, where --profile's op costs do not hold",
+            hint="pass --choose-batch without --profile (op costs predicted or measured at each batch)",
+        )
+
+
 def run(args) -> int:
     from remat_dsl.capture.model_file import load_model_file
     from remat_dsl.plan.printer import print_plan
     from remat_dsl.plan.units import format_bytes, format_duration
-    from remat_dsl.solve.solvers.ilp import workers
-    from remat_dsl.workflow import solve_captured, update_speeds
 
     request = read_request(args)
     autocast = autocast_dtype(args.autocast) if args.autocast is not None else None  # NOTE: [Fail fast]
@@ -420,22 +449,10 @@ def run(args) -> int:
             model_file = load_model_file(args.model)
     if args.autocast is not None:  # overrides the model file's `autocast`
         model_file = replace(model_file, autocast=autocast)
-    graph, device, costs, eager = _captured(model_file, args, request)
-    if getattr(args, "dynamic", None) is not None:
-        graph = _with_sizes(graph, model_file, args.dynamic, quiet)
-    if eager:  # NOTE: [Eager agreement] in remat_dsl/capture/agreement.py; also above the plan's header
-        status(" ".join(eager).replace("  ", " "))
-    step = {}
-    if request.optimizer is not None:  # NOTE: [Optimizer in the step]
-        speeds = update_speeds(request.optimizer, request.device_model, device)
-        step = dict(optimizer=request.optimizer, update_speeds=speeds)
-    with Progress("planning", unit="block classes", quiet=quiet) as progress:
-        plan = solve_captured(
-            graph, request.budget, request.solver, percent=request.budget_is_percent, model=model_file.spec,
-            device=device, costs=costs, eager=eager, constraints=request.constraints, strict=args.strict,
-            report=progress, bandwidth=request.bandwidth, time_limit=args.time_limit, host_link=request.host_link,
-            host_budget=request.host_budget, cache=_cache(args), jobs=args.jobs or workers.usable_cores(), **step,
-        )  # fmt: skip
+    if getattr(args, "choose_batch", False):
+        plan = _batch_chosen(model_file, args, request)
+    else:
+        plan = _planned(model_file, args, request, request.budget, request.budget_is_percent)
     seconds = plan.header.solve_seconds
     if not args.record_solve_time:
         plan = replace(plan, header=replace(plan.header, solve_seconds=None))
@@ -450,6 +467,90 @@ def run(args) -> int:
         f" {solver_status(h)}"
     )
     return 0
+
+
+def _planned(model_file, args, request: PlanRequest, budget, percent: bool) -> ir.Plan:
+    """The plan of `model_file` as `remat plan` makes it: captured (NOTE: [Fake capture] in
+    capture/pipeline.py), with the sizes of --dynamic, solved for `budget` (bytes, or with
+    `percent` a percentage of the autograd peak).  Raises RematError and BudgetError."""
+    from remat_dsl.solve.solvers.ilp import workers
+    from remat_dsl.workflow import solve_captured, update_speeds
+
+    quiet = getattr(args, "quiet", False)
+    graph, device, costs, eager = _captured(model_file, args, request)
+    if getattr(args, "dynamic", None) is not None:
+        graph = _with_sizes(graph, model_file, args.dynamic, quiet)
+    if eager:  # NOTE: [Eager agreement] in remat_dsl/capture/agreement.py; also above the plan's header
+        status(" ".join(eager).replace("  ", " "))
+    step = {}
+    if request.optimizer is not None:  # NOTE: [Optimizer in the step]
+        speeds = update_speeds(request.optimizer, request.device_model, device)
+        step = dict(optimizer=request.optimizer, update_speeds=speeds)
+    with Progress("planning", unit="block classes", quiet=quiet) as progress:
+        return solve_captured(
+            graph, budget, request.solver, percent=percent, model=model_file.spec,
+            device=device, costs=costs, eager=eager, constraints=request.constraints, strict=args.strict,
+            report=progress, bandwidth=request.bandwidth, time_limit=args.time_limit, host_link=request.host_link,
+            host_budget=request.host_budget, cache=_cache(args), jobs=args.jobs or workers.usable_cores(), **step,
+        )  # fmt: skip
+
+
+def _batch_chosen(model_file, args, request: PlanRequest) -> ir.Plan:
+    """NOTE: [Batch choice] in remat_dsl/workflow/__init__.py: the whole step planned at each candidate
+    batch, a line per batch on stderr, and the plan of the chosen one with a comment on top
+    that says why.  Raises RematError (no batch fits, a capture that fails at the sample
+    batch)."""
+    from remat_dsl.solve.api import BudgetError
+    from remat_dsl.workflow import at_batch, chosen_batch, sample_batch, try_batches
+
+    sample = sample_batch(model_file)
+    # a percentage is of the sample batch's autograd peak, planned first: bytes for every batch
+    budget, percent = request.budget, request.budget_is_percent
+
+    def plan_at(batch: int) -> ir.Plan:
+        nonlocal budget, percent
+        if not getattr(args, "quiet", False):
+            status(f"batch {batch}:")
+        try:
+            plan = _planned(at_batch(model_file, sample, batch), args, request, budget, percent)
+        except BudgetError as error:
+            budget, percent = error.budget, False
+            raise
+        budget, percent = plan.header.budget, False
+        return plan
+
+    trials = try_batches(sample, plan_at)
+    for trial in trials:
+        status(_batch_line(trial))
+    chosen = chosen_batch(trials)
+    status(f"chose batch {chosen.batch}: the least predicted time per sample of the batches that fit")
+    tried = ", ".join(f"{t.batch}: {_per_sample(t, unit='')}" for t in trials)
+    comment = f"remat plan --choose-batch: batch {chosen.batch}, the least predicted us per sample of {tried}"
+    assert chosen.plan is not None  # chosen among the trials with a plan
+    header = chosen.plan.header
+    return replace(chosen.plan, header=replace(header, comments=(comment, *header.comments)))
+
+
+def _per_sample(trial, unit: str = " us/sample") -> str:
+    """The predicted time per sample (`12.34 us/sample`), or why the batch has no plan."""
+    if trial.per_sample is not None:
+        return f"{float(trial.per_sample):.2f}{unit}"
+    return "does not fit" if trial.failure is None else "does not run"
+
+
+def _batch_line(trial) -> str:
+    """One line of the --choose-batch table (NOTE: [Batch choice] in remat_dsl/workflow/__init__.py)."""
+    from remat_dsl.plan.units import format_bytes, format_duration
+
+    if trial.plan is not None:
+        h = trial.plan.header
+        return (
+            f"batch {trial.batch}: step {format_duration(h.time_us)}, {_per_sample(trial)}, peak"
+            f" {format_bytes(h.peak_bytes)}, host peak {format_bytes(trial.host_peak)}"
+        )
+    if trial.failure is not None:
+        return f"batch {trial.batch}: does not run ({trial.failure})"
+    return f"batch {trial.batch}: does not fit (the smallest budget that fits is {format_bytes(trial.smallest)})"
 
 
 # NOTE: [Garbage collection]

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -401,3 +402,130 @@ def load_module(path: str | Path):
     from remat_dsl.codegen.compare import load_generated
 
     return load_generated(path)
+
+
+# NOTE: [Batch choice]
+# `remat plan --optimizer ... --choose-batch` plans the whole step at several batch sizes
+# and keeps the one with the least predicted time per sample that fits the budget.  X. Zhao,
+# "Optimizing Memory Usage when Training Deep Neural Networks" (PhD thesis, Université de
+# Bordeaux, 2024), section 4.5.3 "Adaptation: Batch Size Selection", makes r = 1/b a continuous variable of
+# OffMate's ILP (O-ILP): compute time and activation memory proportional to the batch,
+# parameter-related time and memory (offload, prefetch, optimizer states, update) fixed and
+# scaled by r, so a larger batch amortizes the parameter and optimizer-state traffic until
+# its activations no longer fit.  Here the batches are enumerated instead, each planned:
+# the sample batch B (dim 0 of every tensor input, as `--dynamic batch` takes it), B/2,
+# B/4, ... down to 1 (the inputs cut), and 2B, 4B, 8B (the inputs repeated along dim 0),
+# upward only until the first batch whose whole step does not fit.  Each is captured
+# (fake stays fake) and planned with the same options, and its step time and peaks are
+# that plan's own predictions, not the sample's scaled in proportion: recomputation and
+# offloading change with the batch, and so does each op's efficiency.  A percentage
+# budget is of the sample batch's autograd peak, in bytes for every batch, so that all
+# batches compete for the same memory.  Ties go to the smaller batch.
+
+
+@dataclass(frozen=True)
+class BatchTrial:
+    """One batch of NOTE: [Batch choice]: its whole-step `plan` and that plan's host peak
+    (bytes), or why it has none: `smallest`, the smallest budget that fits it (bytes), or
+    `failure`, the message of a capture that failed at that batch."""
+
+    batch: int
+    plan: ir.Plan | None = None
+    host_peak: int = 0
+    smallest: int | None = None
+    failure: str | None = None
+
+    @property
+    def per_sample(self) -> Fraction | None:
+        """The predicted step time per sample (microseconds), None without a plan."""
+        return None if self.plan is None else Fraction(self.plan.header.time_us, self.batch)
+
+
+MAX_GROWTH = 8  # NOTE: [Batch choice]: the largest candidate is this many times the sample batch
+
+
+def sample_batch(model_file) -> int:
+    """The sample inputs' batch: dim 0, shared by every tensor input (NOTE: [Batch
+    choice]).  Raises RematError when the inputs have no such dim."""
+    import torch
+
+    tensors = [v for v in model_file.sample_inputs().leaves() if isinstance(v, torch.Tensor)]
+    shapes = ", ".join(str(list(t.shape)) for t in tensors) or "none"
+    if not tensors or any(t.dim() == 0 or t.shape[0] != tensors[0].shape[0] for t in tensors):
+        raise RematError(
+            f"{model_file.path}: error: --choose-batch needs tensor inputs that share their dim 0, the batch;"
+            f" sample_inputs() gives tensors of shapes {shapes}",
+            hint="plan without --choose-batch, or give sample_inputs() tensors that share their batch dim",
+        )
+    return int(tensors[0].shape[0])
+
+
+def at_batch(model_file, sample: int, batch: int):
+    """`model_file` whose sample inputs have batch `batch`: each tensor input cut to its
+    first `batch` rows (batch < sample), or repeated along dim 0 (`batch` a multiple of
+    `sample`).  Its inputs are made when the capture asks for them (a fake capture makes
+    them fake)."""
+    import torch
+
+    from remat_dsl.capture.shapes import NAMED, Dynamic, _cut
+
+    def grown(value):
+        return torch.cat([value] * (batch // sample)) if isinstance(value, torch.Tensor) else value
+
+    def inputs():
+        given = model_file.sample_inputs()
+        if batch <= sample:
+            given = _cut(given, Dynamic(NAMED["batch"]), (sample,), (batch,))
+        else:
+            given = type(given)(tuple(map(grown, given.args)), {k: grown(v) for k, v in given.kwargs.items()})
+        return tuple(given.args), dict(given.kwargs)  # the (args, kwargs) form of the model file contract
+
+    return replace(model_file, inputs=inputs)
+
+
+def try_batches(sample: int, plan_at: Callable[[int], ir.Plan]) -> list[BatchTrial]:
+    """NOTE: [Batch choice]: a BatchTrial for the sample batch, the batches above it up to
+    MAX_GROWTH times it until the first that does not fit, and those below it down to 1,
+    in increasing batch.  plan_at(batch): the whole step's plan at that batch; its
+    BudgetError and, at another batch than the sample's, its RematError are recorded, not
+    raised."""
+    trials = []
+    batch = sample
+    while batch <= MAX_GROWTH * sample:
+        trials.append(_trial(batch, plan_at, sample))
+        if trials[-1].plan is None:
+            break
+        batch *= 2
+    batch = sample
+    while batch > 1:
+        batch //= 2
+        trials.append(_trial(batch, plan_at, sample))
+    return sorted(trials, key=lambda t: t.batch)
+
+
+def _trial(batch: int, plan_at: Callable[[int], ir.Plan], sample: int) -> BatchTrial:
+    from remat_dsl.check.replay import simulate
+    from remat_dsl.solve.api import BudgetError
+
+    try:
+        plan = plan_at(batch)
+    except BudgetError as error:
+        return BatchTrial(batch, smallest=error.smallest)
+    except RematError as error:
+        if batch == sample:
+            raise
+        return BatchTrial(batch, failure=error.message.splitlines()[0])
+    return BatchTrial(batch, plan, simulate(plan).host_peak_bytes)
+
+
+def chosen_batch(trials: list[BatchTrial]) -> BatchTrial:
+    """The trial with the least time per sample among those with a plan, the smaller batch
+    on a tie (NOTE: [Batch choice]).  Raises RematError when none has one."""
+    fitting = [t for t in trials if t.plan is not None]
+    if not fitting:
+        smallest = min((t for t in trials if t.smallest is not None), key=lambda t: t.batch, default=None)
+        hint = "pass a larger --budget"
+        if smallest is not None:
+            hint = f"plan with --budget {smallest.smallest}B or more (what batch {smallest.batch} needs)"
+        raise RematError("error: --choose-batch: the whole step fits the budget at no batch tried", hint=hint)
+    return min(fitting, key=lambda t: (t.per_sample, t.batch))
