@@ -105,8 +105,11 @@ class Inputs:
         return function(*self.args, **self.kwargs)
 
     def leaves(self) -> list:
-        """Every argument value, positional first, then keyword in order."""
-        return [*self.args, *self.kwargs.values()]
+        """Every argument value, positional first, then keyword in order; the elements of a
+        tuple, list or dict argument in its place (NOTE: [Nested arguments] in capture/fx.py)."""
+        import torch.utils._pytree as pytree
+
+        return pytree.tree_leaves([list(self.args), list(self.kwargs.values())])
 
 
 def call_with(function: Callable[..., Any], inputs: "Inputs | tuple") -> Any:

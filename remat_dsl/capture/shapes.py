@@ -213,7 +213,7 @@ class _Traces:
 
         if point not in self.memo:
             try:
-                inputs = self.inputs if point == self.full else _cut(self.inputs, self.dynamic, self.full, point)
+                inputs = self.inputs if point == self.full else cut_inputs(self.inputs, self.dynamic, self.full, point)
                 captured = capture(self.model_file.build_model(), inputs, None, self.autocast, copy_model=False)
                 assert isinstance(captured, Captured)  # without `recall`, the whole step is traced
                 self.memo[point] = captured
@@ -252,10 +252,16 @@ def _sample_size(inputs: Inputs, model_file: ModelFile, sym: str, dim: int) -> i
     return size
 
 
-def _cut(inputs: Inputs, dynamic: Dynamic, full: Point, point: Point) -> Inputs:
-    """`inputs` with each tensor cut to `point` on the dims that have the sample's size."""
+def cut_inputs(inputs: Inputs, dynamic: Dynamic, full: Point, point: Point) -> Inputs:
+    """`inputs` with each tensor, also inside tuples, lists and dicts (NOTE: [Nested arguments]
+    in remat_dsl/capture/fx.py), cut to `point` on the dims that have the sample's size."""
 
     def cut(value):
+        if isinstance(value, dict):
+            return type(value)((key, cut(item)) for key, item in value.items())
+        if isinstance(value, (tuple, list)):
+            items = [cut(item) for item in value]
+            return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
         if not isinstance(value, torch.Tensor):
             return value
         for (_, dim), big, small in zip(dynamic.dims, full, point):

@@ -466,8 +466,9 @@ def at_batch(model_file, sample: int, batch: int):
     `sample`).  Its inputs are made when the capture asks for them (a fake capture makes
     them fake)."""
     import torch
+    import torch.utils._pytree as pytree
 
-    from remat_dsl.capture.shapes import NAMED, Dynamic, _cut
+    from remat_dsl.capture.shapes import NAMED, Dynamic, cut_inputs
 
     def grown(value):
         return torch.cat([value] * (batch // sample)) if isinstance(value, torch.Tensor) else value
@@ -475,9 +476,9 @@ def at_batch(model_file, sample: int, batch: int):
     def inputs():
         given = model_file.sample_inputs()
         if batch <= sample:
-            given = _cut(given, Dynamic(NAMED["batch"]), (sample,), (batch,))
+            given = cut_inputs(given, Dynamic(NAMED["batch"]), (sample,), (batch,))
         else:
-            given = type(given)(tuple(map(grown, given.args)), {k: grown(v) for k, v in given.kwargs.items()})
+            given = type(given)(pytree.tree_map(grown, given.args), pytree.tree_map(grown, given.kwargs))
         return tuple(given.args), dict(given.kwargs)  # the (args, kwargs) form of the model file contract
 
     return replace(model_file, inputs=inputs)
