@@ -61,6 +61,31 @@ def _train_beside(fast, eager, eager_opt, inputs, steps: int = 3) -> None:
         fast(*inputs).square().mean().backward()
 
 
+def _checked_generated_and_trained(plan, kind, eager, inputs, tmp_path, marker):
+    """`plan` accepted by `remat check`, its module (which calls `marker`) trained 3 steps
+    beside eager with the optimizer `kind`: parameters, buffers and optimizer states equal
+    eager's after.  Returns (the FastModel, its model)."""
+    path = tmp_path / "step.plan"
+    path.write_text(plan_text(plan))
+    checked = subprocess.run([sys.executable, "-m", "remat_dsl", "check", str(path)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
+    source = tmp_path / "fast_step.py"
+    source.write_text(generate_module(path))
+    assert marker in source.read_text()
+    make = OPTIMIZERS[kind][1]
+    ours = copy.deepcopy(eager)
+    fast = load_module(source).FastModel(ours, optimizer=make(ours.parameters()))
+    eager_opt = make(eager.parameters())
+    _train_beside(fast, eager, eager_opt, inputs)
+    for (name, a), b in zip(eager.state_dict().items(), ours.state_dict().values()):
+        assert torch.equal(a, b), name
+    theirs, kept = eager_opt.state_dict()["state"], fast.optimizer.state_dict()["state"]
+    assert theirs.keys() == kept.keys()
+    for index, a in theirs.items():  # the host copies are eager's states
+        assert a.keys() == kept[index].keys() and all(torch.equal(a[k], kept[index][k]) for k in a), index
+    return fast, ours
+
+
 @pytest.mark.parametrize("kind", list(OPTIMIZERS))
 def test_paged_states_train_bit_exactly_with_the_predicted_peak(kind, tmp_path):
     plan, unpaged, eager, inputs = _paged_plan(kind)
@@ -73,24 +98,7 @@ def test_paged_states_train_bit_exactly_with_the_predicted_peak(kind, tmp_path):
     assert sim.peak_bytes < before.peak_bytes  # only one update's states at a time on the device
     assert sim.time_us > before.time_us  # the copies the step waits for
 
-    path = tmp_path / "paged.plan"
-    path.write_text(plan_text(plan))
-    checked = subprocess.run([sys.executable, "-m", "remat_dsl", "check", str(path)], capture_output=True, text=True)
-    assert checked.returncode == 0, checked.stderr
-    source = tmp_path / "fast_paged.py"
-    source.write_text(generate_module(path))
-    assert "_s.optimizers.prefetch_states(" in source.read_text()
-    make = OPTIMIZERS[kind][1]
-    ours = copy.deepcopy(eager)
-    fast = load_module(source).FastModel(ours, optimizer=make(ours.parameters()))
-    eager_opt = make(eager.parameters())
-    _train_beside(fast, eager, eager_opt, inputs)
-    for (name, a), b in zip(eager.named_parameters(), ours.parameters()):
-        assert torch.equal(a, b), name
-    theirs, kept = eager_opt.state_dict()["state"], fast.optimizer.state_dict()["state"]
-    assert theirs.keys() == kept.keys()
-    for index, a in theirs.items():  # the host copies are eager's states
-        assert a.keys() == kept[index].keys() and all(torch.equal(a[k], kept[index][k]) for k in a), index
+    fast, ours = _checked_generated_and_trained(plan, kind, eager, inputs, tmp_path, "_s.optimizers.prefetch_states(")
 
     # the states' host copies, like the parameters, are held before the step measured
     step = training_step(fast, Inputs(args=tuple(inputs)))
@@ -285,26 +293,7 @@ def test_streamed_parameters_updated_on_the_device_train_bit_exactly_with_the_pr
     assert sim.peak_bytes < before.peak_bytes  # parameters and states on the device only around their use
     assert sim.time_us > before.time_us  # the copies the step waits for
 
-    path = tmp_path / "streamed.plan"
-    path.write_text(plan_text(plan))
-    checked = subprocess.run([sys.executable, "-m", "remat_dsl", "check", str(path)], capture_output=True, text=True)
-    assert checked.returncode == 0, checked.stderr
-    source = tmp_path / "fast_streamed.py"
-    source.write_text(generate_module(path))
-    assert "_write_back(" in source.read_text()
-    make = OPTIMIZERS[kind][1]
-    ours = copy.deepcopy(eager)
-    fast = load_module(source).FastModel(ours, optimizer=make(ours.parameters()))
-    eager_opt = make(eager.parameters())
-    _train_beside(fast, eager, eager_opt, inputs)
-    for (name, a), b in zip(eager.named_parameters(), ours.parameters()):
-        assert torch.equal(a, b), name
-    for (name, a), b in zip(eager.state_dict().items(), ours.state_dict().values()):
-        assert torch.equal(a, b), name
-    theirs, kept = eager_opt.state_dict()["state"], fast.optimizer.state_dict()["state"]
-    assert theirs.keys() == kept.keys()
-    for index, a in theirs.items():  # the host copies are eager's states
-        assert a.keys() == kept[index].keys() and all(torch.equal(a[k], kept[index][k]) for k in a), index
+    fast, ours = _checked_generated_and_trained(plan, kind, eager, inputs, tmp_path, "_write_back(")
 
     # the parameters' and states' host copies are held before the step measured; the device
     # copies of the streamed parameters are made in it
