@@ -151,6 +151,10 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _default_hangup() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize(
     "signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=lambda s: signal.Signals(s).name
 )
@@ -175,7 +179,9 @@ def test_no_worker_outlives_remat_plan(signum, tmp_path):
         open(tmp_path / "out", "wb") as out,
         open(tmp_path / "err", "wb") as err,
     ):  # files: a pipe would wait for orphans
-        process = subprocess.Popen(args, cwd=tmp_path, stdout=out, stderr=err, env=env)
+        # a shell's default SIGHUP, whatever this run inherited (`nohup pytest` ignores it,
+        # and the program then keeps it ignored, as `nohup remat ...` asks)
+        process = subprocess.Popen(args, cwd=tmp_path, stdout=out, stderr=err, env=env, preexec_fn=_default_hangup)
     try:
         deadline, workers = time.monotonic() + 240, []
         while len(workers) < 2 and process.poll() is None and time.monotonic() < deadline:

@@ -139,8 +139,8 @@ def test_twremat_on_a_stock_parallel_residual_model_through_the_shell(tmp_path):
     """A stock Hugging Face GPT-NeoX (parallel residual: not a chain) as a user types it,
     at 110% of twremat's smallest feasible budget (which `remat plan` names when refusing
     1%): plan, check and codegen through the shell, then two SGD steps bit for bit against
-    eager.  (Measured 2026-11-25: BERT, T5, ViT, Llama, ALBERT, ResNet, MobileNetV2,
-    ConvNeXt and the DenseNet of tests/models pass the same way, 14-27 s each.)"""
+    eager.  (Measured the same way, and passing: BERT, T5, ViT, Llama, ALBERT, ResNet, MobileNetV2,
+    ConvNeXt and the DenseNet of tests/models, 14-27 s each.)"""
     from test_stock_models import MODELS, plan_and_train, smallest_budget
 
     model = MODELS / "hf_gpt_neox.py"
