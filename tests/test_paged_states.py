@@ -108,19 +108,13 @@ def test_paged_states_train_bit_exactly_with_the_predicted_peak(kind, tmp_path):
     assert peak_bytes(step) + resident == given
 
 
-def test_paged_states_on_emulated_streams_are_ordered_and_exact(tmp_path):
-    """The CUDA path of the states' copies (NOTE: [Streams] in remat_dsl/codegen/runtime.py)
-    on the stream emulation (tests/stream_emulation.py): no access unordered with a copy, no
-    copy left unwaited, and the same parameters as eager after 3 SGD-momentum steps."""
+def _trained_on_emulated_streams(module, kind, eager, inputs):
+    """The generated `module` trained 3 steps beside eager with the optimizer `kind` on the
+    stream emulation (tests/stream_emulation.py): no access unordered with a copy, no copy
+    left unwaited, eager's parameters after.  Returns the emulation."""
     from stream_emulation import Emulation
 
-    plan, _, eager, inputs = _paged_plan("sgd")
-    path = tmp_path / "paged.plan"
-    path.write_text(plan_text(plan))
-    source = tmp_path / "fast_paged.py"
-    source.write_text(generate_module(path))
-    module = load_module(source)
-    make = OPTIMIZERS["sgd"][1]
+    make = OPTIMIZERS[kind][1]
     ours = copy.deepcopy(eager)
     fast = module.FastModel(ours, optimizer=make(ours.parameters()))
     eager_opt = make(eager.parameters())
@@ -129,10 +123,24 @@ def test_paged_states_on_emulated_streams_are_ordered_and_exact(tmp_path):
         _train_beside(fast, eager, eager_opt, inputs)
     assert emulation.problems == []
     assert emulation.unwaited == []
-    names = {emulation.name(c.stream) for c in emulation.history}
-    assert names == {"d2h", "h2d"}
     for (name, a), b in zip(eager.named_parameters(), ours.parameters()):
         assert torch.equal(a, b), name
+    return emulation
+
+
+def test_paged_states_on_emulated_streams_are_ordered_and_exact(tmp_path):
+    """The CUDA path of the states' copies (NOTE: [Streams] in remat_dsl/codegen/runtime.py)
+    on the stream emulation (tests/stream_emulation.py): no access unordered with a copy, no
+    copy left unwaited, and the same parameters as eager after 3 SGD-momentum steps."""
+
+    plan, _, eager, inputs = _paged_plan("sgd")
+    path = tmp_path / "paged.plan"
+    path.write_text(plan_text(plan))
+    source = tmp_path / "fast_paged.py"
+    source.write_text(generate_module(path))
+    emulation = _trained_on_emulated_streams(load_module(source), "sgd", eager, inputs)
+    names = {emulation.name(c.stream) for c in emulation.history}
+    assert names == {"d2h", "h2d"}
 
 
 def test_an_update_not_ordered_after_its_states_prefetch_is_caught_by_the_emulation(tmp_path):
@@ -327,21 +335,9 @@ def test_streamed_device_updates_on_emulated_streams_are_ordered_and_exact():
     """The CUDA path of the parameters' prefetches and write-backs and the states' copies
     (NOTE: [Streams] in remat_dsl/codegen/runtime.py) on the stream emulation: no access
     unordered with a copy, no copy left unwaited, eager's parameters after 3 steps."""
-    from stream_emulation import Emulation
 
     plan, _, eager, inputs, _ = _streamed_plan("adamw")
-    module = _module_of(plan)
-    make = OPTIMIZERS["adamw"][1]
-    ours = copy.deepcopy(eager)
-    fast = module.FastModel(ours, optimizer=make(ours.parameters()))
-    eager_opt = make(eager.parameters())
-    emulation = Emulation()
-    with emulation.running(module):
-        _train_beside(fast, eager, eager_opt, inputs)
-    assert emulation.problems == []
-    assert emulation.unwaited == []
-    for (name, a), b in zip(eager.named_parameters(), ours.parameters()):
-        assert torch.equal(a, b), name
+    _trained_on_emulated_streams(_module_of(plan), "adamw", eager, inputs)
 
 
 def test_a_delete_not_ordered_after_the_write_back_is_caught_by_the_emulation():
