@@ -40,6 +40,7 @@ from typing import Any, Iterator
 
 import torch
 import torch.fx as fx
+import torch.utils._pytree as pytree
 
 from remat_dsl.capture.model_file import Inputs, ModelFile
 from remat_dsl.plan import ir
@@ -257,11 +258,6 @@ def cut_inputs(inputs: Inputs, dynamic: Dynamic, full: Point, point: Point) -> I
     in remat_dsl/capture/fx.py), cut to `point` on the dims that have the sample's size."""
 
     def cut(value):
-        if isinstance(value, dict):
-            return type(value)((key, cut(item)) for key, item in value.items())
-        if isinstance(value, (tuple, list)):
-            items = [cut(item) for item in value]
-            return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
         if not isinstance(value, torch.Tensor):
             return value
         for (_, dim), big, small in zip(dynamic.dims, full, point):
@@ -269,7 +265,7 @@ def cut_inputs(inputs: Inputs, dynamic: Dynamic, full: Point, point: Point) -> I
                 value = value.narrow(dim, 0, small)
         return value.clone()
 
-    return Inputs(tuple(map(cut, inputs.args)), {k: cut(v) for k, v in inputs.kwargs.items()})
+    return Inputs(pytree.tree_map(cut, inputs.args), pytree.tree_map(cut, inputs.kwargs))
 
 
 # --- fitting ----------------------------------------------------------------

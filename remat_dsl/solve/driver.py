@@ -309,13 +309,12 @@ class Planner:
         for number, (state_share, param_share, paged, mixed) in enumerate(attempts + streaming):
             if number == len(attempts) and best is not None:
                 break  # a plan without parameter streaming fits: the fastest of them
-            states_of = lambda p: optimizer.state_bytes(sizes[p])  # noqa: E731
             streamed = _largest(by_size, sizes.__getitem__, param_share * total_params)
             # mixed: only streamed parameters go to the host, updated where they live; one held on
             # the device would be copied back on the h2d stream after its host update, holding the
             # parameters' prefetches behind the host's clock
             candidates = [p for p in completed if p in streamed] if mixed else trainable
-            on_host = _largest(candidates, states_of, state_share * total_states)
+            on_host = _largest(candidates, lambda p: optimizer.state_bytes(sizes[p]), state_share * total_states)
             key = (
                 frozenset(on_host) | (frozenset() if mixed else frozenset(streamed) & set(trainable)),
                 frozenset(streamed),
