@@ -491,7 +491,13 @@ def main() -> None:
         if unknown:
             parser.error(f"unknown configuration {', '.join(unknown)}: one of {', '.join(k.name for k in configs)}")
         configs = tuple(c for c in configs if c.name in chosen)
-    report = Report("bench/whole_step.py", "Whole training steps against what users pick instead", ABOUT)
+    # the real depth gets a section of its own, beside the default depth's
+    full = args.layers == "full"
+    report = Report(
+        "bench/whole_step.py" + (" (full depth)" if full else ""),
+        "Whole training steps against what users pick instead" + (", at the models' full depth" if full else ""),
+        ABOUT,
+    )
     started = time.perf_counter()
 
     def progress(text: str) -> None:

@@ -23,6 +23,7 @@ from remat_dsl.capture.cost import load_device
 from remat_dsl.capture.model_file import load_model_file
 from remat_dsl.capture.pipeline import FAKE_FRACTION, host_available_bytes, too_large_for_host
 from remat_dsl.codegen.compare import compare_training, load_generated
+from remat_dsl.check.replay import simulate
 from remat_dsl.plan.parser import parse_file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -132,3 +133,45 @@ def test_llama_2_7b_for_an_h100(tmp_path):
         if budget == "40GiB":  # the store-all plan fits; 16 GiB solves 39 block ILPs (docs/measurements.md)
             assert seconds < 120, seconds
     assert plan.header.solver.startswith("auto: offmate")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "example, device, budget, link_bound",
+    [
+        ("llama2_7b_finetune", "rtx3060", 10, False),
+        # 26 GB of bf16 parameters on a 24 GB device: every step streams them and pages AdamW's
+        # states through the 26.2 GB/s link, which then sets the step's time, not the compute
+        ("llama2_13b_bf16", "rtx4090", 22, True),
+        ("llama2_7b_lora", "rtx3060", 10, False),
+    ],
+)
+def test_the_thesis_fine_tunes_plan_on_consumer_gpus(example, device, budget, link_bound, tmp_path):
+    """Issue 48's acceptance: Llama-2-7B fp32, Llama-2-13B bf16 and Llama-2-7B + LoRA at
+    4 x 512 tokens with AdamW (the fine-tunes of Zhao's thesis, 2024, section 4.8.1), each
+    planned with the optimizer in under 5 minutes here, its predicted peak within the
+    budget, its host memory within 128 GB (`remat check --host-budget`), its module
+    written.  The step is at most 1.25x the unconstrained one (the same command at a budget
+    that holds everything: every op once and the GPU update), where the compute sets it;
+    where the link does, at most 1.25x the plan's own transfers on the busier direction."""
+    spec = ROOT / "examples" / f"{example}.py"
+    start = time.monotonic()
+    result = shell(f"remat plan {spec} --device {device} --optimizer adamw --budget {budget}GiB > ft.plan", tmp_path)
+    seconds = time.monotonic() - start
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert seconds < 300, seconds
+    result = shell(
+        f"remat plan {spec} --device {device} --optimizer adamw --budget 1000GiB > free.plan\n"
+        "remat check ft.plan --host-budget 128GB > report.txt\n"
+        "remat codegen ft.plan -o ft.py",
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    plan, free = parse_file(tmp_path / "ft.plan"), parse_file(tmp_path / "free.plan")
+    assert plan.header.peak_bytes <= budget * 2**30 < free.header.peak_bytes
+    assert plan.header.optimizer.startswith("adamw")
+    bound = free.header.time_us
+    if link_bound:
+        bound = max(bound, simulate(plan).transfer_us / 2)
+    assert plan.header.time_us <= 1.25 * bound, (plan.header.time_us, bound)
+    compile((tmp_path / "ft.py").read_text(), "ft.py", "exec")

@@ -85,6 +85,8 @@ def test_stock_models_train_bit_exactly_with_the_optimizer_in_the_plan(name, kin
     updated = {i.target for i in plan.backward if i.verb in ("update", "host_update")}
     assert updated == parameters - frozen  # a frozen parameter has no update, and no optimizer state
     assert not frozen or prefetched & frozen  # LoRA's frozen weights are what streaming frees
+    # op names are module paths, also where peft reaches its modules through `__dict__`
+    assert all("__dict__" not in op.name for op in plan.graph.ops)
     source = tmp_path / f"fast_{name}.py"
     source.write_text(generate_module(path))
     module = load_module(source)

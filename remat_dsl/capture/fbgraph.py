@@ -118,13 +118,15 @@ DEFAULTED = (
 
 
 def module_path(node: fx.Node) -> str:
-    """`L['self'].transformer.h.0.ln_1` -> `transformer.h.0.ln_1` ('' for the root)."""
+    """`L['self'].transformer.h.0.ln_1` -> `transformer.h.0.ln_1`, and
+    `L['self'].__dict__['_modules']['base_model'].model` -> `base_model.model` ('' for the root)."""
     stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
     if not stack:
         return ""
     raw = list(stack.values())[-1][0]
     raw = re.sub(r"^L\['[^']*'\]", "", raw)
-    raw = re.sub(r"\._modules\['([^']*)'\]", r".\1", raw)
+    # a module reached through `__dict__` (peft's wrappers forward attributes that way)
+    raw = re.sub(r"\.(?:__dict__\['_modules'\]|_modules)\['([^']*)'\]", r".\1", raw)
     raw = re.sub(r"\['([^']*)'\]|\[(\d+)\]", lambda m: "." + (m.group(1) or m.group(2)), raw)
     return ir.plan_name(raw.strip("."))
 
