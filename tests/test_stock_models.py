@@ -68,9 +68,9 @@ def smallest_budget(model: Path, cwd: Path, options: str = "") -> int:
 EAGER_WARNING = "warning: eagerly, on the sample inputs, the model computes other bits"
 
 
-def plan_and_train(model: Path, budget: str, cwd: Path, options: str = ""):
+def plan_and_train(model: Path, budget: str, cwd: Path, options: str = "", steps: int = 2):
     """The user's pipeline through the shell (`options`: more `remat plan` options); then
-    two SGD steps against eager."""
+    `steps` SGD steps against eager."""
     result = shell(
         f"remat plan {model} --budget {budget} --repeats 1 {options} > m.plan\nremat check m.plan > report.txt\nremat"
         " codegen m.plan -o fast.py",
@@ -82,7 +82,7 @@ def plan_and_train(model: Path, budget: str, cwd: Path, options: str = ""):
     assert text.startswith("remat-plan 2\n")
     model_file = load_model_file(str(model))
     generated = load_generated(cwd / "fast.py")
-    comparison = compare_training(model_file, generated, steps=2)
+    comparison = compare_training(model_file, generated, steps=steps)
     assert comparison.identical, comparison.mismatched[:10]
     torch.manual_seed(0)
     eager_out = model_file.sample_inputs().call(model_file.build_model())

@@ -28,7 +28,7 @@ from remat_dsl.plan import ir
 from remat_dsl.capture.fx import Captured
 from remat_dsl.capture.model_file import Inputs
 from remat_dsl.plan.errors import RematError
-from remat_dsl.plan.operators import is_view
+from remat_dsl.plan.operators import SCALAR_READ, is_view
 from remat_dsl.capture.profile import NodeProfile, StepProfile, dtype_name, is_call
 
 
@@ -59,7 +59,7 @@ def build_graph(
     """
     _drop_dead_backward_nodes(captured.backward)
     names = op_names(captured, step)
-    builder = _Builder(names, device_kinds or {})
+    builder = _Builder(names, device_kinds or {}, captured.averages)
     fw_env = builder.walk(captured.forward, step.forward, ir.FORWARD, _primal_refs(captured))
     bw_refs = _backward_refs(captured, fw_env)
     bw_env = builder.walk(captured.backward, step.backward, ir.BACKWARD, bw_refs)
@@ -189,9 +189,10 @@ def _deduplicate(names: dict[fx.Node, str]) -> dict[fx.Node, str]:
 class _Builder:
     """Turns FX nodes into ops, tensors and argument expressions."""
 
-    def __init__(self, names: dict[fx.Node, str], device_kinds: dict[str, str]):
+    def __init__(self, names: dict[fx.Node, str], device_kinds: dict[str, str], averages: dict[str, tuple[int, str]]):
         self.device_kinds = device_kinds
         self.names = names
+        self.averages = averages  # NOTE: [Cumulative averages] in capture/stateful.py
         self.ops: list[ir.Op] = []
         self.tensors: list[ir.TensorDecl] = []
 
@@ -208,6 +209,10 @@ class _Builder:
 
     def _call(self, node: fx.Node, info: NodeProfile, phase: str, env) -> object:
         args = tuple(self.arg(a, env) for a in node.args)
+        if phase == ir.FORWARD and node.name in self.averages:  # NOTE: [Cumulative averages] in capture/stateful.py
+            position, factor = self.averages[node.name]
+            read = ir.Call(SCALAR_READ, (env[factor],))
+            args = (*args[:position], read, *args[position + 1 :])
         kwargs = tuple((k, self.arg(v, env)) for k, v in node.kwargs.items())
         target = str(node.target)
         if not _allocates(info):

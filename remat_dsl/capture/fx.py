@@ -63,7 +63,13 @@ from remat_dsl.capture.checkpoints import direct_sequential, inline_checkpoints
 from remat_dsl.capture.keys import NotStatic, node_key, primal_key, primal_keys
 from remat_dsl.capture.model_file import Inputs
 from remat_dsl.capture.recurrent import recurrent_layers
-from remat_dsl.capture.stateful import cumulative_norm_error, drop_inputs_returned, plain_updates, recomputed_weights
+from remat_dsl.capture.stateful import (
+    cumulative_averages,
+    cumulative_factors,
+    drop_inputs_returned,
+    plain_updates,
+    recomputed_weights,
+)
 from remat_dsl.plan.errors import RematError
 from remat_dsl.plan.ir import plan_name
 
@@ -95,6 +101,9 @@ class Captured:
     none_leaves: list[bool] = field(default_factory=list)  # per output leaf: is it None
     graph_key: tuple | None = None  # NOTE: [Capture key]: None when a shape is not static
     order: list[int] = field(default_factory=list)  # NOTE: [Output order]: the graph output each tensor leaf was
+    # NOTE: [Cumulative averages] in capture/stateful.py: forward node name -> (the position of
+    # its momentum argument, the node whose one-element tensor it reads there)
+    averages: dict[str, tuple[int, str]] = field(default_factory=dict)
 
     @property
     def leaves(self) -> list[int]:
@@ -154,7 +163,12 @@ def capture(
 
     with torch.random.fork_rng(devices=cuda_devices(call.leaves())):
         with _portable_attention(portable), _autocast(call.leaves(), model, autocast):
-            with _eager_branches(model, named), _native_kernels(), recomputed_weights(model):
+            with (
+                _eager_branches(model, named),
+                _native_kernels(),
+                recomputed_weights(model),
+                cumulative_averages(model) as sentinels,  # NOTE: [Cumulative averages] in capture/stateful.py
+            ):
                 trace = functools.partial(
                     _compile_and_run, model, call, record, not portable, lookup if recall is not None else None
                 )
@@ -176,6 +190,7 @@ def capture(
     meta = record["meta"]
     mutated = [i for i, info in enumerate(meta.input_info) if info.mutates_data]
     plain_updates(record["forward"], len(mutated))  # NOTE: [Stateful layers] in capture/stateful.py
+    averages = cumulative_factors(record["forward"], record["backward"], record["example_inputs"], sentinels)
     _check_outputs(meta)
     unique = list(dict.fromkeys(order))  # the graph's outputs in the order the leaves first show them
     _reorder_outputs(record["forward"], len(mutated), unique)
@@ -196,6 +211,7 @@ def capture(
         none_leaves=[leaf is None for leaf in flat],
         graph_key=record.get("graph_key"),
         order=order,
+        averages=averages,
     )
 
 
@@ -991,7 +1007,7 @@ def _compile_and_run(model, inputs, record, eager_dropout: bool = True, lookup=N
         inner = getattr(exc, "inner_exception", None)  # dynamo's BackendCompilerFailed: our backend's own refusal
         if isinstance(inner, RematError):
             raise inner from None
-        raise (cumulative_norm_error(model, _capture_error(exc)) or _capture_error(exc)) from None
+        raise _capture_error(exc) from None
     finally:
         torch._dynamo.reset()
 

@@ -10,7 +10,8 @@ offending line, carets and a hint):
    dtype (if any) is one torch.autocast runs in, every dtype is known, no tensor, value or
    budget is larger than any device holds (MAX_BYTES);
 3. the operators and values: every `aten.NAME.OVERLOAD` exists in this torch, inline calls
-   are views (or `operator.getitem` with an integer, `torch.device("kind")`), the arguments
+   are views (or `operator.getitem` with an integer, `torch.device("kind")`, or an op's
+   argument read from a one-element tensor: NOTE: [Scalar reads]), the arguments
    fit the operator's schema, symbols are torch's dtypes, layouts and memory formats, and
    constant inputs are plain constants (NOTE: [Plan text as data] in
    remat_dsl.codegen.generate);
@@ -26,10 +27,11 @@ from __future__ import annotations
 
 import difflib
 import functools
+import math
 import re
 
 from remat_dsl.plan import digest, ir
-from remat_dsl.plan.operators import is_view, torch_constants
+from remat_dsl.plan.operators import SCALAR_READ, is_view, torch_constants
 from remat_dsl.plan.errors import PlanError, RematError
 from dataclasses import dataclass
 
@@ -230,8 +232,12 @@ def check_operators(graph: ir.Graph, outputs_span: ir.Span | None = None) -> Non
                     span=op.span,
                     hint=RERUN,
                 )
-        for arg in (*op.args, *(v for _, v in op.kwargs)):
-            _check_inline(arg, op.span)
+        keyed: list[tuple[int | str, ir.Arg]] = [*enumerate(op.args), *op.kwargs]
+        for key, arg in keyed:
+            if isinstance(arg, ir.Call) and arg.target == SCALAR_READ:
+                _check_scalar_read(graph, overload, key, arg, op.span)
+            else:
+                _check_inline(arg, op.span)
     _check_outputs(graph.outputs, outputs_span)
     for grad in graph.gradients:
         _check_inline(grad.value, grad.span)
@@ -318,6 +324,14 @@ def _check_inline(arg: ir.Arg, span: ir.Span | None) -> None:
             "and memory formats (torch.contiguous_format); " + RERUN,
         )  # fmt: skip
     if isinstance(arg, ir.Call):
+        if arg.target == SCALAR_READ:  # NOTE: [Scalar reads]: at its read tensor, which has a span of its own
+            read = next((ref for ref in ir.iter_refs(arg) if ref.span is not None), None)
+            raise PlanError(
+                f"`{SCALAR_READ}` reads a number from a tensor, so it is an operation's argument itself, "
+                "where the operator takes a number; not inside a view, a list or the model's outputs",
+                span=read.span if read else span, length=len(read.name) + 1 if read else 1,
+                word=None if read else arg.target, hint=RERUN,
+            )  # fmt: skip
         if arg.target == "operator.getitem" and not (
             len(arg.args) == 2
             and not arg.kwargs
@@ -349,6 +363,43 @@ def _check_inline(arg: ir.Arg, span: ir.Span | None) -> None:
     elif isinstance(arg, (ir.ListArg, ir.TupleArg)):
         for item in arg.items:
             _check_inline(item, span)
+
+
+NUMBER_TYPES = ("float", "int", "Scalar", "SymInt", "SymFloat")  # a schema argument a scalar read may fill
+
+
+def _check_scalar_read(graph: ir.Graph, overload, key: int | str, arg: ir.Call, span: ir.Span | None) -> None:
+    """NOTE: [Scalar reads] in remat_dsl/plan/operators.py: `arg`, the operation's argument
+    `key` (a position or a keyword), reads a one-element tensor an op makes, and the
+    operator takes a number there."""
+    where = arg.args[0].span if len(arg.args) == 1 and isinstance(arg.args[0], ir.Ref) else None
+    if not (len(arg.args) == 1 and not arg.kwargs and isinstance(arg.args[0], ir.Ref)):
+        raise PlanError(f"`{SCALAR_READ}` takes one `%` reference to a tensor", span=span, word=arg.target, hint=RERUN)
+    name = arg.args[0].name
+    decl = graph.tensor_by_name.get(name)
+    values = (*graph.inputs, *graph.parameters, *graph.buffers, *graph.tangents)
+    if decl is None and not any(v.name == name for v in values):
+        return  # an unknown name: the replay says so, with the names it may have meant
+    if decl is None:
+        raise PlanError(
+            f"`{SCALAR_READ}` reads '%{name}', which no op of the plan makes; it reads a one-element tensor an op "
+            "makes", span=where or span, length=len(name) + 1, hint=RERUN,
+        )  # fmt: skip
+    if math.prod(decl.shape) != 1:
+        raise PlanError(
+            f"`{SCALAR_READ}` reads a number from '%{name}', a tensor of {math.prod(decl.shape)} elements "
+            f"({list(decl.shape)}); it reads one-element tensors only",
+            span=where or span, length=len(name) + 1, hint=RERUN,
+        )  # fmt: skip
+    schema = overload._schema.arguments
+    named = [a for a in schema if a.name == key] if isinstance(key, str) else schema[key : key + 1]
+    kind = str(named[0].type) if named else "?"
+    if kind not in NUMBER_TYPES:
+        raise PlanError(
+            f"`{SCALAR_READ}` gives a number where `{overload._schema.name.replace('::', '.')}` takes "
+            f"`{kind}` (argument `{named[0].name if named else key}`)",
+            span=span, word=arg.target, hint=RERUN,
+        )  # fmt: skip
 
 
 @functools.cache

@@ -177,9 +177,11 @@ class Sym:
 
 @dataclass(frozen=True)
 class Call:
-    """A call inside an argument: a view (`aten.view.default(%x, [4, 8])`) or `torch.device("cpu")`.
+    """A call inside an argument: a view (`aten.view.default(%x, [4, 8])`), `torch.device("cpu")`,
+    or a number read from a one-element tensor (`aten._local_scalar_dense.default(%t)`, NOTE:
+    [Scalar reads] in remat_dsl/plan/operators.py).
 
-    Views allocate nothing; code generation inlines them where they are used.
+    They allocate nothing; code generation inlines them where they are used.
     """
 
     target: str

@@ -6,6 +6,18 @@ nothing: it is a view of its arguments, inlined by code generation where it is u
 aliases an input without writing it, or when it is one of VIEW_EXTRA, whose schemas do
 not say so though they return their input's storage.  The constants an argument may name
 (`torch.float32`, `torch.strided`, `torch.contiguous_format`) are `torch_constants()`.
+
+NOTE: [Scalar reads]
+One more call allocates nothing and may stand inside an operation's arguments: SCALAR_READ,
+`aten._local_scalar_dense.default(%t)`, the Python number a one-element tensor holds (what
+`.item()` and `float(t)` call).  A batch norm with `momentum=None` takes its momentum so,
+from a tensor the plan computes (NOTE: [Cumulative averages] in
+remat_dsl/capture/stateful.py).  It reads the tensor's value when the op runs, so the
+tensor must be resident there (the replay's rule for every `%` reference), and on a GPU it
+waits for the value, as eager's `float(t)` does.  The verifier takes it only as a whole
+argument of an operation, where the operator's schema takes a number (float, int or
+Scalar), of a `%` reference to a one-element tensor an op makes (`check_operators` in
+remat_dsl/check/verify.py): never inside a view, a list or the model's outputs.
 """
 
 from __future__ import annotations
@@ -24,6 +36,8 @@ VIEW_EXTRA = frozenset(
         "aten.unsafe_split_with_sizes.default",
     }
 )
+
+SCALAR_READ = "aten._local_scalar_dense.default"  # NOTE: [Scalar reads]
 
 # NOTE: [oneDNN workspace]
 # `aten.mkldnn_rnn_layer` (eager's LSTM layer on CPU, NOTE: [Recurrent layers] in

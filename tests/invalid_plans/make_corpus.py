@@ -134,6 +134,12 @@ CASES: tuple[Case, ...] = (
           (A_INPUT_X, A_INPUT_X_B), (A_HEAD_SUM, A_HEAD_SUM.replace("[0]", "[B + %x]"))),
     _case("size_out_of_range", AUTOGRAD, "a size expression with a coefficient of 2**70",
           (A_INPUT_X, A_INPUT_X_B), (A_HEAD_SUM, A_HEAD_SUM.replace("[0]", "[1180591620717411303424*B]"))),
+    # --- scalar reads (NOTE: [Scalar reads] in remat_dsl/plan/operators.py) ---------------
+    _case("scalar_read_of_many_elements", AUTOGRAD, "dropout's p read from a tensor of 1024 elements",
+          ("aten.native_dropout.default(%relu, 0.1, True)",
+           "aten.native_dropout.default(%relu, aten._local_scalar_dense.default(%fc1), True)")),
+    _case("scalar_read_inside_a_view", AUTOGRAD, "a number read from a tensor where a view's tensor goes",
+          ("aten.t.default(%fc1.weight)", "aten.t.default(aten._local_scalar_dense.default(%fc1.weight))")),
     # --- names -------------------------------------------------------------------------
     _case("unknown_op", AUTOGRAD, "compute of an op that is not in the graph",
           (A_FWD_FC2, "  compute  fc3     on compute\n")),

@@ -1,5 +1,6 @@
 """A small CNN whose BatchNorm keeps a cumulative average (`momentum=None`): each step it
-reads `num_batches_tracked` into a Python float, which torch.compile cannot trace."""
+reads `num_batches_tracked` into a Python float, which torch.compile cannot trace; the plan
+computes the factor from the count (NOTE: [Cumulative averages] in remat_dsl/capture/stateful.py)."""
 
 import torch
 from torch import nn
