@@ -252,7 +252,9 @@ class Planner:
     # update moves the gradient and the parameter and runs at the host's speed (eq. 4.23), so
     # which is faster depends on the link, the host and the model.  Parameter streaming is
     # tried only when none of them fits.  It is a heuristic: the thesis' O-ILP (ch. 4, eq.
-    # 4.1-4.23) chooses these fractions, per parameter and per block, in one ILP with the schedule.
+    # 4.1-4.23) chooses these fractions, per parameter and per block, in one ILP with the schedule;
+    # its placement part, for the activation plans found here, is one more candidate (NOTE:
+    # [Placement candidate]).
     # Beside streaming with every update on the host, `plan_step` tries streamed parameters
     # updated on the device (STREAM_SHARES of the parameters' bytes, the largest first), their
     # states paged and each written back to its host copy after its update (NOTE: [Parameters on
@@ -392,8 +394,9 @@ class Planner:
     # functions as the search and simulated exactly, with PREFETCH_LEAD and, while the plan
     # fits, the longer LEADS.  The LP's memory model is coarser than the simulation (copies
     # lead by several ops, paged states overlap), so as NOTE: [Budget correction] does for the
-    # solvers, when no rounding fits, the LP is solved again with its device budget lowered by
-    # the excess (at least 2% of the budget), at most PLACEMENT_ROUNDS times.  A plan joins the
+    # solvers, when the rounding nearest the LP's answer (at 0.5) does not fit, the LP is
+    # solved again with its device budget lowered by the excess (at least 2% of the budget),
+    # at most PLACEMENT_ROUNDS times.  A plan joins the
     # candidates only if it fits the budget and the host budget, and is kept only if faster
     # than the search's best, so `plan_step` is never slower with it.  Its header's solver
     # then ends in `placement=o-ilp predicted-us=N` (N the LP's objective, the fractional
@@ -423,9 +426,9 @@ class Planner:
 
         def fractions(activation: ir.Plan, timeline, target: int):
             return placement_fractions(
-                activation, timeline, sizes=sizes, trainable=trainable, state_bytes=optimizer.state_bytes,
-                temp_bytes=lambda n: optimizer.temp_bytes(n, cpu), budget=target, host_budget=problem.host_budget,
-                bandwidth=self.bandwidth, speeds=speeds,
+                replace(activation, graph=graph), timeline, sizes=sizes, trainable=trainable,
+                state_bytes=optimizer.state_bytes, temp_bytes=lambda n: optimizer.temp_bytes(n, cpu), budget=target,
+                host_budget=problem.host_budget, bandwidth=self.bandwidth, speeds=speeds,
             )  # fmt: skip
 
         answers = []
@@ -438,16 +441,16 @@ class Planner:
         for _, _, answer, activation, timeline in sorted(answers, key=lambda a: a[:2])[: self.PLACEMENT_PLANS]:
             target = budget
             for _ in range(self.PLACEMENT_ROUNDS):
-                lowest = None
-                for placement in sorted({round_placement(answer, t) for t in THRESHOLDS}, key=_placement_order):
+                nearest = None  # the peak of the rounding nearest the LP's answer (THRESHOLDS[0])
+                for placement in dict.fromkeys(round_placement(answer, t) for t in THRESHOLDS):
                     bar = best[0] if best else fastest
                     plan, peak = self._placed(activation, placement, budget, optimizer, speeds, bar)
                     if plan is not None:
                         best = (plan.header.time_us, plan)
-                    lowest = peak if lowest is None else min(lowest, peak)
-                if lowest is None or lowest <= budget:
+                    nearest = peak if nearest is None else nearest
+                if nearest is None or nearest <= budget:
                     break
-                target -= max(lowest - budget, budget // 50)
+                target -= max(nearest - budget, budget // 50)
                 answer = fractions(activation, timeline, target)
                 if answer is None:
                     break
@@ -774,12 +777,6 @@ def _by_gradient_completion(graph: ir.Graph, trainable: list[str]) -> list[str]:
         if g.value is not None
     }
     return sorted(trainable, key=lambda p: (done.get(p, -1), p))
-
-
-def _placement_order(placement) -> tuple:
-    """A deterministic order of rounded placements: the fewest parameters moved first."""
-    return (len(placement.streamed) + len(placement.on_host) + len(placement.paged), sorted(placement.streamed),
-            sorted(placement.on_host), sorted(placement.paged))  # fmt: skip
 
 
 def _largest(names: list[str], size, amount: float) -> list[str]:

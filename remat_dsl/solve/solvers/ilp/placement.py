@@ -108,8 +108,8 @@ class _Events:
 
 
 def _events(plan: ir.Plan, trainable: set[str]) -> tuple[dict[str, _Events], dict[str, tuple[int, int]]]:
-    """Each parameter's events in `plan` (made for the graph without gradient lines), and
-    each trainable parameter's gradient span (its last making, its update point)."""
+    """Each parameter's events in `plan` (its graph with the gradient lines), and each
+    trainable parameter's gradient span (its last making, its update point)."""
     graph = plan.graph
     ops = graph.op_by_name
     parameters = {p.name for p in graph.parameters}
@@ -153,9 +153,10 @@ def placement_fractions(
     bandwidth: int,
     speeds: tuple[int, int, int],
 ) -> Fractions | None:
-    """The LP of NOTE: [Placement ILP] for the activation plan `plan` (for the graph without
-    gradient lines, every parameter resident) and its simulated `timeline`
-    (remat_dsl.check.replay.Simulation.timeline, one Step per instruction).  sizes: bytes
+    """The LP of NOTE: [Placement ILP] for the activation plan `plan`, its instructions
+    made for the graph without gradient lines and its graph the whole one (with them), and
+    `timeline`, the simulation of its instructions without gradient lines, which counts no
+    parameter (remat_dsl.check.replay.Simulation.timeline, one Step per instruction).  sizes: bytes
     per parameter; trainable: the parameters with a gradient; state_bytes / temp_bytes:
     the optimizer's states and update temporaries (bytes) of a parameter of n bytes;
     budget, host_budget: bytes; bandwidth: link bytes per second each way; speeds: the
@@ -208,7 +209,7 @@ def placement_fractions(
     temp = {p: temp_bytes(sizes[p]) for p in o}
     resident_states = pulp.lpSum((1 - o[p] - g[p]) * state[p] for p in o)
     streamed_out = pulp.lpSum(s[p] * sizes[p] for p in names)
-    all_parameters = sum(sizes[p] for p in names)  # the activation plan counts no parameter
+    all_parameters = sum(sizes.values())  # the activation plan counts no parameter
     read: list[set[str]] = [set() for _ in steps]
     updated: list[set[str]] = [set() for _ in steps]
     first_read: list[set[str]] = [set() for _ in steps]
