@@ -121,8 +121,13 @@ def test_plan_step_is_never_slower_with_the_lp_candidate(device, share):
 
 
 def test_rounding_takes_whole_parameters_and_never_pages_a_host_update():
-    fractions = Fractions({"a": 1.0, "b": 0.4, "c": 0.0}, {"a": 0.6, "b": 0.0}, {"a": 0.4, "b": 0.7}, 10.0)
-    half = round_placement(fractions, 0.5)
+    fractions = Fractions(
+        {"a": 1.0, "b": 0.4, "c": 0.0}, {"a": 0.6, "b": 0.0, "c": 0.3}, {"a": 0.4, "b": 0.7, "c": 0.1}, 10.0
+    )
+    half = round_placement(fractions, 0.5, 0.5)
     assert (half.streamed, half.on_host, half.paged) == ({"a"}, {"a"}, {"b"})
-    ceil = round_placement(fractions, 1e-6)
-    assert (ceil.streamed, ceil.on_host, ceil.paged) == ({"a", "b"}, {"a"}, {"b"})
+    # c's host update rounded away: its states paged, never held through the step
+    mixed = round_placement(fractions, 1e-6, 0.5)
+    assert (mixed.streamed, mixed.on_host, mixed.paged) == ({"a", "b"}, {"a"}, {"b", "c"})
+    ceil = round_placement(fractions, 1e-6, 1e-6)
+    assert (ceil.streamed, ceil.on_host, ceil.paged) == ({"a", "b"}, {"a", "c"}, {"b"})

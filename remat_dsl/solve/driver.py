@@ -390,11 +390,11 @@ class Planner:
     # Beside the search above, the placement LP of the thesis' O-ILP (NOTE: [Placement ILP] in
     # remat_dsl.solve.solvers.ilp.placement) places the parameters and states for each
     # activation plan the search solved.  For the PLACEMENT_PLANS whose LP predicts the shortest
-    # step, its answer is rounded (both thresholds of section 4.6), lowered with the same
+    # step, its answer is rounded (the thresholds of section 4.6), lowered with the same
     # functions as the search and simulated exactly, with PREFETCH_LEAD and, while the plan
     # fits, the longer LEADS.  The LP's memory model is coarser than the simulation (copies
     # lead by several ops, paged states overlap), so as NOTE: [Budget correction] does for the
-    # solvers, when the rounding nearest the LP's answer (at 0.5) does not fit, the LP is
+    # solvers, when the rounding nearest the LP's answer (all at 0.5) does not fit, the LP is
     # solved again with its device budget lowered by the excess (at least 2% of the budget),
     # at most PLACEMENT_ROUNDS times.  A plan joins the
     # candidates only if it fits the budget and the host budget, and is kept only if faster
@@ -442,7 +442,7 @@ class Planner:
             target = budget
             for _ in range(self.PLACEMENT_ROUNDS):
                 nearest = None  # the peak of the rounding nearest the LP's answer (THRESHOLDS[0])
-                for placement in dict.fromkeys(round_placement(answer, t) for t in THRESHOLDS):
+                for placement in dict.fromkeys(round_placement(answer, *t) for t in THRESHOLDS):
                     bar = best[0] if best else fastest
                     plan, peak = self._placed(activation, placement, budget, optimizer, speeds, bar)
                     if plan is not None:

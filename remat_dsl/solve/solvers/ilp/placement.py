@@ -8,15 +8,15 @@ One LP (pulp, HiGHS through remat_dsl.solve.solvers.ilp.milp) chooses, for a fix
 activation plan, per trainable parameter i of P_i bytes with S_i bytes of optimizer state,
 the fractions (all in [0,1]):
 
-    s_i  streamed: kept in host memory, prefetched where it is read       (1 - Sto, Prf, 4.3-4.5)
-    o_i  updated on the host: gradient offloaded, states on the host      (Opt, 4.11-4.13)
-    g_i  states paged: on the host, prefetched before the device's update
-         and offloaded after it                                           (PrfO/OflO, 4.10)
-    o_i + g_i <= 1: a parameter's states are held once                    (StoO, 4.8-4.9)
-    w_i >= o_i - s_i: a host update of a parameter held on the device is
-         copied back to it                                                (Prf after Opt, 4.12)
+    s_i  streamed: kept in host memory, prefetched where it is read      1 - Sto, Prf (4.3, 4.5, 4.9)
+    o_i  updated on the host: gradient offloaded, states on the host     X_w, Opt (4.4, 4.12)
+    g_i  states paged: on the host, prefetched before the device's
+         update and offloaded after it                                   1 - StoO, PrfO, OflO (4.8, 4.10)
+    o_i + g_i <= 1: the device's update has its states there             (4.6)
+    w_i >= o_i - s_i: a host update of a parameter held on the device
+         is fetched back to it                                           (4.11)
     v_i >= s_i - o_i: a streamed parameter updated on the device is
-         written back to its host copy                                    (Ofl after update, 4.10)
+         offloaded to its host copy                                      (4.7)
 
 A frozen parameter has only s_i; the smallest parameter keeps s_i = 0 (the generated
 module finds its device by it).  Steps t are the activation plan's instructions cut at
@@ -34,9 +34,9 @@ Memory (4.14-4.17), M the budget:
                                                                               (4.14-4.17)
     sum_i (s_i + o_i) P_i + (o_i + g_i) S_i <= host budget                    (4.18)
 
-with T_i the device update's temporaries.  Time (4.19-4.23), beta the link's bytes per microsecond
-each way, alpha_G and alpha_C the device's and host's update speeds, H the host's
-overhead per update:
+with T_i the device update's temporaries.  Time (4.19-4.23), beta the link's bytes per
+microsecond each way, alpha_G and alpha_C the device's and host's update speeds, H the
+host's overhead per update:
 
     Time_t >= C_t + sum_{i updated in t} (1 - o_i) P_i / alpha_G             (4.19-4.20)
     Time_t >= (sum_{i read first in t+1} s_i P_i + sum_{i updated in t+1} g_i S_i) / beta   (4.21)
@@ -50,14 +50,20 @@ less what the device holds; the thesis chooses Comp/Ofl/Prf of activations in th
 ILP); steps are aggregated per parameter event rather than per block; a transfer is
 charged to the step before the one that reads it (the lowering's copies lead by a few
 ops); eq. 4.23's host work is one queue fed in gradient order (an exact bound for a serial
-host, linear in the fractions); the host's copy-back of host-updated parameters goes in
-one step after the backward.
+host, linear in the fractions), with H per update rather than per step; the host's
+copy-back of host-updated parameters goes in one step after the backward; host memory
+counts only the parameters kept there (the thesis' eq. 4.18 counts a host copy of every
+parameter, which this runtime does not make).
 
 Rounding (section 4.6): a fraction at or above a threshold takes the whole parameter
-(`round_placement`: 0.5, then 1e-6 for the safer, more offloaded variant); a parameter
-updated on the host is never paged.  The lowering (remat_dsl.solve.lowering) then places
-the copies and the exact simulation judges the plan (NOTE: [Optimizer placement] in
-remat_dsl.solve.driver).
+(`round_placement`, THRESHOLDS: 0.5; then 1e-6 for streaming and paging, which only cost
+link time, with host updates, which cost the host's time, still at 0.5; then 1e-6 for
+all); a parameter updated on the host is never paged, and one whose host update is
+rounded away is paged by the part of its states the LP kept off the device.  Rounding
+moves memory: a fractional g_i rounded down holds its states through the whole step,
+rounded up it holds them around the update.  The lowering (remat_dsl.solve.lowering) then
+places the copies and the exact simulation judges the plan (NOTE: [Optimizer placement]
+and NOTE: [Placement candidate] in remat_dsl.solve.driver).
 """
 
 from __future__ import annotations
@@ -70,7 +76,8 @@ import pulp
 from remat_dsl.plan import ir
 from remat_dsl.solve.solvers.ilp import milp
 
-THRESHOLDS = (0.5, 1e-6)  # rounding variants of section 4.6, tried in this order
+# rounding variants of section 4.6, tried in this order: (threshold of s and g, of o)
+THRESHOLDS = ((0.5, 0.5), (1e-6, 0.5), (1e-6, 1e-6))
 
 
 @dataclass(frozen=True)
@@ -199,7 +206,7 @@ def placement_fractions(
     time_t = [lp.add_variable(f"time_{t}", 0) for t in steps]
     time_end = lp.add_variable("time_end", 0)
     lp += pulp.lpSum(time_t) + time_end
-    for p in o:  # (4.8-4.13) as they apply to whole-step placements
+    for p in o:  # (4.6, 4.7, 4.11) as they apply to whole-step placements
         lp += o[p] + g[p] <= 1
         lp += w[p] >= o[p] - s[p]
         lp += v[p] >= s[p] - o[p]
@@ -279,10 +286,15 @@ def placement_fractions(
     return Fractions(values(s), values(o), values(g), float(pulp.value(lp.objective)))
 
 
-def round_placement(fractions: Fractions, threshold: float) -> Placement:
-    """`fractions` rounded to whole parameters (section 4.6): each fraction at or above
-    `threshold` takes its parameter; one updated on the host is not paged."""
+def round_placement(fractions: Fractions, threshold: float, host_threshold: float) -> Placement:
+    """`fractions` rounded to whole parameters (section 4.6): a parameter is streamed when
+    s_i >= `threshold`, updated on the host when o_i >= `host_threshold`, else paged when
+    the part of its states off the device, g_i plus the o_i rounded away, is at least
+    `threshold` (so that rounding a host update down does not bring its states to the
+    device for the whole step)."""
     streamed = frozenset(p for p, x in fractions.streamed.items() if x >= threshold)
-    on_host = frozenset(p for p, x in fractions.on_host.items() if x >= threshold)
-    paged = frozenset(p for p, x in fractions.paged.items() if x >= threshold and p not in on_host)
+    on_host = frozenset(p for p, x in fractions.on_host.items() if x >= host_threshold)
+    paged = frozenset(
+        p for p, x in fractions.paged.items() if p not in on_host and x + fractions.on_host[p] >= threshold
+    )
     return Placement(streamed, on_host, paged, fractions.predicted_us)
