@@ -152,12 +152,16 @@ INFRASTRUCTURE = ("api", "registry", "driver", "lowering", "polish")
 
 def test_the_solve_infrastructure_imports_no_solver_but_autos_choice():
     """solve/ holds the machinery every solver shares, solve/solvers/ the solvers: the
-    machinery names a solver only through the registry's strings, and the driver asks
-    `auto` which one to run."""
+    machinery names a solver only through the registry's strings, the driver asks
+    `auto` which one to run, and `plan_step` places parameters and states with the
+    placement LP (no registry solver: it plans no activations)."""
     imported = {
         (a, b)
         for a, b in graph().edges
         if a in {f"remat_dsl.solve.{m}" for m in INFRASTRUCTURE} and b.startswith("remat_dsl.solve.solvers")
     }
-    assert imported == {("remat_dsl.solve.driver", "remat_dsl.solve.solvers.auto")}
+    assert imported == {
+        ("remat_dsl.solve.driver", "remat_dsl.solve.solvers.auto"),
+        ("remat_dsl.solve.driver", "remat_dsl.solve.solvers.ilp.placement"),
+    }
     assert {p.stem for p in (PACKAGE / "solve").glob("*.py")} == {"__init__", *INFRASTRUCTURE}

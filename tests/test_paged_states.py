@@ -246,7 +246,9 @@ def test_the_planner_pages_the_states_when_that_is_the_fastest_plan_that_fits(tm
     plan = parse(path.read_text())
     verbs = [i.verb for i in plan.backward]
     trainable = {p.name for p in plan.graph.parameters}
-    assert {i.target for i in plan.backward if i.verb == "prefetch_states"} == trainable
+    # the search pages every update's states; the placement LP (NOTE: [Placement candidate])
+    # pages some and streams the others, faster: either way no host update
+    assert set() < {i.target for i in plan.backward if i.verb == "prefetch_states"} <= trainable
     assert "host_update" not in verbs
     assert plan.header.peak_bytes <= budget
     held = [i for i in plan.backward if not i.verb.endswith("_states")]  # the same plan, its states on the device

@@ -252,7 +252,9 @@ class Planner:
     # update moves the gradient and the parameter and runs at the host's speed (eq. 4.23), so
     # which is faster depends on the link, the host and the model.  Parameter streaming is
     # tried only when none of them fits.  It is a heuristic: the thesis' O-ILP (ch. 4, eq.
-    # 4.1-4.23) chooses these fractions, per parameter and per block, in one ILP with the schedule.
+    # 4.1-4.23) chooses these fractions, per parameter and per block, in one ILP with the schedule;
+    # its placement part, for the activation plans found here, is one more candidate (NOTE:
+    # [Placement candidate]).
     # Beside streaming with every update on the host, `plan_step` tries streamed parameters
     # updated on the device (STREAM_SHARES of the parameters' bytes, the largest first), their
     # states paged and each written back to its host copy after its update (NOTE: [Parameters on
@@ -374,12 +376,116 @@ class Planner:
                     continue
                 if best is None or sim.time_us < best[0]:
                     best = (sim.time_us, with_predictions(plan, sim))
+        ilp = self._placement_ilp(budget, optimizer, speeds, solved, best[0] if best else None)
+        if ilp is not None:
+            best = ilp
         if best is not None:
             return best[1]
         if host_error is not None:
             raise host_error
         why = "with the optimizer's states and updates"
         raise BudgetError(budget, smallest or budget * 2, self._label(solver), why)
+
+    # NOTE: [Placement candidate]
+    # Beside the search above, the placement LP of the thesis' O-ILP (NOTE: [Placement ILP] in
+    # remat_dsl.solve.solvers.ilp.placement) places the parameters and states for each
+    # activation plan the search solved.  For the PLACEMENT_PLANS whose LP predicts the shortest
+    # step, its answer is rounded (the thresholds of section 4.6), lowered with the same
+    # functions as the search and simulated exactly, with PREFETCH_LEAD and, while the plan
+    # fits, the longer LEADS.  The LP's memory model is coarser than the simulation (copies
+    # lead by several ops, paged states overlap), so as NOTE: [Budget correction] does for the
+    # solvers, when the rounding nearest the LP's answer (all at 0.5) does not fit, the LP is
+    # solved again with its device budget lowered by the excess (at least 2% of the budget),
+    # at most PLACEMENT_ROUNDS times.  A plan joins the
+    # candidates only if it fits the budget and the host budget, and is kept only if faster
+    # than the search's best, so `plan_step` is never slower with it.  Its header's solver
+    # then ends in `placement=o-ilp predicted-us=N` (N the LP's objective, the fractional
+    # placement's step time); without that word the search's placement won.
+    PLACEMENT_PLANS = 2
+    PLACEMENT_ROUNDS = 3
+
+    def _placement_ilp(
+        self, budget: int, optimizer: Optimizer, speeds: tuple[int, int, int], solved: dict[int, ir.Plan],
+        fastest: int | None,
+    ) -> tuple[int, ir.Plan] | None:  # fmt: skip
+        """(predicted time in us, plan) of the placement LP's fastest fitting plan when it is
+        faster than `fastest` (us; None: nothing fits yet), else None (NOTE: [Placement
+        candidate]).  solved: activation budget -> the solver's plan for the graph without
+        gradient lines."""
+        if not self.PLACEMENT_PLANS:
+            return None
+        from remat_dsl.check.replay import simulate
+        from remat_dsl.solve.solvers.ilp.placement import THRESHOLDS, placement_fractions, round_placement
+
+        graph, problem = self.problem.graph, self.problem
+        cpu = problem.device == "cpu"
+        sizes = {p.name: value_nbytes(p) for p in graph.parameters}
+        with_gradient = {g.parameter for g in graph.gradients if g.value is not None}
+        trainable = sorted(p for p in sizes if p in with_gradient)
+        activation_plans = list({id(p): p for _, p in sorted(solved.items(), reverse=True)}.values())
+
+        def fractions(activation: ir.Plan, timeline, target: int):
+            return placement_fractions(
+                replace(activation, graph=graph), timeline, sizes=sizes, trainable=trainable,
+                state_bytes=optimizer.state_bytes, temp_bytes=lambda n: optimizer.temp_bytes(n, cpu), budget=target,
+                host_budget=problem.host_budget, bandwidth=self.bandwidth, speeds=speeds,
+            )  # fmt: skip
+
+        answers = []
+        for number, activation in enumerate(activation_plans):
+            timeline = simulate(activation).timeline
+            answer = fractions(activation, timeline, budget)
+            if answer is not None:
+                answers.append((answer.predicted_us, number, answer, activation, timeline))
+        best: tuple[int, ir.Plan] | None = None
+        for _, _, answer, activation, timeline in sorted(answers, key=lambda a: a[:2])[: self.PLACEMENT_PLANS]:
+            target = budget
+            for _ in range(self.PLACEMENT_ROUNDS):
+                nearest = None  # the peak of the rounding nearest the LP's answer (THRESHOLDS[0])
+                for placement in dict.fromkeys(round_placement(answer, *t) for t in THRESHOLDS):
+                    bar = best[0] if best else fastest
+                    plan, peak = self._placed(activation, placement, budget, optimizer, speeds, bar)
+                    if plan is not None:
+                        best = (plan.header.time_us, plan)
+                    nearest = peak if nearest is None else nearest
+                if nearest is None or nearest <= budget:
+                    break
+                target -= max(nearest - budget, budget // 50)
+                answer = fractions(activation, timeline, target)
+                if answer is None:
+                    break
+        return best
+
+    def _placed(
+        self, activation: ir.Plan, placement, budget: int, optimizer: Optimizer, speeds: tuple[int, int, int],
+        bar: int | None,
+    ) -> tuple[ir.Plan | None, int]:  # fmt: skip
+        """(the fastest plan of `placement` lowered on `activation`, with each of LEADS while
+        it fits `budget` and the host budget, if faster than `bar` microseconds, else None;
+        the peak of its first lowering, bytes).  Its header's solver ends in
+        `placement=o-ilp predicted-us=N`, N the LP's objective."""
+        from remat_dsl.check.replay import simulate, with_predictions
+
+        whole = replace(activation, graph=self.problem.graph)
+        host_budget = self.problem.host_budget
+        first_peak, best = None, None
+        label = f"placement=o-ilp predicted-us={round(placement.predicted_us)}"
+        for lead in self.LEADS if placement.streamed or placement.paged else (PREFETCH_LEAD,):
+            plan = add_updates(whole, optimizer.text(), placement.on_host, speeds, lead if placement.streamed else 0)
+            plan = add_parameter_streaming(plan, placement.streamed, lead)
+            if placement.paged:
+                plan = add_paged_states(plan, sorted(placement.paged), lead)
+            plan = replace(plan, header=replace(plan.header, budget=budget))
+            sim = simulate(plan)
+            first_peak = sim.peak_bytes if first_peak is None else first_peak
+            if sim.peak_bytes > budget or (host_budget is not None and sim.host_peak_bytes > host_budget):
+                break  # a longer lead holds its copies longer
+            if bar is None or sim.time_us < bar:
+                plan = with_predictions(plan, sim)
+                best = replace(plan, header=replace(plan.header, solver=f"{plan.header.solver} {label}"))
+                bar = sim.time_us
+        assert first_peak is not None
+        return best, first_peak
 
     def _store_all_if_it_fits(self, name: str | type[Solver], budget: int) -> ir.Plan | None:
         """The store-all plan, labelled `NAME (store-all fits: no solve)`, when it fits
