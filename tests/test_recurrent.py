@@ -18,6 +18,6 @@ def test_recurrent_layers_plan_and_train_bit_for_bit(name, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["gru_seq_first", "lstm_projected", "lstm_language_model"])
+@pytest.mark.parametrize("name", ["gru_seq_first", "lstm_projected", "lstm_language_model", "lstm_cell"])
 def test_recurrent_layers_at_110_percent_of_the_smallest_budget(name, tmp_path):
     run_stock(name, tmp_path, ("min",))
