@@ -106,6 +106,22 @@ REPAIR_PLANS = 3  # the fastest near misses repaired, per solver
 SMALLEST_KIND = "smallest"  # cache entries: a solver's smallest feasible budget (NOTE: [Budgets below the bound])
 
 
+
+def _placed_step(
+    activations: ir.Plan, optimizer: Optimizer, speeds: tuple[int, int, int], budget: int, on_host, streamed,
+    paged, lead: int, lag: int,
+) -> ir.Plan:  # fmt: skip
+    """NOTE: [Optimizer placement]: the whole step's plan of `activations` (the solver's
+    instructions, the graph with its gradient lines): the updates of `on_host` on the host
+    (their gradients waited for `lag` ops late), the others on the device; `streamed` kept in
+    host memory and prefetched `lead` ops ahead; the states of `paged` (a sequence) paged
+    `lead` ops ahead; its header's budget `budget` bytes."""
+    plan = add_updates(activations, optimizer.text(), on_host, speeds, lag)
+    plan = add_parameter_streaming(plan, streamed, lead)
+    if paged:
+        plan = add_paged_states(plan, paged, lead)
+    return replace(plan, header=replace(plan.header, budget=budget))
+
 class Planner:
     """Plans for one FB-graph (see the module docstring).
 
@@ -357,11 +373,10 @@ class Planner:
                     continue
             solved_plan = replace(plan, graph=graph)
             for lead in self.LEADS if mixed else (PREFETCH_LEAD,):
-                plan = add_updates(solved_plan, optimizer.text(), key[0], speeds, lead if mixed else 0)
-                plan = add_parameter_streaming(plan, key[1], lead)
-                if paged:
-                    plan = add_paged_states(plan, device, lead)
-                plan = replace(plan, header=replace(plan.header, budget=budget))
+                plan = _placed_step(
+                    solved_plan, optimizer, speeds, budget, key[0], key[1], device if paged else (), lead,
+                    lead if mixed else 0,
+                )  # fmt: skip
                 sim = simulate(plan)
                 if sim.peak_bytes > budget:
                     continue
@@ -471,11 +486,10 @@ class Planner:
         first_peak, best = None, None
         label = f"placement=o-ilp predicted-us={round(placement.predicted_us)}"
         for lead in self.LEADS if placement.streamed or placement.paged else (PREFETCH_LEAD,):
-            plan = add_updates(whole, optimizer.text(), placement.on_host, speeds, lead if placement.streamed else 0)
-            plan = add_parameter_streaming(plan, placement.streamed, lead)
-            if placement.paged:
-                plan = add_paged_states(plan, sorted(placement.paged), lead)
-            plan = replace(plan, header=replace(plan.header, budget=budget))
+            plan = _placed_step(
+                whole, optimizer, speeds, budget, placement.on_host, placement.streamed, sorted(placement.paged),
+                lead, lead if placement.streamed else 0,
+            )  # fmt: skip
             sim = simulate(plan)
             first_peak = sim.peak_bytes if first_peak is None else first_peak
             if sim.peak_bytes > budget or (host_budget is not None and sim.host_peak_bytes > host_budget):
