@@ -479,9 +479,9 @@ class Emulation:
                     break
 
     def _bytes(self, span: tuple[int, int], tensor: torch.Tensor) -> str:
-        """`[a, b) of a host buffer` (or of a tensor): `span` within `tensor`'s storage."""
+        """`[a, b) of a host group` (or of a tensor): `span` within `tensor`'s storage."""
         storage = tensor.untyped_storage()
-        what = "a host buffer" if storage.nbytes() == getattr(self.module, "POOL_BYTES", -1) else "a tensor"
+        what = "a host group" if storage.nbytes() in getattr(self.module, "POOL_GROUPS", ()) else "a tensor"
         return f"[{span[0] - storage.data_ptr()}, {span[1] - storage.data_ptr()}) of {what}"
 
     def _check_overlaps_in_time(self) -> None:

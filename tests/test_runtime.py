@@ -69,10 +69,10 @@ def test_the_generated_module_holds_the_runtime_verbatim():
 def test_offload_and_prefetch_round_trip_a_tensor_in_its_dense_layout(monkeypatch):
     monkeypatch.setattr(rt, "_FREE_BUFFERS", {})
     x = torch.randn(6, 5).t()  # not contiguous: the host copy is laid out as x.to("cpu") would be
-    pool = rt._HostBuffer(CPU, 4096)
-    host, event = rt._offload(x, pool, 128)
+    pool = rt._HostBuffer(CPU, (4096, 1024))
+    host, event = rt._offload(x, pool, (1, 128))
     assert event is None and torch.equal(host, x) and host.stride() == x.stride()
-    assert host.data_ptr() == pool.bytes.data_ptr() + 128
+    assert host.data_ptr() == pool.groups[1].data_ptr() + 128
     back, event = rt._prefetch(host, event, CPU)
     rt._wait(event, CPU)
     assert torch.equal(back, x) and back.data_ptr() != host.data_ptr()
@@ -81,13 +81,14 @@ def test_offload_and_prefetch_round_trip_a_tensor_in_its_dense_layout(monkeypatc
 
 def test_a_released_host_buffer_is_reused_by_the_next_step(monkeypatch):
     monkeypatch.setattr(rt, "_FREE_BUFFERS", {})
-    first = rt._HostBuffer(CPU, 4160)
-    storage = first.bytes.data_ptr()
+    first = rt._HostBuffer(CPU, (4160, 64))
+    storage = [g.data_ptr() for g in first.groups]
     first.release()
     first.release()  # twice: nothing more
-    second = rt._HostBuffer(CPU, 4160)
-    assert second.bytes.data_ptr() == storage
-    assert rt._HostBuffer(CPU, 4160).bytes.data_ptr() != storage  # while `second` holds it: a new one
+    second = rt._HostBuffer(CPU, (4160, 64))
+    assert [g.data_ptr() for g in second.groups] == storage
+    third = rt._HostBuffer(CPU, (4160, 64))  # while `second` holds it: a new one
+    assert [g.numel() for g in third.groups] == [4160, 64] and third.groups[0].data_ptr() not in storage
 
 
 def test_a_constant_made_on_the_step_s_device_kind_is_made_on_the_step_s_device():

@@ -25,7 +25,8 @@ from remat_dsl.capture.model_file import load_model_file
 from remat_dsl.check.replay import simulate, with_predictions
 from remat_dsl.check.verify import verify
 from remat_dsl.codegen.compare import compare_training, load_generated
-from remat_dsl.codegen.generate import HOST_ALIGN, generate, host_layout
+from remat_dsl.codegen.generate import generate
+from remat_dsl.plan.hostmem import PINNED_ALIGN, aligned, host_copies
 from remat_dsl.plan.parser import parse, parse_file
 from remat_dsl.plan.printer import print_plan
 from stream_emulation import Emulation
@@ -127,7 +128,7 @@ def test_a_prefetch_not_ordered_after_its_offload_fails(planned, tmp_path):
     comparison, emulation = emulated(load(tmp_path, edited), model_file, steps=1)
     assert not comparison.identical
     assert any(
-        "h2d copy at tiny.plan:" in p and "of a host buffer that the d2h copy at tiny.plan:" in p
+        "h2d copy at tiny.plan:" in p and "of a host group that the d2h copy at tiny.plan:" in p
         for p in emulation.problems
     ), emulation.problems
     assert any("touched the same bytes at the same time" in p for p in emulation.problems), emulation.problems
@@ -206,9 +207,9 @@ def test_the_host_buffer_is_allocated_once_and_reused(planned, tmp_path):
     inputs = model_file.sample_inputs().args
     assert compare_training(model_file, module, steps=3).identical
     (first,) = module._FREE_BUFFERS[device]
-    assert first.numel() == module.POOL_BYTES
+    assert tuple(g.numel() for g in first) == module.POOL_GROUPS
     compare_training(model_file, module, steps=2)
-    assert [b.data_ptr() for b in module._FREE_BUFFERS[device]] == [first.data_ptr()]
+    assert [b[0].data_ptr() for b in module._FREE_BUFFERS[device]] == [first[0].data_ptr()]
     eager, twin = model_file.build_model(), model_file.build_model()
     fast = module.FastModel(twin)
     for order in ((1, 0), (0, 1)):
@@ -219,15 +220,15 @@ def test_the_host_buffer_is_allocated_once_and_reused(planned, tmp_path):
             accumulate(fast, model_file, inputs, order)
         assert emulation.problems == []
         assert all(torch.equal(a.grad, b.grad) for a, b in zip(eager.parameters(), twin.parameters()))
-        buffers = {b.data_ptr() for b in module._FREE_BUFFERS[device]}
-        assert first.data_ptr() in buffers and len(buffers) == 2
+        buffers = {b[0].data_ptr() for b in module._FREE_BUFFERS[device]}
+        assert first[0].data_ptr() in buffers and len(buffers) == 2
 
 
 def test_one_buffer_for_two_steps_in_flight_gives_wrong_gradients(planned, tmp_path):
     """The test above can fail: a forward that took the free buffer without removing it
     from the free list shares it with the next forward, whose offloads overwrite it."""
     model_file, plan, source = planned
-    edited = source.replace("self.bytes = free.pop() if free else None", "self.bytes = free[-1] if free else None")
+    edited = source.replace("self.groups = free.pop() if free else None", "self.groups = free[-1] if free else None")
     assert edited != source
     module = load(tmp_path, edited)
     inputs = model_file.sample_inputs().args
@@ -242,21 +243,24 @@ def test_one_buffer_for_two_steps_in_flight_gives_wrong_gradients(planned, tmp_p
 
 
 def test_host_layout_fits_the_host_peak(planned):
-    """Every offloaded tensor has its own slot, aligned, in offload order; the buffer is the
-    simulation's host peak with each copy rounded up to the alignment."""
+    """Every offloaded tensor has its own slot in the step's host groups, aligned, none
+    overlapping; the groups hold the simulation's host peak (a CPU plan: the copies' bytes)
+    with each copy rounded up to the alignment (NOTE: [Pinned host memory])."""
     model_file, plan, source = planned
-    offsets, total = host_layout(plan)
+    assert plan.header.device == "cpu"
+    pool = host_copies(plan).pool
     sizes = {t.name: t.nbytes for t in plan.graph.tensors}
-    assert list(offsets) == [i.target for i in plan.forward if i.verb == "offload"]
-    assert all(offset % HOST_ALIGN == 0 for offset in offsets.values())
-    ends = sorted((offset, offset + sizes[name]) for name, offset in offsets.items())
-    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(ends, ends[1:]))
-    assert sum(sizes[name] for name in offsets) == simulate(plan).host_peak_bytes <= total
-    assert total == sum(-(-sizes[name] // HOST_ALIGN) * HOST_ALIGN for name in offsets)
-    assert f"POOL_BYTES = {total}\n" in source
-    for name, offset in offsets.items():
+    assert set(pool.slots) == {i.target for i in plan.forward if i.verb == "offload"}
+    assert all(offset % PINNED_ALIGN == 0 for _, offset in pool.slots.values())
+    ends = sorted((group, offset, offset + sizes[name]) for name, (group, offset) in pool.slots.items())
+    assert all(a[0] < b[0] or a[2] <= b[1] for a, b in zip(ends, ends[1:]))
+    assert all(end <= pool.sizes[group] for group, _, end in ends)
+    assert sum(sizes[name] for name in pool.slots) == simulate(plan).host_peak_bytes <= pool.nbytes
+    assert pool.nbytes == sum(aligned(sizes[name]) for name in pool.slots)
+    assert f"POOL_GROUPS = {pool.sizes!r}\n" in source
+    for name, slot in pool.slots.items():
         var = name.replace(":", "_")
-        assert f"_offload({var}, _pool, {offset})" in source
+        assert f"_offload({var}, _pool, {slot!r})" in source
 
 
 def test_the_generated_module_imports_torch_and_the_standard_library_only(planned):
@@ -300,7 +304,7 @@ def measured(fast, model_file) -> tuple[int, int]:
     with torch.random.fork_rng(), memory_profiler() as prof:
         step()
     fast.zero_grad(set_to_none=True)
-    buffers = {b.data_ptr() for buffers in module._FREE_BUFFERS.values() for b in buffers}
+    buffers = {g.data_ptr() for sets in module._FREE_BUFFERS.values() for groups in sets for g in groups}
     return peak_without(prof, set()), peak_without(prof, buffers)
 
 
@@ -312,7 +316,7 @@ def test_cpu_peak_without_the_host_buffer_equals_the_prediction(planned, tmp_pat
     fast = module.FastModel(model_file.build_model())
     first, first_device = measured(fast, model_file)
     assert first_device == plan.header.peak_bytes
-    assert first == first_device + module.POOL_BYTES
+    assert first == first_device + sum(module.POOL_GROUPS)
     assert measured(fast, model_file) == (plan.header.peak_bytes, plan.header.peak_bytes)
 
 

@@ -20,7 +20,9 @@ somewhere in the plan saves its RNG state at its `compute` (`rng_state_bytes(dev
 bytes) and frees it after its last `recompute`; while it is recomputed, the generator's
 current state is set aside (one more state) and restored after.  `prefetch` allocates on the device at
 once; `offload` allocates on the host only (host copies are kept to the end of the step
-and reported as `host_peak_bytes`).
+and reported as `host_peak_bytes`; on a GPU the step's host copies are pinned groups held
+from its start, counted as PyTorch's pinned allocator reserves them: NOTE: [Pinned host
+memory] in remat_dsl.plan.hostmem).
 With an optimizer in the step (NOTE: [Optimizer in the step] in remat_dsl.plan.optimizer),
 the optimizer states of the parameters updated on the device are held through the whole
 step, an `update` holds its temporaries while it runs, and a parameter's gradient is
@@ -89,6 +91,7 @@ from typing import Any, NoReturn
 from remat_dsl.plan import ir
 from remat_dsl.plan.ir import DTYPE_ITEMSIZE, buffer_readers, iter_refs, op_refs
 from remat_dsl.plan.errors import PlanError
+from remat_dsl.plan.hostmem import host_copies
 from remat_dsl.plan.inplace import inplace_candidates
 from remat_dsl.plan.optimizer import Optimizer, OptimizerError, parse_optimizer
 
@@ -189,7 +192,8 @@ class Simulation:
     ("forward:0" for a plan without instructions).  time_us: the compute stream's clock
     at the end.  compute_us / recompute_us: sums of op times of compute / recompute
     instructions.  transfer_us: sum of offload and prefetch durations.  host_peak_bytes:
-    the most host memory held by offloaded copies.  crossing: what the forward hands to
+    the most host memory (bytes) held by host copies, host updates' masters and states (on
+    a GPU, the pinned groups as the allocator reserves them).  crossing: what the forward hands to
     the backward (`Crossing`).
     """
 
@@ -416,6 +420,8 @@ class _Simulator:
         self.written: dict[str, str] = {}  # buffer -> where the forward wrote its new value
         self.buffer_readers = buffer_readers(plan.graph)
         self.param_bytes = {p.name: value_nbytes(p) for p in plan.graph.parameters}
+        # NOTE: [Pinned host memory] in remat_dsl/plan/hostmem.py: a GPU's host copies are pinned groups
+        self.pinned = plan.header.device != "cpu"
         self.grad_refs = {  # trainable parameter -> the tensors its gradient is made of
             g.parameter: [r.name for r in iter_refs(g.value) if r.name in graph.tensors]
             for g in plan.graph.gradients
@@ -450,11 +456,17 @@ class _Simulator:
             }
             self.master_bytes.update((p, self.param_bytes[p]) for p in self.streamed)
             master = self.master_bytes
-            self.host_bytes = sum(master[p] + opt.state_bytes(master[p]) for p in on_host)
-            self.host_bytes += sum(self.param_bytes[p] for p in self.streamed - on_host)
-            self.host_bytes += sum(opt.state_bytes(self.param_bytes[p]) for p in self.paged)
-            self.host_peak = self.host_bytes
+            # pageable: the host updates' masters and states; the parameters kept on the host
+            # and the paged states are host copies of their own (NOTE: [Pinned host memory])
+            self.host_bytes = sum(opt.state_bytes(master[p]) for p in on_host)
+            self.host_bytes += sum(master[p] for p in on_host - self.streamed)
+            if not self.pinned:
+                self.host_bytes += sum(self.param_bytes[p] for p in self.streamed)
+                self.host_bytes += sum(opt.state_bytes(self.param_bytes[p]) for p in self.paged)
             self.host_ready.update(self.streamed)
+        if self.pinned:  # the groups, the step's pool among them, are held from the step's start
+            self.host_bytes += host_copies(plan).nbytes(pinned=True)
+        self.host_peak = self.host_bytes
 
     @staticmethod
     def _optimizer(plan: ir.Plan) -> Optimizer | None:
@@ -987,8 +999,9 @@ class _Simulator:
                 instr.span,
             )
         self.offloaded_at[name] = self._where()
-        self.host_bytes += self.resident[name]
-        self.host_peak = max(self.host_peak, self.host_bytes)
+        if not self.pinned:  # on a GPU its slot of the step's pool is counted from the start
+            self.host_bytes += self.resident[name]
+            self.host_peak = max(self.host_peak, self.host_bytes)
         self._start_transfer("offload", name, instr)
         return 0, []
 

@@ -46,6 +46,7 @@ import re
 from pathlib import Path
 
 from remat_dsl.plan import ir
+from remat_dsl.plan.hostmem import PINNED_ALIGN, host_copies
 from remat_dsl.plan.inplace import INPLACE_OUT, whole_tensor
 from remat_dsl.plan.operators import GRAD_MODE_OPS, torch_constants
 from remat_dsl.plan.ir import refs_in
@@ -60,7 +61,6 @@ RUNTIME = Path(__file__).with_name("runtime.py")  # NOTE: [Runtime]
 RUNTIME_BEGIN = "# --- remat-dsl runtime: remat_dsl/codegen/runtime.py, inlined (edit it there) ---"
 RUNTIME_END = "# --- end of the remat-dsl runtime ---"
 LINE_LENGTH = 120
-HOST_ALIGN = 64  # bytes: every host copy starts at a multiple of this (a cache line; any dtype's size divides it)
 LABEL_CHARS = 80  # characters of the plan file's name kept in the module's comments
 
 
@@ -367,31 +367,6 @@ def aten_targets(plan: ir.Plan) -> list[str]:
     return sorted(t for t in found if t.startswith("aten."))
 
 
-def host_layout(plan: ir.Plan) -> tuple[dict[str, int], int]:
-    """({offloaded tensor: byte offset}, total bytes) of the step's host buffer.
-
-    Every offloaded tensor gets its own slot, in the order of the offloads, each starting
-    at a multiple of HOST_ALIGN: the checker keeps every host copy to the end of the step
-    (NOTE: [Memory model] in remat_dsl.check.replay) and offloads a tensor at most once, so
-    the total is the simulation's host_peak_bytes with each copy rounded up to HOST_ALIGN.
-    A slot holds max(nbytes, numel x itemsize): the dense copy of a tensor whose storage is
-    smaller than its elements (none is, in captured graphs) still fits.
-    """
-    import torch
-
-    tensors = plan.graph.tensor_by_name
-    offsets: dict[str, int] = {}
-    end = 0
-    for ins in (*plan.forward, *plan.backward):
-        if ins.verb != "offload" or ins.target in offsets or ins.target not in tensors:  # a parameter's write-back
-            continue
-        decl = tensors[ins.target]
-        offsets[ins.target] = end
-        size = max(decl.nbytes, math.prod(decl.shape) * getattr(torch, decl.dtype).itemsize)
-        end += -(-size // HOST_ALIGN) * HOST_ALIGN
-    return offsets, end
-
-
 def _returns(target: str) -> int | None:
     """How many values `target` returns: 1, n for a tuple, None for a list (Tensor[])."""
     import torch
@@ -437,7 +412,7 @@ class _Renderer:
         self._tangent_sources: dict[str, set[str]] | None = None  # tensor -> the tangents it is computed from
         self._readers: dict[str, list[tuple[ir.Op, list[str]]]] | None = None
         self.updates = {u.tensor: u.buffer for u in self.plan.graph.updates}
-        self.host_offsets, self.host_bytes = host_layout(self.plan)
+        self.host = host_copies(self.plan)  # NOTE: [Pinned host memory] in remat_dsl/plan/hostmem.py
         header = self.plan.header
         self.optimizer = parse_optimizer(header.optimizer) if header.optimizer is not None else None
         self.param_index = {p.name: k for k, p in enumerate(self.plan.graph.parameters)}
@@ -516,13 +491,21 @@ class _Renderer:
             output_types=[literal(path) for path in output_types(graph.outputs)],
             outputs_where=literal(self._section_where("outputs", 1)),
             constants=[(literal(c.name), render_arg(c.value, self.var)) for c in graph.constants],
-            offloads=bool(self.host_offsets),
-            pool_bytes=repr(self.host_bytes),
-            pool_align=repr(HOST_ALIGN),
+            offloads=bool(self.host.pool.slots),
+            pool_groups=repr(self.host.pool.sizes),
+            pool_align=repr(PINNED_ALIGN),
             optimizer_literal=self._optimizer_literal(),
             streamed=repr(tuple(self.param_index[p] for p in self.streamed)),
+            streamed_groups=repr(self.host.streamed.sizes),
+            streamed_slots=repr(tuple(self.host.streamed.slots[p] for p in self.streamed)),
+            paged_groups=repr(self.host.paged.sizes),
+            paged_slots=repr({self.param_index[p]: self.host.paged.slots[p] for p in self._in_order(self.paged)}),
             first_resident=repr(self._first_resident()),
         )
+
+    def _in_order(self, params) -> list[str]:
+        """`params` in the order of PARAMETERS."""
+        return sorted(params, key=self.param_index.__getitem__)
 
     def _first_resident(self) -> int:
         """The index of the first parameter on the device (NOTE: [Parameters on the host])."""
@@ -672,14 +655,15 @@ class _Renderer:
         return {INPLACE_OUT[self.ops[step.instruction.target].target][0] for step in self.sim.timeline if step.into}
 
     def _offload(self, tensor: str, step, where: str) -> list[str]:
-        """`host_T, event_T = _offload(T, _pool, OFFSET)`: into T's slot of the host buffer.  A
+        """`host_T, event_T = _offload(T, _pool, (GROUP, OFFSET))`: into T's slot of the step's
+        host groups (NOTE: [Pinned host memory] in remat_dsl/plan/hostmem.py).  A
         parameter kept on the host: `event_dev_P = _write_back(_p.P, dev_P)`, its updated device
         copy into its host copy (NOTE: [Parameters on the host] in remat_dsl/check/replay.py)."""
         if tensor in self.param_attr:
             dev = self.var[tensor]
             return [f"event_{dev} = _write_back({self.param_attr[tensor]}, {dev})  # {where}"]
-        host, event, offset = self.names.host(tensor), self.names.event(tensor), self.host_offsets[tensor]
-        return [f"{host}, {event} = _offload({self.var[tensor]}, _pool, {offset})  # {where}"]
+        host, event, slot = self.names.host(tensor), self.names.event(tensor), self.host.pool.slots[tensor]
+        return [f"{host}, {event} = _offload({self.var[tensor]}, _pool, {slot!r})  # {where}"]
 
     def _prefetch(self, tensor: str, step, where: str) -> list[str]:
         """`T, event_T = _prefetch(host_T, event_T, _device)`: the copy waits for event_T, the
@@ -748,7 +732,7 @@ class _Renderer:
         for t in crossing.host:
             names += [self.names.host(t), self.names.event(t)]
         names += [self.names.rng(self.ops[op]) for op in crossing.rng]
-        if self.host_offsets:
+        if self.host.pool.slots:
             names.append("_pool")  # last: dropped first if autograd drops the step (NOTE: [Streams] 4)
         return names, packs + names[len(packs) :]
 

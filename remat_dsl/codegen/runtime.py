@@ -16,6 +16,7 @@ import re
 import sys
 import threading
 import warnings
+import weakref
 
 import torch
 
@@ -63,12 +64,13 @@ class _Tensors:
 #    makes the compute stream wait for both side streams before the backward returns, or
 #    before a forward whose backward never runs frees its tensors (the buffer is last in
 #    the step's saved values, so it is dropped first).  Every free is after the compute stream waited.
-# 5. host memory: each step in flight has one pinned buffer of POOL_BYTES, allocated once
-#    and reused; codegen gives every offloaded tensor a fixed offset (the checker keeps
-#    every host copy to the end of the step).  `release` returns it to a free list after
+# 5. host memory: each step in flight has one set of pinned groups of POOL_GROUPS bytes
+#    (NOTE: [Pinned host memory] in remat_dsl/plan/hostmem.py), allocated once and reused;
+#    codegen gives every offloaded tensor a fixed slot (the checker keeps every host copy
+#    to the end of the step).  `release` returns the set to a free list after
 #    the wait of 4, and the next offload into it waits for the compute stream, so no
-#    offload writes a buffer a prefetch may still read.  Two forwards before their
-#    backwards (gradient accumulation) use two buffers.
+#    offload writes a group a prefetch may still read.  Two forwards before their
+#    backwards (gradient accumulation) use two sets.
 # Compared with torchtune's OffloadActivations (use_streams): it pins new host memory at
 # every step, reloads inside its side stream (the allocation of 2), and keeps reloaded
 # tensors in stashes until an event or calls record_stream when views escape; its users
@@ -92,8 +94,8 @@ def _streamed(device):
 _LOCK = threading.Lock()  # for the two caches below: backwards may run on other threads
 # (name, device) -> side stream; `device` has its index (tensor.device)
 _STREAMS: dict[tuple[str, torch.device], torch.cuda.Stream] = {}
-# device -> host buffers given back by finished steps (all of one size: POOL_BYTES)
-_FREE_BUFFERS: dict[torch.device, list[torch.Tensor]] = {}
+# device -> the host groups given back by finished steps (all of one layout: POOL_GROUPS)
+_FREE_BUFFERS: dict[torch.device, list[tuple[torch.Tensor, ...]]] = {}
 
 
 def _side_stream(name, device):
@@ -104,46 +106,75 @@ def _side_stream(name, device):
 
 
 class _HostBuffer:
-    """The `nbytes` host bytes a step's offloads write (`.bytes`, uint8, pinned for CUDA):
-    a free one, or a new one; given back by `release`.  A module asks for one size only
-    (POOL_BYTES), so every free buffer has it."""
+    """The host groups a step's offloads write (`.groups`: uint8 tensors of `sizes` bytes,
+    pinned for CUDA; NOTE: [Pinned host memory] in remat_dsl/plan/hostmem.py): free ones, or
+    new ones; given back by `release`.  A module asks for one layout only (POOL_GROUPS), so
+    every free set has it."""
 
-    def __init__(self, device, nbytes):
+    def __init__(self, device, sizes):
         self.device = device
         with _LOCK:
             free = _FREE_BUFFERS.setdefault(device, [])
-            self.bytes = free.pop() if free else None
-        if self.bytes is None:
-            self.bytes = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
+            self.groups = free.pop() if free else None
+        if self.groups is None:
+            self.groups = tuple(_host_group(n, device) for n in sizes)
 
     def release(self):
         """Order what the compute stream does next after every transfer (4), and give the
-        buffer back for the next step (5)."""
-        if self.bytes is None:
+        groups back for the next step (5)."""
+        if self.groups is None:
             return
         if _streamed(self.device):
             compute = _cuda.current_stream(self.device)
             compute.wait_stream(_side_stream("d2h", self.device))
             compute.wait_stream(_side_stream("h2d", self.device))
         with _LOCK:
-            _FREE_BUFFERS.setdefault(self.device, []).append(self.bytes)
-        self.bytes = None
+            _FREE_BUFFERS.setdefault(self.device, []).append(self.groups)
+        self.groups = None
 
     def __del__(self):
         self.release()
 
 
-def _host_view(pool, offset, tensor):
-    """`pool`'s bytes from `offset` as a tensor of `tensor`'s dtype, shape and dense
-    layout (the layout `tensor.to("cpu")` would give)."""
+_HOST_ALIGN = 64  # bytes between copies in a group: remat_dsl.plan.hostmem.PINNED_ALIGN
+
+
+def _host_group(nbytes, device):
+    """One group of host copies: `nbytes` bytes (uint8), pinned when `device` is a GPU, so
+    that copies to and from it run asynchronously (NOTE: [Pinned host memory] in
+    remat_dsl/plan/hostmem.py: one pinned allocation for many copies)."""
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
+
+
+def _host_slot(group, offset, shape, dtype):
+    """A contiguous tensor of `shape` and `dtype` in `group`'s bytes from `offset`, with a
+    storage of its own (`torch.frombuffer` over the group's memory, which it keeps alive): a
+    checkpoint then writes each copy at its size, and safetensors finds no storage shared
+    between two parameters."""
+    nbytes = dtype.itemsize
+    for size in shape:
+        nbytes *= size
+    if nbytes == 0:
+        return torch.empty(shape, dtype=dtype, pin_memory=group.is_pinned())
+    try:
+        window = group.numpy()[offset : offset + nbytes]
+    except RuntimeError:  # torch without NumPy: a view, the group's one storage shared by its copies
+        return group[offset : offset + nbytes].view(dtype).view(shape)
+    return torch.frombuffer(window, dtype=torch.uint8).view(dtype).view(shape)
+
+
+def _host_view(pool, slot, tensor):
+    """`pool`'s bytes at `slot` (group, offset) as a tensor of `tensor`'s dtype, shape and
+    dense layout (the layout `tensor.to("cpu")` would give)."""
+    group, offset = slot
     stride = torch.empty_like(tensor, device="meta").stride()
-    flat = pool.bytes[offset : offset + tensor.numel() * tensor.element_size()].view(tensor.dtype)
+    flat = pool.groups[group][offset : offset + tensor.numel() * tensor.element_size()].view(tensor.dtype)
     return flat.as_strided(tensor.shape, stride)
 
 
-def _offload(tensor, pool, offset):
-    """(host copy, its event: None on the CPU) of `tensor`, written at `offset` of `pool`."""
-    host = _host_view(pool, offset, tensor)
+def _offload(tensor, pool, slot):
+    """(host copy, its event: None on the CPU) of `tensor`, written at `slot` of `pool`."""
+    host = _host_view(pool, slot, tensor)
     if not _streamed(tensor.device):
         return host.copy_(tensor), None
     d2h = _side_stream("d2h", tensor.device)
@@ -476,7 +507,7 @@ _OPTIMIZER_KEYS = {  # class -> the hyper-parameters that, when on, make an upda
 
 
 class _Optimizers:
-    def __init__(self, params, planned, given):
+    def __init__(self, params, planned, given, paged_slots=None, paged_groups=()):
         name, kwargs = planned
         cls = getattr(torch.optim, name)
         trainable = list({id(p): p for p in params if p.requires_grad}.values())
@@ -506,6 +537,40 @@ class _Optimizers:
         # main optimizer's state; their device copy lives from prefetch_states to wait_states
         self.paged = {}  # parameter index -> its states' device copy (the step counter shared)
         self.transfers = {}  # parameter index -> (events of its states' copies, whether they leave the device)
+        # their host copies: parameter index -> slot (group, offset) in groups of these sizes
+        # (NOTE: [Pinned host memory] in remat_dsl/plan/hostmem.py), made at the first need
+        self.paged_slots, self.paged_sizes, self.paged_groups = paged_slots or {}, paged_groups, None
+        self._states_home()  # states loaded before FastModel was made
+        home = weakref.ref(self)  # the hook does not keep a dropped module's optimizer alive
+        given.register_load_state_dict_post_hook(lambda _optimizer: home() and home()._states_home())
+
+    def _state_home(self, i, state, key):
+        """A host copy for parameter `i`'s paged state `key` (`state[key]` its current copy):
+        its place in the slot of `i`, the tensors of `state` in the order of their names, each
+        of the parameter's bytes rounded up to _HOST_ALIGN."""
+        param, value = self.params[i], state[key]
+        keys = sorted(k for k, v in state.items() if k != "step" and torch.is_tensor(v))
+        stride = -(-param.numel() * param.element_size() // _HOST_ALIGN) * _HOST_ALIGN
+        if value.shape != param.shape or value.dtype != param.dtype:
+            raise RuntimeError(
+                f"the optimizer state {key!r} of parameter {i} is {tuple(value.shape)} {value.dtype}, not its "
+                f"parameter's {tuple(param.shape)} {param.dtype}: the plan pages states of the parameter's shape"
+            )
+        if self.paged_groups is None:
+            self.paged_groups = [_host_group(n, value.device) for n in self.paged_sizes]
+        group, offset = self.paged_slots[i]
+        return _host_slot(self.paged_groups[group], offset + keys.index(key) * stride, value.shape, value.dtype)
+
+    def _states_home(self):
+        """Every paged parameter's states into their host copies: the main optimizer's
+        `load_state_dict` puts them on the parameter's device (a GPU, where the plan holds
+        only the ones it prefetched)."""
+        for i in sorted(self.paged_slots):
+            state = self.main.state.get(self.params[i], {})
+            for key, value in list(state.items()):
+                if key == "step" or not torch.is_tensor(value):
+                    continue
+                state[key] = self._state_home(i, state, key).copy_(value)
 
     def _worker(self, i, target, host):
         worker = self.workers.get((i, host))
@@ -564,7 +629,7 @@ class _Optimizers:
                 host[key] = value
                 continue
             if key not in host:  # the first update made them
-                host[key] = torch.empty(value.shape, dtype=value.dtype, pin_memory=value.device.type == "cuda")
+                host[key] = self._state_home(i, self.paged[i], key)
             events.append(_copy_to_host(host[key], value))
         self.transfers[i] = (events, True)
 
@@ -609,14 +674,17 @@ class _Optimizers:
         self.versions[i] = param._version
 
 
-def _to_host(params, streamed):
-    """Move the parameters `streamed` (indices) of a model on a GPU to pinned host memory
-    (NOTE: [Parameters on the host]); on a CPU they stay where they are."""
-    for i in streamed:
-        param = params[i]
-        if param.device.type == "cuda":
-            host = torch.empty(param.shape, dtype=param.dtype, pin_memory=True)
-            param.data = host.copy_(param.data)
+def _to_host(params, streamed, slots, sizes):
+    """Move the parameters `streamed` (indices) of a model on a GPU to pinned host memory,
+    each to its slot (group, offset) of groups of `sizes` bytes (NOTE: [Parameters on the
+    host], NOTE: [Pinned host memory]); on a CPU they stay where they are."""
+    moving = [(params[i], slot) for i, slot in zip(streamed, slots) if params[i].device.type == "cuda"]
+    if not moving:
+        return
+    groups = [_host_group(n, moving[0][0].device) for n in sizes]
+    for param, (group, offset) in moving:
+        host = _host_slot(groups[group], offset, param.shape, param.dtype)
+        param.data = host.copy_(param.data)
 
 
 _NOT_DIFFERENTIABLE = (

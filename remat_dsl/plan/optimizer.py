@@ -117,11 +117,17 @@ class Optimizer:
             nesterov=bool(v["nesterov"]),
         )
 
+    @property
+    def state_tensors(self) -> int:
+        """How many tensors of its parameter's shape and dtype torch.optim keeps per
+        parameter: Adam, AdamW 2 (exp_avg, exp_avg_sq); SGD 1 with momentum, else 0."""
+        if self.kind in ("adam", "adamw"):
+            return 2
+        return 1 if self.values["momentum"] else 0
+
     def state_bytes(self, nbytes: int) -> int:
         """Bytes of optimizer state a parameter of `nbytes` bytes holds."""
-        if self.kind in ("adam", "adamw"):
-            return 2 * nbytes
-        return nbytes if self.values["momentum"] else 0
+        return self.state_tensors * nbytes
 
     def temp_bytes(self, nbytes: int, cpu: bool = False) -> int:
         """Bytes one update of a parameter of `nbytes` bytes allocates and frees at its
