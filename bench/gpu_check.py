@@ -26,6 +26,12 @@ torch.utils.checkpoint around every decoder layer (Hugging Face's
 * for plans with transfers, how much of the host copies' time (Memcpy HtoD and DtoH in a
   torch.profiler trace) compute kernels on other streams overlap.
 
+And for each model the whole step with AdamW in the plan (`Check.whole_step`): every
+update on the GPU, and planned at 100% of the autograd peak (some parameters or states
+in host memory); after 3 steps the parameters against eager AdamW's (bit for bit where
+every update runs on the GPU), the absolute device peak of the last step, and the pinned
+host memory the module holds against the checker's count (NOTE: [Pinned host memory]).
+
 Every part is time-boxed: one that cannot finish in the time left is skipped, and the
 whole run stops before `--time-limit` seconds with the table so far.  Exit status 0 when
 everything ran and every plan's module trained exactly like eager (where eager repeats
@@ -49,6 +55,7 @@ STARTED = time.perf_counter()  # the time box counts from here: imports take sec
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
+import functools  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
@@ -81,16 +88,29 @@ SKIP_LINE = "gpu-check: no CUDA GPU found (torch.cuda.is_available() is False): 
 FALLBACK_DEVICE = "h100"  # the device file for a GPU that remat_dsl.capture.gpus does not know
 SEED = 1234  # torch.manual_seed before every step: dropout draws the same masks
 SMOKE_BANDWIDTH = None  # --cpu-smoke: the `cpu` device file's host_to_device
+# the whole step's optimizer (NOTE: [Optimizer in the step] in remat_dsl/plan/optimizer.py),
+# as the plan's header writes it and as eager makes it, and the steps trained with it
+WHOLE_STEP_OPTIMIZER = "adamw lr=0.0001 weight_decay=0.01"
+WHOLE_STEP_STEPS = 3
+
+
+def WHOLE_STEP_TORCH(params):  # noqa: N802 (a constant's partner: the same optimizer, made by torch)
+    return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01)
+
+
 ABOUT = """Stock Hugging Face Llama (0.67B parameters, bf16, 1 x 4096 tokens) and examples/gpt2.py on
 the GPU: rockmate (recompute) and offmate (offload) plans at 100%, 50% and the smallest
-feasible budget, costed by the GPU's device file; each module's loss and gradients
-against eager's (bit for bit), predicted and measured peak (max_memory_allocated above
-the start of the step) and step time (CUDA events, median after a warm-up), and the share
-of host-copy time that compute on other streams overlaps (profiler trace); beside eager,
-torch.utils.checkpoint per decoder layer and torch.compile at activation_memory_budget
-0.5.  Everything runs under torch.use_deterministic_algorithms(True, warn_only=True), so
-that all pick the same kernels.  GPT-2's loss runs outside its plan (the model returns
-logits): its memory is measured, not predicted."""
+feasible budget, costed by the GPU's device file; each module's loss and gradients against
+eager's (bit for bit), predicted and measured peak (max_memory_allocated above the start of
+the step) and step time (CUDA events, median after a warm-up), and the share of host-copy
+time that compute on other streams overlaps (profiler trace); beside eager,
+torch.utils.checkpoint per decoder layer and torch.compile at activation_memory_budget 0.5;
+the whole step with AdamW (every update on the GPU, and at 100% of the autograd peak):
+parameters after 3 steps against eager AdamW's, the step's absolute peak, the pinned host
+memory against the plan's count (`pinned = predicted`). Everything runs under
+torch.use_deterministic_algorithms(True, warn_only=True), so that all pick the same kernels.
+GPT-2's loss runs outside its plan (the model returns logits): its memory is measured, not
+predicted."""
 
 
 # ---------------------------------------------------------------------------
@@ -198,7 +218,7 @@ def llama(device: str, tiny: bool) -> Subject:
     ids = torch.randint(0, config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(1)).to(device)
     layers, width = shape["num_hidden_layers"], shape["hidden_size"]
     about = f"LlamaForCausalLM, {layers} layers, d={width}, bf16, 1 x {tokens} tokens"
-    needs = {"capture": 90, "smallest": 60, "plan": 30, "module": 30, "baseline": 15, "compile": 150}
+    needs = {"capture": 90, "smallest": 60, "plan": 30, "module": 30, "baseline": 15, "compile": 150, "step": 120}
     return Subject(
         "llama", about, build, {"input_ids": ids, "labels": ids, "use_cache": False}, lambda out: out.loss,
         _scaled(needs, tiny),
@@ -221,7 +241,7 @@ def gpt2(device: str, tiny: bool) -> Subject:
         return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
 
     about = f"examples/gpt2.py, {layers} layers, fp32, dropout 0.1, {ids.shape[0]} x {ids.shape[1]} tokens"
-    needs = {"capture": 30, "smallest": 30, "plan": 15, "module": 15, "baseline": 10, "compile": 60}
+    needs = {"capture": 30, "smallest": 30, "plan": 15, "module": 15, "baseline": 10, "compile": 60, "step": 60}
     return Subject("gpt2", about, build, (ids,), loss_fn, _scaled(needs, tiny))
 
 
@@ -562,6 +582,8 @@ class Check:
                     self.failed_row(subject, mode, run, error, shown)
                     continue
                 compute_ms = compute_ms or row.compute_ms
+        for run in ("adamw on the GPU", "adamw 100%"):
+            self.whole_step(subject, model, planner, captured, run)
         if eager is not None and compute_ms is not None:
             for row in self.rows:
                 if row.model == subject.name and row.mode == "eager":
@@ -616,6 +638,106 @@ class Check:
         self.rows.append(row)
         _release(self.cuda)
         return row
+
+    def whole_step(self, subject, model, planner, captured, run: str) -> None:
+        """The whole step with AdamW in the plan (thesis ch. 4, `remat plan --optimizer`):
+        `on the GPU`, every op once and every update on the device (the store-all plan with
+        the updates `plan_step` lowers), or `100%`, planned at 100% of the autograd peak,
+        which counts neither the parameters nor the optimizer states, so that some live in
+        host memory or update there.  Eager AdamW and the
+        plan's module each train WHOLE_STEP_STEPS steps from the same parameters; the row
+        compares the parameters after them (bit for bit where every update runs on the
+        GPU, as eager's), the last step's absolute device peak (max_memory_allocated, the
+        module alone on the device) with the plan's, and the pinned host memory the module
+        holds (torch.cuda.host_memory_stats, allocator-rounded) with the checker's count of
+        its pinned groups (NOTE: [Pinned host memory] in remat_dsl/plan/hostmem.py)."""
+        import copy
+
+        import remat_dsl
+        from remat_dsl.capture.cost import load_device
+        from remat_dsl.plan.hostmem import host_copies
+        from remat_dsl.plan.optimizer import parse_optimizer
+        from remat_dsl.workflow import update_speeds
+
+        clock, needs = self.clock, subject.needs
+        budget = planner.autograd_peak
+        on_gpu = run.endswith("GPU")
+        shown = "-" if on_gpu else f"{budget / planner.autograd_peak:.1%}"
+        optimizer = parse_optimizer(WHOLE_STEP_OPTIMIZER)
+        speeds = update_speeds(optimizer, load_device(self.device_name), captured.device)
+        try:
+            with clock.part(f"{subject.name}: plan the whole step, {run}", needs["step"]):
+                if on_gpu:
+                    plan = _updates_on_the_device(captured, optimizer, speeds)
+                else:
+                    plan = planner.plan_step(budget, optimizer, speeds)
+        except remat_dsl.BudgetError as error:  # a fact of the model, not a failure
+            marker = self.note(f"{subject.name} step {run}: {str(error).splitlines()[0][:160]}")
+            self.rows.append(Row(subject.name, "step", run, shown, grads=marker))
+            return
+        except (Skipped, Exception) as error:
+            self.failed_row(subject, "step", run, error, shown)
+            return
+        verbs = {i.verb for i in plan.backward}
+        placed = ", ".join(
+            f"{sum(i.verb == verb for i in (*plan.forward, *plan.backward))} {verb}"
+            for verb in ("update", "host_update", "prefetch_states", "prefetch", "offload")
+        )
+        row = Row(subject.name, "step", run, shown, plan.header.peak_bytes, None, plan.header.time_us / 1000)
+        make = WHOLE_STEP_TORCH
+        try:
+            with clock.part(f"{subject.name}: whole step {run}: eager and the module ({placed})", needs["step"]):
+                eager = copy.deepcopy(model)
+                eager_opt = make(eager.parameters())
+                for _ in range(WHOLE_STEP_STEPS):
+                    train_step(eager, subject)
+                    eager_opt.step()
+                    eager_opt.zero_grad(set_to_none=True)
+                expected = [p.detach().to("cpu", copy=True) for p in eager.parameters()]
+                del eager, eager_opt
+                _release(self.cuda)
+                twin = copy.deepcopy(model)
+                pinned_before = _pinned_bytes(self.cuda)
+                path = self.workdir / f"fast_{subject.name}_step_{'gpu' if on_gpu else 'budget'}.py"
+                path.write_text(remat_dsl.generate_module(plan))
+                fast = remat_dsl.load_module(path).FastModel(twin, optimizer=make(twin.parameters()))
+                one_step = functools.partial(train_step, fast, subject)
+                for _ in range(WHOLE_STEP_STEPS - 1):
+                    one_step()
+                if self.cuda:
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                row.ms = step_ms(one_step, self.cuda)
+                if self.cuda:
+                    row.peak = torch.cuda.max_memory_allocated()  # absolute: the module's model alone
+                pinned = _pinned_bytes(self.cuda) - pinned_before
+                exact, worst = True, 0.0
+                for a, b in zip(twin.parameters(), expected):
+                    if not torch.equal(a.detach().cpu(), b):
+                        exact, worst = False, max(worst, (a.detach().cpu().double() - b.double()).abs().max().item())
+                del one_step, fast, twin
+        except (Skipped, Exception) as error:
+            self.failed_row(subject, "step", run, error, shown)
+            return
+        finally:
+            _release(self.cuda)
+        host = "host_update" in verbs
+        if exact:
+            row.grads = "exact"
+        else:
+            why = "updates on the host CPU (README: a tolerance)" if host else "unexpected: all updates on the GPU"
+            text = f"{subject.name} step {run}: parameters after {WHOLE_STEP_STEPS} steps, max |diff| {worst:.3g}"
+            row.grads, row.failed = f"differs {self.note(f'{text}: {why}')}", not host
+        predicted = host_copies(plan).nbytes(pinned=True)
+        if self.cuda:
+            same = pinned == predicted
+            counted = f"pinned host memory {_bytes(pinned)} ({pinned} B), the checker counts {predicted} B"
+            row.overlap = "pinned = predicted" if same else f"pinned differs {self.note(f'{subject.name}: {counted}')}"
+            row.failed = row.failed or not same
+        else:
+            row.overlap = f"pinned: none on the CPU (on a GPU {_bytes(predicted)})"
+        self.note(f"{subject.name} step {run}: {placed}; peak predicted {_bytes(plan.header.peak_bytes)}")
+        self.rows.append(row)
 
     def baseline(self, subject, model, ref, mode, run, module, *, predicted_peak=None, checkpointing=False,
                  compiled=False, reason="") -> Measured | None:  # fmt: skip
@@ -676,6 +798,31 @@ def plan_device(cuda: bool) -> tuple[str, str]:
     if found is None:
         return FALLBACK_DEVICE, f"costs from `{FALLBACK_DEVICE}`: no shipped device file matches {gpu!r}"
     return found, f"costs from the `{found}` device file (matched to {gpu!r})"
+
+
+def _updates_on_the_device(captured, optimizer, speeds):
+    """The whole step with every op once and every update on the device: the store-all plan
+    of the activations (the graph without its gradient lines, as Planner.plan_step plans
+    them) with the updates the lowering adds (remat_dsl.solve.lowering.add_updates)."""
+    from remat_dsl.check.replay import simulate, with_predictions
+    from remat_dsl.solve.driver import Planner
+    from remat_dsl.solve.lowering import add_updates
+
+    graph = captured.graph
+    activations = Planner(replace(graph, gradients=()), device=captured.device).plan(1 << 50, "rockmate")
+    plan = add_updates(replace(activations, graph=graph), optimizer.text(), set(), speeds, 0)
+    simulated = with_predictions(plan, simulate(plan))
+    return replace(simulated, header=replace(simulated.header, budget=simulated.header.peak_bytes))
+
+
+def _pinned_bytes(cuda: bool) -> int:
+    """Bytes of pinned host memory PyTorch's allocator holds, its cache of free blocks
+    emptied first (0 on the CPU)."""
+    if not cuda:
+        return 0
+    torch.cuda.synchronize()
+    torch.accelerator.empty_host_cache()
+    return int(torch.cuda.host_memory_stats().get("allocated_bytes.current", 0))
 
 
 def _release(cuda: bool) -> None:

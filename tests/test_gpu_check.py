@@ -47,8 +47,9 @@ def test_cpu_smoke_runs_every_row_and_recompute_trains_bit_for_bit():
     rows = {
         (m["model"], m["run"]): m
         for m in re.finditer(
-            r"^(?P<model>llama|gpt2)\s+(?P<mode>eager|recompute|offload|baseline)\s+"
-            r"(?P<run>eager \(control\)|\w+ (?:100%|50%|min)|checkpoint per layer|compile budget 0\.5)\s.*$",
+            r"^(?P<model>llama|gpt2)\s+(?P<mode>eager|recompute|offload|baseline|step)\s+"
+            r"(?P<run>eager \(control\)|\w+ (?:100%|50%|min)|adamw on the GPU|checkpoint per layer"
+            r"|compile budget 0\.5)\s.*$",
             result.stdout,
             re.M,
         )
@@ -60,6 +61,11 @@ def test_cpu_smoke_runs_every_row_and_recompute_trains_bit_for_bit():
                 assert rows[model, f"{solver} {label}"]["mode"] == mode
         for run in ("eager (control)", "checkpoint per layer", "compile budget 0.5"):
             assert (model, run) in rows, f"no row {model} {run}"
+        for run in ("adamw on the GPU", "adamw 100%"):  # the whole step: 3 AdamW steps equal eager's
+            row = rows[model, run]
+            assert row["mode"] == "step" and re.search(r"\bexact\b", row.group(0)), row.group(0)
+        on_gpu = rf"^\[\d+\] {model} step adamw on the GPU: \d+ update, 0 host_update, 0 prefetch_states, 0 prefetch,"
+        assert re.search(on_gpu, result.stdout, re.M), "every update on the device, nothing moved"
     for (model, run), row in rows.items():
         if run.endswith("50%") and "below" in _note(result.stdout, row.group(0)):
             continue  # the 1-layer GPT-2's smallest budget is above 50%: said so, not planned
