@@ -23,6 +23,7 @@ from remat_dsl.capture.model_file import load_model_file
 from remat_dsl.check.replay import simulate, value_nbytes
 from remat_dsl.plan.optimizer import parse_optimizer
 from remat_dsl.solve.driver import Planner
+from remat_dsl.plan.printer import without_solve_time
 from remat_dsl.solve.solvers.ilp import milp
 from remat_dsl.solve.solvers.ilp.offmate import parameter_blocks, whole_step
 from remat_dsl.workflow import update_speeds
@@ -68,6 +69,11 @@ def _speeds(device: str):
     return optimizer, update_speeds(optimizer, load_device(device), captured.device)
 
 
+# the solver plan_step is asked for: on the CPU (no host link) `auto` plans with another
+# solver than offmate, and the joint candidate runs only for offmate's activations
+SOLVER = {"cpu": "offmate", "rtx3060": "auto"}
+
+
 @functools.cache
 def _plan_step(device: str, share: float, joint: bool = True):
     """`plan_step` with AdamW at `share` of parameters + gradients + states, with or
@@ -77,7 +83,7 @@ def _plan_step(device: str, share: float, joint: bool = True):
     if not joint:
         planner.JOINT_ROUNDS = 0
     optimizer, speeds = _speeds(device)
-    return planner.plan_step(int(share * held), optimizer, speeds)
+    return planner.plan_step(int(share * held), optimizer, speeds, SOLVER[device])
 
 
 def test_the_joint_model_is_never_slower_than_the_sequential_one_on_its_own_model():
@@ -149,8 +155,12 @@ def _trained_beside_eager(path: Path, tmp_path: Path) -> None:
 def test_the_joint_plan_below_parameters_gradients_and_states_checks_and_trains_bit_for_bit(tmp_path):
     _, held = _captured("cpu")
     budget = int(0.6 * held)
-    plan = _plan_step("cpu", 0.6)
-    assert "placement=joint-o-ilp predicted-us=" in plan.header.solver  # the joint candidate won here
+    planner = _planner("cpu")
+    optimizer, speeds = _speeds("cpu")
+    made = planner._joint_oilp(_activations(planner), "offmate", budget, optimizer, speeds, None)
+    assert made is not None  # the joint candidate's own plan, whether or not plan_step keeps it
+    plan = made[1]
+    assert "placement=joint-o-ilp predicted-us=" in plan.header.solver
     assert simulate(plan).peak_bytes == plan.header.peak_bytes <= budget < held
     path = tmp_path / "llama.plan"
     path.write_text(plan_text(plan))
@@ -163,7 +173,7 @@ def test_the_joint_candidate_is_the_same_plan_on_every_run():
         planner = _planner("rtx3060")
         optimizer, speeds = _speeds("rtx3060")
         _, held = _captured("rtx3060")
-        made = planner._joint_oilp(_activations(planner), int(0.6 * held), optimizer, speeds, None)
+        made = planner._joint_oilp(_activations(planner), "auto", int(0.6 * held), optimizer, speeds, None)
         assert made is not None
         assert "placement=joint-o-ilp" in made[1].header.solver
         texts.append(plan_text(made[1]))
@@ -177,4 +187,17 @@ def test_plan_step_is_never_slower_with_the_joint_candidate(device, share):
     assert plan.header.peak_bytes <= share * held
     assert plan.header.time_us <= without.header.time_us
     if "placement=joint-o-ilp" not in plan.header.solver:
-        assert plan_text(plan) == plan_text(without)  # the other candidates' plan, unchanged
+        assert without_solve_time(plan_text(plan)) == without_solve_time(plan_text(without))  # the others' plan
+
+
+def test_another_solver_s_plan_has_no_joint_candidate():
+    """The joint model plans the activations with offmate: a plan asked of another solver
+    (or of `auto` where it picks another) stays that solver's."""
+    planner = _planner("rtx3060")
+    optimizer, speeds = _speeds("rtx3060")
+    _, held = _captured("rtx3060")
+    assert planner._joint_oilp(_activations(planner), "rockmate", int(0.6 * held), optimizer, speeds, None) is None
+    cpu = _planner("cpu")
+    optimizer, speeds = _speeds("cpu")
+    assert _activations(cpu).chosen("auto") != "offmate"
+    assert cpu._joint_oilp(_activations(cpu), "auto", int(0.6 * _captured("cpu")[1]), optimizer, speeds, None) is None

@@ -395,7 +395,7 @@ class Planner:
         ilp = self._placement_ilp(budget, optimizer, speeds, solved, best[0] if best else None)
         if ilp is not None:
             best = ilp
-        joint = self._joint_oilp(activations, budget, optimizer, speeds, best[0] if best else None)
+        joint = self._joint_oilp(activations, solver, budget, optimizer, speeds, best[0] if best else None)
         if joint is not None:
             best = joint
         if best is not None:
@@ -477,9 +477,9 @@ class Planner:
 
     # NOTE: [Joint candidate]
     # The thesis' O-ILP proper (NOTE: [Joint O-ILP] in remat_dsl.solve.solvers.ilp.offmate):
-    # when the activation graph is a chain of small blocks (`is_small_chain`, as `auto`'s
-    # offmate requires), the Offmate solver of the activation Planner (built once, shared with
-    # the search when it plans with offmate) solves the joint model at the whole budget; its
+    # when the activations are planned with offmate (`--solver offmate`, or `auto` on a chain
+    # of small blocks with a host link), the Offmate solver of the activation Planner (built
+    # once, shared with the search) solves the joint model at the whole budget; its
     # activation part is lowered by Offmate's own lowering, its block fractions become
     # per-parameter fractions, and the rounding and lowering of the placement LP (`_placed`)
     # judge it on the exact simulation.  As in NOTE: [Placement candidate], when the rounding
@@ -491,17 +491,18 @@ class Planner:
     JOINT_ROUNDS = 3
 
     def _joint_oilp(
-        self, activations: Planner, budget: int, optimizer: Optimizer, speeds: tuple[int, int, int],
-        fastest: int | None,
+        self, activations: Planner, name: str | type[Solver], budget: int, optimizer: Optimizer,
+        speeds: tuple[int, int, int], fastest: int | None,
     ) -> tuple[int, ir.Plan] | None:  # fmt: skip
         """(predicted time in us, plan) of the joint O-ILP's fastest fitting plan when it is
         faster than `fastest` (us; None: nothing fits yet), else None (NOTE: [Joint
-        candidate]).  activations: the Planner of the graph without gradient lines."""
-        from remat_dsl.solve.solvers.chain.partition import is_small_chain
+        candidate]).  activations: the Planner of the graph without gradient lines; name:
+        the solver plan_step was asked for, which plans the activations with offmate (named,
+        or `auto`'s choice) for the candidate to run: another solver's plan is that solver's."""
         from remat_dsl.solve.solvers.ilp.offmate import Offmate, parameter_blocks, parameter_fractions, whole_step
         from remat_dsl.solve.solvers.ilp.placement import THRESHOLDS, round_placement
 
-        if not self.JOINT_ROUNDS or not is_small_chain(activations.problem.graph):
+        if not self.JOINT_ROUNDS or activations.chosen(name) != "offmate":
             return None
         solver = activations.solver("offmate")
         assert isinstance(solver, Offmate)
@@ -525,7 +526,9 @@ class Planner:
                 break
             result, solution = solved
             assert solution.placement is not None
-            activation = activations._lowered(result, header_name(solver), Status.FEASIBLE, budget)
+            label = header_name(solver)
+            label = f"auto: {label}" if name == "auto" else label
+            activation = activations._lowered(result, label, Status.FEASIBLE, budget)
             answer = parameter_fractions(solution.placement, block_of, sizes, trainable, solution.time_us)
             nearest = None  # the peak of the rounding nearest the model's answer (THRESHOLDS[0])
             for placement in dict.fromkeys(round_placement(answer, *t) for t in THRESHOLDS):
