@@ -270,7 +270,8 @@ class Planner:
     # tried only when none of them fits.  It is a heuristic: the thesis' O-ILP (ch. 4, eq.
     # 4.1-4.23) chooses these fractions, per parameter and per block, in one ILP with the schedule;
     # its placement part, for the activation plans found here, is one more candidate (NOTE:
-    # [Placement candidate]).
+    # [Placement candidate]), and on a chain of small blocks the joint model is another (NOTE:
+    # [Joint candidate]).
     # Beside streaming with every update on the host, `plan_step` tries streamed parameters
     # updated on the device (STREAM_SHARES of the parameters' bytes, the largest first), their
     # states paged and each written back to its host copy after its update (NOTE: [Parameters on
@@ -394,6 +395,9 @@ class Planner:
         ilp = self._placement_ilp(budget, optimizer, speeds, solved, best[0] if best else None)
         if ilp is not None:
             best = ilp
+        joint = self._joint_oilp(activations, solver, budget, optimizer, speeds, best[0] if best else None)
+        if joint is not None:
+            best = joint
         if best is not None:
             return best[1]
         if host_error is not None:
@@ -471,20 +475,88 @@ class Planner:
                     break
         return best
 
+    # NOTE: [Joint candidate]
+    # The thesis' O-ILP proper (NOTE: [Joint O-ILP] in remat_dsl.solve.solvers.ilp.offmate):
+    # when the activations are planned with offmate (`--solver offmate`, or `auto` on a chain
+    # of small blocks with a host link), the Offmate solver of the activation Planner (built
+    # once, shared with the search) solves the joint model at the whole budget; its
+    # activation part is lowered by Offmate's own lowering, its block fractions become
+    # per-parameter fractions, and the rounding and lowering of the placement LP (`_placed`)
+    # judge it on the exact simulation.  As in NOTE: [Placement candidate], when the rounding
+    # nearest the model's answer peaks above the budget, the model is solved again with its
+    # budget lowered by the excess (at least 2% of the budget), at most JOINT_ROUNDS solves in
+    # all.  The plan joins the candidates only when it fits and is faster than the best so far;
+    # its header's solver then ends in `placement=joint-o-ilp predicted-us=N` (N the model's
+    # objective).  JOINT_ROUNDS = 0 turns the candidate off.
+    JOINT_ROUNDS = 3
+
+    def _joint_oilp(
+        self, activations: Planner, name: str | type[Solver], budget: int, optimizer: Optimizer,
+        speeds: tuple[int, int, int], fastest: int | None,
+    ) -> tuple[int, ir.Plan] | None:  # fmt: skip
+        """(predicted time in us, plan) of the joint O-ILP's fastest fitting plan when it is
+        faster than `fastest` (us; None: nothing fits yet), else None (NOTE: [Joint
+        candidate]).  activations: the Planner of the graph without gradient lines; name:
+        the solver plan_step was asked for, which plans the activations with offmate (named,
+        or `auto`'s choice) for the candidate to run: another solver's plan is that solver's."""
+        from remat_dsl.solve.solvers.ilp.offmate import Offmate, parameter_blocks, parameter_fractions, whole_step
+        from remat_dsl.solve.solvers.ilp.placement import THRESHOLDS, round_placement
+
+        if not self.JOINT_ROUNDS or activations.chosen(name) != "offmate":
+            return None
+        solver = activations.solver("offmate")
+        assert isinstance(solver, Offmate)
+        graph = self.problem.graph
+        sizes = {p.name: value_nbytes(p) for p in graph.parameters}
+        trainable = {g.parameter for g in graph.gradients if g.value is not None} & set(sizes)
+        block_of = parameter_blocks(graph, solver.part)
+        if not block_of:
+            return None
+        cpu = self.problem.device == "cpu"
+        whole = whole_step(
+            block_of, len(solver.part.blocks), sizes=sizes, trainable=trainable, state_bytes=optimizer.state_bytes,
+            temp_bytes=lambda n: optimizer.temp_bytes(n, cpu), speeds=speeds,
+        )  # fmt: skip
+        best: tuple[int, ir.Plan] | None = None
+        target = budget
+        for _ in range(self.JOINT_ROUNDS):
+            say_phase(self.problem.report, "solving the joint O-ILP")
+            solved = solver.solve_joint(target, whole)
+            if solved is None:
+                break
+            result, solution = solved
+            assert solution.placement is not None
+            label = header_name(solver)
+            label = f"auto: {label}" if name == "auto" else label
+            activation = activations._lowered(result, label, Status.FEASIBLE, budget)
+            answer = parameter_fractions(solution.placement, block_of, sizes, trainable, solution.time_us)
+            nearest = None  # the peak of the rounding nearest the model's answer (THRESHOLDS[0])
+            for placement in dict.fromkeys(round_placement(answer, *t) for t in THRESHOLDS):
+                bar = best[0] if best else fastest
+                plan, peak = self._placed(activation, placement, budget, optimizer, speeds, bar, "joint-o-ilp")
+                if plan is not None:
+                    best = (plan.header.time_us, plan)
+                nearest = peak if nearest is None else nearest
+            if nearest is None or nearest <= budget:
+                break
+            target -= max(nearest - budget, budget // 50)
+        return best
+
     def _placed(
         self, activation: ir.Plan, placement, budget: int, optimizer: Optimizer, speeds: tuple[int, int, int],
-        bar: int | None,
+        bar: int | None, source: str = "o-ilp",
     ) -> tuple[ir.Plan | None, int]:  # fmt: skip
         """(the fastest plan of `placement` lowered on `activation`, with each of LEADS while
         it fits `budget` and the host budget, if faster than `bar` microseconds, else None;
         the peak of its first lowering, bytes).  Its header's solver ends in
-        `placement=o-ilp predicted-us=N`, N the LP's objective."""
+        `placement=SOURCE predicted-us=N`, N the model's objective (`source`: o-ilp for the
+        placement LP, joint-o-ilp for the joint O-ILP)."""
         from remat_dsl.check.replay import simulate, with_predictions
 
         whole = replace(activation, graph=self.problem.graph)
         host_budget = self.problem.host_budget
         first_peak, best = None, None
-        label = f"placement=o-ilp predicted-us={round(placement.predicted_us)}"
+        label = f"placement={source} predicted-us={round(placement.predicted_us)}"
         for lead in self.LEADS if placement.streamed or placement.paged else (PREFETCH_LEAD,):
             plan = _placed_step(
                 whole, optimizer, speeds, budget, placement.on_host, placement.streamed, sorted(placement.paged),

@@ -22,7 +22,8 @@ device (A_t of section 4.5.1).  Every option's costs
 NOTE: [O-ILP for activations]
 The O-ILP of section 4.5.2 restricted to activations: no parameter offload, no optimizer
 states, no CPU optimizer, so Sto/Ofl/Prf/StoO/OflO/PrfO/Opt of parameters, W_t (4.14),
-O_t (4.15), eq. 4.5-4.13, 4.23 and the alpha/H terms are dropped.  Steps t = 1..2L run
+O_t (4.15), eq. 4.5-4.13, 4.23 and the alpha/H terms are dropped (NOTE: [Joint O-ILP]
+adds them back, as an option of the same model).  Steps t = 1..2L run
 F_1..F_L then B_L..B_1 (section 4.3.3; one option per block, section 4.3.4).  Variables:
 
     Comp[i,o] in {0,1}, sum_o Comp[i,o] = 1                                 (4.1)
@@ -63,6 +64,40 @@ and the objective is min sum_t Time[t] (plus `tie` per offloaded MiB and per MiB
 prefetch comes early: among plans of equal time, fewer transfers and later prefetches,
 which leave room for what no model sees).  Bytes are MiB and times milliseconds inside the
 ILP (HiGHS's tolerances suit numbers near 1); the solution goes back to bytes.
+
+NOTE: [Joint O-ILP]
+The same model with the whole step's terms (`Oilp.solve(target, whole=WholeStep)`): the
+block options and activation transfers above and, per block l, the fractions of eq. 4.3-4.13
+as NOTE: [Placement ILP] (remat_dsl.solve.solvers.ilp.placement) names them, s_l (streamed),
+o_l (updated on the host), g_l (states paged), w_l, v_l in [0,1], with o + g <= 1 (4.6),
+w >= o - s (4.11), v >= s - o (4.7).  Granularity: blocks.  A parameter belongs to the block
+whose ops read it first (`parameter_blocks`); per block, P_l: its parameters' bytes
+(trainable and frozen), of them P^g_l trainable, G_l their gradients, S_l their optimizer
+states, T_l the largest device update's temporaries (`whole_step`).  Memory (4.14-4.17),
+with R = sum_l (1 - s_l) P_l + (1 - o_l - g_l) S_l resident in every step:
+
+    F_l:  + R + s_l P_l + s_{l+1} P_{l+1}            (F_L: + g_L S_L, paged for B_L)
+    B_l:  + R + s_l P_l + s_{l-1} P_{l-1} + g_l S_l + g_{l-1} S_{l-1} + G_l
+    U_l:  the updates at the end of B_l, a row of their own: B_l's row without block l's
+          own activations, overheads and output gradient (its backward is done), + R +
+          s_l P_l + s_{l-1} P_{l-1} + g_l S_l + g_{l-1} S_{l-1} + G_l + (1 - o_l) T_l
+    host: + sum_l s_l P_l + o_l (P^g_l + S_l) + g_l S_l                          (4.18)
+
+Time: B_l's compute + (1 - o_l) P^g_l / alpha_G (4.20); the h2d row (4.21) of each step
+carries, beside the activations' prefetches, what the next step reads (F_l: s_{l+1}
+P_{l+1}; F_L: s_L P_L + g_L S_L for B_L; B_l: s_{l-1} P_{l-1} + g_{l-1} S_{l-1}; F_1 also
+block 1's own); the d2h row (4.22) of B_l: o_l G_l + g_l S_l + v_l P^g_l; Time_end >=
+sum_l w_l P^g_l / beta (the copy-back of host updates); (4.23) for each k: sum_{j<k}
+Time[B_j] + Time_end >= sum_{j<=k} o_j (P^g_j / alpha_C + H n_j), n_j the block's
+updates.  The objective adds Time_end, and `tie` per MiB the placement moves.  MiB and ms
+as above.  Departures, beside those of NOTE: [Placement ILP] (host memory, eq. 4.23's
+queue, H per update): one set of fractions per block rather than per parameter and step;
+a parameter read by several blocks (tied weights) is counted in its first block only, its
+gradient in that block's B_l only; a copy occupies its whole step (the lowering's copies
+lead by a few ops), so at block granularity the model holds more than the simulation
+does; the smallest parameter is never streamed (set when the block fractions become
+per-parameter ones, `parameter_fractions`).  The driver rounds, lowers and judges the
+answer exactly (NOTE: [Joint candidate] in remat_dsl.solve.driver).
 
 NOTE: [Offloaded block outputs] Beyond the thesis: A_t of eq. 4.17 holds the interface
 activations, every block's outputs until the backward of the block that reads them: on
@@ -337,6 +372,201 @@ class OilpSolution:
     # {k: bytes of them prefetched at the start of B_k}, k > l
     outputs_offloaded: tuple[float, ...] = ()
     outputs_prefetched: tuple[dict[int, float], ...] = ()
+    # NOTE: [Joint O-ILP]: the block fractions when the model had the whole step's terms
+    placement: BlockPlacement | None = None
+
+
+@dataclass(frozen=True)
+class WholeStep:
+    """The whole step's terms of NOTE: [Joint O-ILP], per block (index l-1), in bytes.
+
+    parameters: bytes of the parameters block l reads first in the forward, trainable and
+    frozen (|w| of eq. 4.14); trainable: of them, those with a gradient; states: their
+    optimizer states (k |w|_g of eq. 4.15); gradients: their gradients, held from B_l to
+    their update at its end; temps: the largest device update's temporaries among them;
+    updates: how many parameters the block updates (H is per update, eq. 4.23); speeds:
+    the device's and the host's update speeds (bytes of parameter per second, 0: not
+    timed) and the host's overhead per update (microseconds), alpha_G, alpha_C and H of
+    eq. 4.20 and 4.23."""
+
+    parameters: tuple[int, ...]
+    trainable: tuple[int, ...]
+    states: tuple[int, ...]
+    gradients: tuple[int, ...]
+    temps: tuple[int, ...]
+    updates: tuple[int, ...]
+    speeds: tuple[int, int, int]
+
+    def held(self) -> int:
+        """Bytes the step holds with every parameter and state on the device (s = o = g =
+        0): the parameters and states throughout, and the largest backward step's
+        gradients and update temporaries."""
+        most = max((g + t for g, t in zip(self.gradients, self.temps)), default=0)
+        return sum(self.parameters) + sum(self.states) + most
+
+
+@dataclass(frozen=True)
+class BlockPlacement:
+    """The joint O-ILP's placement fractions per block (index l-1), each in [0, 1]:
+    streamed (s), updated on the host (o), states paged (g), copied back after a host
+    update (w), written back after a device update (v); NOTE: [Placement ILP] in
+    remat_dsl.solve.solvers.ilp.placement names them."""
+
+    streamed: tuple[float, ...]
+    on_host: tuple[float, ...]
+    paged: tuple[float, ...]
+    copied_back: tuple[float, ...]
+    written_back: tuple[float, ...]
+
+
+def parameter_blocks(graph: ir.Graph, part: ChainPartition) -> dict[str, int]:
+    """parameter -> the block l (1-based) whose ops read it first in the graph's order
+    (the forward before the backward); one only the prelude or no block reads goes to the
+    last block."""
+    block_of = {name: l for l, b in enumerate(part.blocks, 1) for name in (*b.forward, *b.backward)}
+    parameters = {p.name for p in graph.parameters}
+    result: dict[str, int] = {}
+    for op in graph.ops:
+        l = block_of.get(op.name)
+        if l is None:
+            continue
+        for name in sorted({r.name for r in ir.op_refs(op)} & parameters):
+            result.setdefault(name, l)
+    return {p: result.get(p, len(part.blocks)) for p in sorted(parameters)}
+
+
+def whole_step(
+    block_of: dict[str, int], L: int, *, sizes: dict[str, int], trainable: set[str], state_bytes, temp_bytes,
+    speeds: tuple[int, int, int],
+) -> WholeStep:  # fmt: skip
+    """The WholeStep of L blocks whose parameters are `block_of` (parameter_blocks), sizes
+    in bytes per parameter; trainable: the parameters with a gradient (gradient bytes =
+    parameter bytes); state_bytes / temp_bytes: bytes of optimizer state and of one device
+    update's temporaries for a parameter of n bytes; speeds as WholeStep.speeds."""
+    parameters, grads, states, temps, updates = ([0] * L for _ in range(5))
+    for name, l in sorted(block_of.items()):
+        parameters[l - 1] += sizes[name]
+        if name in trainable:
+            grads[l - 1] += sizes[name]
+            states[l - 1] += state_bytes(sizes[name])
+            temps[l - 1] = max(temps[l - 1], temp_bytes(sizes[name]))
+            updates[l - 1] += 1
+    return WholeStep(
+        parameters=tuple(parameters), trainable=tuple(grads), states=tuple(states), gradients=tuple(grads),
+        temps=tuple(temps), updates=tuple(updates), speeds=speeds,
+    )  # fmt: skip
+
+
+def parameter_fractions(
+    placement: BlockPlacement, block_of: dict[str, int], sizes: dict[str, int], trainable: set[str],
+    predicted_us: float,
+):  # fmt: skip
+    """The per-parameter Fractions (remat_dsl.solve.solvers.ilp.placement) of the block
+    fractions: each parameter takes its block's; the smallest parameter (bytes, then
+    name) is never streamed: the generated module finds its device by it, as in the
+    placement LP."""
+    from remat_dsl.solve.solvers.ilp.placement import Fractions
+
+    smallest = min(block_of, key=lambda p: (sizes[p], p))
+    streamed = {p: 0.0 if p == smallest else placement.streamed[l - 1] for p, l in block_of.items()}
+    on_host = {p: placement.on_host[l - 1] for p, l in block_of.items() if p in trainable}
+    paged = {p: placement.paged[l - 1] for p, l in block_of.items() if p in trainable}
+    return Fractions(streamed, on_host, paged, predicted_us)
+
+
+class _WholeTerms:
+    """NOTE: [Joint O-ILP]: the placement variables of `whole` in `problem`, their
+    constraints (4.6, 4.7, 4.11) and their terms of the memory, host, time and host queue
+    rows (MiB, ms), for blocks 1..L; per_ms: ms to move one MiB over the link."""
+
+    def __init__(self, problem: pulp.LpProblem, whole: WholeStep, L: int, per_ms: float):
+        self.problem, self.L, self.per_ms = problem, L, per_ms
+        mib = [tuple(x / MIB for x in values) for values in (whole.parameters, whole.trainable, whole.states)]
+        self.P, self.Pg, self.S = ({l: values[l - 1] for l in range(1, L + 1)} for values in mib)
+        self.G = {l: whole.gradients[l - 1] / MIB for l in range(1, L + 1)}
+        self.T = {l: whole.temps[l - 1] / MIB for l in range(1, L + 1)}
+        self.updates = {l: whole.updates[l - 1] for l in range(1, L + 1)}
+        device_speed, host_speed, overhead = whole.speeds
+        self.device_ms = MIB / device_speed * 1000 if device_speed else 0.0  # ms per MiB updated (1/alpha_G)
+        self.host_ms = MIB / host_speed * 1000 if host_speed else 0.0  # (1/alpha_C)
+        self.overhead_ms = overhead / MS if host_speed else 0.0  # H, per update
+        blocks = range(1, L + 1)
+        self.s = {l: problem.add_variable(f"s_{l}", 0, 1) for l in blocks}
+        self.o = {l: problem.add_variable(f"o_{l}", 0, 1 if self.Pg[l] else 0) for l in blocks}
+        self.g = {l: problem.add_variable(f"g_{l}", 0, 1 if self.Pg[l] else 0) for l in blocks}
+        self.w = {l: problem.add_variable(f"w_{l}", 0, 1) for l in blocks}
+        self.v = {l: problem.add_variable(f"v_{l}", 0, 1) for l in blocks}
+        self.time_end = problem.add_variable("Time_end", 0)
+        self.variables = {"s": self.s, "o": self.o, "g": self.g, "w": self.w, "v": self.v, "end": {0: self.time_end}}
+        for l in blocks:
+            problem += self.o[l] + self.g[l] <= 1, f"update_states_{l}"  # (4.6)
+            problem += self.w[l] >= self.o[l] - self.s[l], f"copied_back_{l}"  # (4.11)
+            problem += self.v[l] >= self.s[l] - self.o[l], f"written_back_{l}"  # (4.7)
+        problem += self.time_end >= per_ms * pulp.lpSum(self.w[l] * self.Pg[l] for l in blocks), "copy_back_end"
+        # what every step holds: (1-s)P of every block (4.14) and (1-o-g)S (4.15)
+        self.resident = pulp.lpSum(
+            (1 - self.s[l]) * self.P[l] + (1 - self.o[l] - self.g[l]) * self.S[l] for l in blocks
+        )
+
+    def memory(self, kind: str, l: int):
+        """The parameters and states step (kind, l) holds, MiB (4.14-4.15), kind "F", "B"
+        or "U" (the updates at the end of B_l): the resident ones, sP of the blocks it and
+        the next step read, gS of the updates in it and the next step (paged states
+        prefetched a step ahead), and in B_l the block's gradients and, while its device
+        updates run, their temporaries."""
+        s, g, P, S = self.s, self.g, self.P, self.S
+        if kind == "F":  # the next step: F_{l+1}, or B_L after F_L
+            ahead = s[l + 1] * P[l + 1] if l < self.L else g[l] * S[l]
+            return self.resident + s[l] * P[l] + ahead
+        ahead = s[l - 1] * P[l - 1] + g[l - 1] * S[l - 1] if l > 1 else 0
+        held = self.resident + s[l] * P[l] + g[l] * S[l] + ahead + self.G[l]
+        return held + (1 - self.o[l]) * self.T[l] if kind == "U" else held
+
+    def host(self):
+        """Host memory, MiB (4.18 as placement.py counts it): streamed parameters, the
+        host updates' parameters and states, paged states."""
+        return pulp.lpSum(
+            self.s[l] * self.P[l] + self.o[l] * (self.Pg[l] + self.S[l]) + self.g[l] * self.S[l]
+            for l in range(1, self.L + 1)
+        )
+
+    def device_update(self, l: int):
+        """ms of B_l's device updates (4.20): (1 - o_l) P_l / alpha_G."""
+        return (1 - self.o[l]) * self.Pg[l] * self.device_ms
+
+    def prefetched(self, kind: str, l: int):
+        """MiB the h2d stream carries in step (kind, l) for the next one (4.21): streamed
+        parameters of the block read next, paged states of the update next; F_1 also
+        fetches block 1's own."""
+        s, g, P, S = self.s, self.g, self.P, self.S
+        if kind == "F":
+            ahead = s[l + 1] * P[l + 1] if l < self.L else s[l] * P[l] + g[l] * S[l]
+            return ahead + (s[1] * P[1] if l == 1 else 0)
+        return s[l - 1] * P[l - 1] + g[l - 1] * S[l - 1] if l > 1 else 0
+
+    def offloaded(self, l: int):
+        """MiB the d2h stream carries in B_l (4.22): gradients to host updates, paged
+        states back, streamed parameters updated on the device written back."""
+        return self.o[l] * self.G[l] + self.g[l] * self.S[l] + self.v[l] * self.Pg[l]
+
+    def moved(self):
+        """MiB the placement moves over the link in a step, both ways (the tie-break)."""
+        return pulp.lpSum(
+            2 * self.s[l] * self.P[l] + 2 * self.g[l] * self.S[l] + self.o[l] * self.G[l]
+            + (self.w[l] + self.v[l]) * self.Pg[l]
+            for l in range(1, self.L + 1)
+        )  # fmt: skip
+
+    def host_queue(self, times) -> None:
+        """(4.23) one host queue fed as B_L..B_1 complete the gradients: the steps after
+        B_k and the copy-back at the end last at least the host's updates of blocks k..1."""
+        if not self.host_ms:
+            return
+        for k in range(1, self.L + 1):
+            work = pulp.lpSum(
+                self.o[j] * (self.Pg[j] * self.host_ms + self.updates[j] * self.overhead_ms) for j in range(1, k + 1)
+            )
+            self.problem += pulp.lpSum(times["B", j] for j in range(1, k)) + self.time_end >= work, f"host_queue_{k}"
 
 
 class Oilp:
@@ -370,9 +600,12 @@ class Oilp:
             result["B", l] = earlier + xbar[l - 1] + chain.delta_bytes(l) + chain.delta_bytes(l - 1) + bwd_overhead
         return result
 
-    def _model(self, target: int | None):
-        """(problem, Comp, Ofl, Prf, M, Time, OflI, PrfI): minimize sum Time at M = target
-        MiB, or, when target is None, minimize M itself (the floor)."""
+    def _model(self, target: int | None, whole: WholeStep | None = None, fixed: OilpSolution | None = None):
+        """(problem, Comp, Ofl, Prf, M, Time, OflI, PrfI, placement): minimize sum Time at M
+        = target MiB, or, when target is None, minimize M itself (the floor).  whole: the
+        whole step's terms (NOTE: [Joint O-ILP]), placement then {"s" | "o" | "g" | "w" |
+        "v": {l: variable}}, else None; fixed: a solution whose options and offloaded bytes
+        the model keeps (the sequential plan: only the placement free)."""
         chain, L = self.chain, self.L
         problem = pulp.LpProblem("oilp", pulp.LpMinimize)
         n = [1 + len(b.options) for b in chain.blocks]
@@ -398,6 +631,15 @@ class Oilp:
         def unseen(kind, l):  # A_t beyond rotor's chain (NOTE: [A_t from the simulation]), MiB
             return pulp.lpSum(self.unseen.get((kind, l, o), 0) / MIB * comp[l, o] for o in range(n[l - 1]))
 
+        per_ms = MIB / self.bandwidth * 1000  # ms to move one MiB
+        joint = _WholeTerms(problem, whole, L, per_ms) if whole is not None else None
+        if fixed is not None:  # the sequential plan: the activation decisions of `fixed`
+            for l in range(1, L + 1):
+                problem += comp[l, fixed.options[l - 1]] == 1, f"fixed_option_{l}"
+                problem += ofl[l] == fixed.offloaded[l - 1] / MIB, f"fixed_offload_{l}"
+                if l in ofl_i:
+                    problem += ofl_i[l] == fixed.outputs_offloaded[l - 1] / MIB, f"fixed_output_offload_{l}"
+
         for l in range(1, L + 1):
             problem += pulp.lpSum(comp[l, o] for o in range(n[l - 1])) == 1, f"one_option_{l}"  # (4.1)
             capacity = pulp.lpSum(
@@ -412,31 +654,48 @@ class Oilp:
             earlier = pulp.lpSum(x(j) - ofl[j] for j in range(1, l))
             unseen_f, unseen_b = unseen("F", l), unseen("B", l)
             gone_f = pulp.lpSum(ofl_i[j] for j in range(1, l - 1) if j in ofl_i)  # block l reads block l-1's outputs
-            problem += base + unseen_f + earlier - gone_f + x(l) + (1 / MIB) * cost(l, 1) <= memory, f"memory_F_{l}"
+            held_f = joint.memory("F", l) if joint else 0
+            problem += (
+                base + unseen_f + earlier - gone_f + x(l) + (1 / MIB) * cost(l, 1) + held_f <= memory
+            ), f"memory_F_{l}"
             back = pulp.lpSum(prf[j, k] for j in range(1, l) for k in range(l, L + 1))
             back += pulp.lpSum(
                 prf_i[j, k] - (ofl_i[j] if k == l else 0) for j in range(1, l) if j in ofl_i for k in range(l, L + 1)
             )
             deltas = (chain.delta_bytes(l) + chain.delta_bytes(l - 1)) / MIB + unseen_b
-            problem += earlier + back + x(l) + deltas + (1 / MIB) * cost(l, 3) <= memory, f"memory_B_{l}"
+            held_b = joint.memory("B", l) if joint else 0
+            problem += earlier + back + x(l) + deltas + (1 / MIB) * cost(l, 3) + held_b <= memory, f"memory_B_{l}"
+            if joint:  # block l's updates at the end of B_l: its activations and backward freed, its gradients made
+                outputs = chain.delta_bytes(l - 1) / MIB
+                problem += earlier + back + outputs + unseen_b + joint.memory("U", l) <= memory, f"memory_update_{l}"
         if self.host_budget is not None:  # (4.18)
-            problem += pulp.lpSum([*ofl.values(), *ofl_i.values()]) <= self.host_budget / MIB, "host_memory"
-        per_ms = MIB / self.bandwidth * 1000  # ms to move one MiB
+            host = pulp.lpSum([*ofl.values(), *ofl_i.values()]) + (joint.host() if joint else 0)
+            problem += host <= self.host_budget / MIB, "host_memory"
         for l in range(1, L + 1):
             problem += times["F", l] >= chain.blocks[l - 1].fwd_us / MS, f"compute_F_{l}"  # (4.19)
             # block l-1's outputs are copied while F_l runs and deleted at its end
             copied = ofl[l] + (ofl_i[l - 1] if l - 1 in ofl_i else 0)
             problem += times["F", l] >= per_ms * copied, f"offload_F_{l}"  # (4.22)
             own = prf[l, l] + (prf_i[l - 1, l] if l - 1 in ofl_i else 0)  # what B_l reads first: not overlapped
-            problem += times["B", l] >= (1 / MS) * cost(l, 2) + per_ms * own, f"compute_B_{l}"  # (4.20)
+            update = joint.device_update(l) if joint else 0
+            problem += times["B", l] >= (1 / MS) * cost(l, 2) + per_ms * own + update, f"compute_B_{l}"  # (4.20)
             incoming = [prf[j, l] for j in range(1, l + 1)] + [prf_i[j, l] for j in range(1, l) if j in ofl_i]
-            problem += times["B", l] >= per_ms * pulp.lpSum(incoming), f"prefetch_B_{l}"  # (4.21)
+            fetched = joint.prefetched("B", l) if joint else 0
+            problem += times["B", l] >= per_ms * (pulp.lpSum(incoming) + fetched), f"prefetch_B_{l}"  # (4.21)
+            if joint:
+                problem += times["F", l] >= per_ms * joint.prefetched("F", l), f"prefetch_F_{l}"  # (4.21)
+                problem += times["B", l] >= per_ms * joint.offloaded(l), f"offload_B_{l}"  # (4.22)
+        if joint:
+            joint.host_queue(times)  # (4.23)
         # Ties (time equal) go to fewer offloaded bytes and later prefetches: less memory the ILP does not see
         # (parameter gradients) and fewer transfers; `tie` is far below one microsecond per MiB.
         late = pulp.lpSum((k - j) * var for (j, k), var in [*prf.items(), *prf_i.items()])
         moved = pulp.lpSum([*ofl.values(), *ofl_i.values()])
-        problem += memory if target is None else pulp.lpSum(times.values()) + self.tie * (moved + late)
-        return problem, comp, ofl, prf, memory, times, ofl_i, prf_i
+        if joint:  # the same tie for the parameters' and states' transfers
+            moved += joint.moved()
+        total = pulp.lpSum(times.values()) + (joint.time_end if joint else 0)
+        problem += memory if target is None else total + self.tie * (moved + late)
+        return problem, comp, ofl, prf, memory, times, ofl_i, prf_i, joint.variables if joint else None
 
     @functools.cached_property
     def floor(self) -> int:
@@ -448,9 +707,14 @@ class Oilp:
             raise RuntimeError(f"the O-ILP's floor problem has no solution ({result.status})")
         return math.ceil(memory.value() * MIB) + 1
 
-    def solve(self, target: int, time_limit: float | None = None) -> OilpSolution | None:
-        """The O-ILP at budget `target` (bytes); None when it has no solution."""
-        problem, comp, ofl, prf, _, times, ofl_i, prf_i = self._model(target)
+    def solve(
+        self, target: int, time_limit: float | None = None, whole: WholeStep | None = None,
+        fixed: OilpSolution | None = None,
+    ) -> OilpSolution | None:  # fmt: skip
+        """The O-ILP at budget `target` (bytes), with the whole step's terms `whole` when
+        given (NOTE: [Joint O-ILP]), keeping the options and offloads of `fixed` when given;
+        None when it has no solution."""
+        problem, comp, ofl, prf, _, times, ofl_i, prf_i, placement = self._model(target, whole, fixed)
         result = milp.solve(problem, time_limit)
         self.results.append(result)
         if not result.has_solution:
@@ -463,7 +727,8 @@ class Oilp:
         prefetched = tuple(
             {k: max(0.0, prf[l, k].value() or 0.0) * MIB for k in range(l, L + 1)} for l in range(1, L + 1)
         )
-        total = sum(t.value() or 0.0 for t in times.values()) * MS
+        ends = [placement["end"][0]] if placement is not None else []
+        total = sum(t.value() or 0.0 for t in [*times.values(), *ends]) * MS
         outputs_offloaded = tuple(
             max(0.0, ofl_i[l].value() or 0.0) * MIB if l in ofl_i else 0.0 for l in range(1, L + 1)
         )
@@ -471,7 +736,16 @@ class Oilp:
             {k: max(0.0, prf_i[l, k].value() or 0.0) * MIB for k in range(l + 1, L + 1)} if l in ofl_i else {}
             for l in range(1, L + 1)
         )
-        return OilpSolution(options, offloaded, prefetched, total, result, outputs_offloaded, outputs_prefetched)
+        fractions = None
+        if placement is not None:
+
+            def values(kind: str) -> tuple[float, ...]:
+                return tuple(min(1.0, max(0.0, round(placement[kind][l].value() or 0.0, 6))) for l in range(1, L + 1))
+
+            fractions = BlockPlacement(values("s"), values("o"), values("g"), values("w"), values("v"))
+        return OilpSolution(
+            options, offloaded, prefetched, total, result, outputs_offloaded, outputs_prefetched, fractions
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -802,6 +1076,19 @@ class Offmate(Solver):
         other = f", Rockmate's {format_duration(plan.header.time_us)}" if theirs is not None else ""
         note = f"offmate: O-ILP plan kept (predicted {format_duration(ours.header.time_us)}{other})"
         return self._result(order, note, decisions, transfers, len(transfers) - planned)
+
+    def solve_joint(self, target: int, whole: WholeStep) -> tuple[SolverResult, OilpSolution] | None:
+        """NOTE: [Joint O-ILP]: the O-ILP with the whole step's terms `whole` at `target`
+        bytes (the whole step's budget), and its activation part lowered as `solve` lowers
+        the O-ILP's (NOTE: [Whole tensors]), without the shaving and Rockmate's plan: the
+        exact simulation of the whole step, parameters placed, judges it.  None when the
+        model has no solution."""
+        solution = self.oilp.solve(target, self.problem.time_limit, whole=whole)
+        if solution is None:
+            return None
+        order, decisions, transfers = self._lowerable(solution)
+        note = f"offmate: joint O-ILP, parameters placed (predicted {format_duration(round(solution.time_us))})"
+        return SolverResult(order, self.info, (Decision(0, note), *decisions), transfers), solution
 
     def _result(self, order, note: str, decisions, transfers, shaved: int | None = None) -> SolverResult:
         """The SolverResult, with a comment above the compute of each tensor the shaving
