@@ -434,7 +434,7 @@ class Planner:
         if not self.PLACEMENT_PLANS:
             return None
         from remat_dsl.check.replay import simulate
-        from remat_dsl.solve.solvers.ilp.placement import THRESHOLDS, placement_fractions, round_placement
+        from remat_dsl.solve.solvers.ilp.placement import placement_fractions
 
         graph, problem = self.problem.graph, self.problem
         cpu = problem.device == "cpu"
@@ -460,13 +460,7 @@ class Planner:
         for _, _, answer, activation, timeline in sorted(answers, key=lambda a: a[:2])[: self.PLACEMENT_PLANS]:
             target = budget
             for _ in range(self.PLACEMENT_ROUNDS):
-                nearest = None  # the peak of the rounding nearest the LP's answer (THRESHOLDS[0])
-                for placement in dict.fromkeys(round_placement(answer, *t) for t in THRESHOLDS):
-                    bar = best[0] if best else fastest
-                    plan, peak = self._placed(activation, placement, budget, optimizer, speeds, bar)
-                    if plan is not None:
-                        best = (plan.header.time_us, plan)
-                    nearest = peak if nearest is None else nearest
+                best, nearest = self._rounded(activation, answer, budget, optimizer, speeds, best, fastest, "o-ilp")
                 if nearest is None or nearest <= budget:
                     break
                 target -= max(nearest - budget, budget // 50)
@@ -500,7 +494,6 @@ class Planner:
         the solver plan_step was asked for, which plans the activations with offmate (named,
         or `auto`'s choice) for the candidate to run: another solver's plan is that solver's."""
         from remat_dsl.solve.solvers.ilp.offmate import Offmate, parameter_blocks, parameter_fractions, whole_step
-        from remat_dsl.solve.solvers.ilp.placement import THRESHOLDS, round_placement
 
         if not self.JOINT_ROUNDS or activations.chosen(name) != "offmate":
             return None
@@ -530,17 +523,31 @@ class Planner:
             label = f"auto: {label}" if name == "auto" else label
             activation = activations._lowered(result, label, Status.FEASIBLE, budget)
             answer = parameter_fractions(solution.placement, block_of, sizes, trainable, solution.time_us)
-            nearest = None  # the peak of the rounding nearest the model's answer (THRESHOLDS[0])
-            for placement in dict.fromkeys(round_placement(answer, *t) for t in THRESHOLDS):
-                bar = best[0] if best else fastest
-                plan, peak = self._placed(activation, placement, budget, optimizer, speeds, bar, "joint-o-ilp")
-                if plan is not None:
-                    best = (plan.header.time_us, plan)
-                nearest = peak if nearest is None else nearest
+            best, nearest = self._rounded(activation, answer, budget, optimizer, speeds, best, fastest, "joint-o-ilp")
             if nearest is None or nearest <= budget:
                 break
             target -= max(nearest - budget, budget // 50)
         return best
+
+    def _rounded(
+        self, activation: ir.Plan, answer, budget: int, optimizer: Optimizer, speeds: tuple[int, int, int],
+        best: tuple[int, ir.Plan] | None, fastest: int | None, source: str,
+    ) -> tuple[tuple[int, ir.Plan] | None, int | None]:  # fmt: skip
+        """The roundings of an ILP's `answer` (placement.Fractions; THRESHOLDS, section 4.6)
+        placed on `activation` (`_placed`): (`best`, or the fastest of them that fits and is
+        faster than it, or than `fastest` while `best` is None; the peak of the rounding
+        nearest the answer, THRESHOLDS[0], bytes: above `budget`, the ILP is solved again
+        lower)."""
+        from remat_dsl.solve.solvers.ilp.placement import THRESHOLDS, round_placement
+
+        nearest = None
+        for placement in dict.fromkeys(round_placement(answer, *t) for t in THRESHOLDS):
+            bar = best[0] if best else fastest
+            plan, peak = self._placed(activation, placement, budget, optimizer, speeds, bar, source)
+            if plan is not None:
+                best = (plan.header.time_us, plan)
+            nearest = peak if nearest is None else nearest
+        return best, nearest
 
     def _placed(
         self, activation: ir.Plan, placement, budget: int, optimizer: Optimizer, speeds: tuple[int, int, int],
