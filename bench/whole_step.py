@@ -408,9 +408,27 @@ def remat_row(graph: ir.Graph, kind: str, device: DeviceModel, t: Terms, memory:
         p.name for p in graph.parameters})  # fmt: skip
     paged = sum(1 for i in plan.backward if i.verb == "prefetch_states")  # NOTE: [Paged optimizer states]
     note = (f"{hosted}/{updated} parameters updated on the host, {paged} with paged states, {streamed} kept in "
-            f"host memory; "
+            f"host memory; {host_memory(plan)}; "
             f"solver {h.solver.split(';')[0]}")  # fmt: skip
     return Row("remat plan", h.time_us, peak, peak <= memory, note)
+
+
+def host_memory(plan: ir.Plan) -> str:
+    """The plan's host memory as `remat check` counts it (NOTE: [Pinned host memory]): its
+    host peak, of which the pinned groups, beside the bytes of the copies they hold and
+    what one pinned allocation per copy (and one for the step's offloads) would take."""
+    from remat_dsl.check.replay import simulate
+    from remat_dsl.plan.hostmem import host_copies, reserved_bytes
+
+    copies = host_copies(plan)
+    sizes = {p.name: value_nbytes(p) for p in plan.graph.parameters}
+    one_each = sum(reserved_bytes(sizes[p]) for p in copies.streamed.slots) + reserved_bytes(copies.pool.nbytes)
+    one_each += sum(copies.state_tensors * reserved_bytes(sizes[p]) for p in copies.paged.slots)
+    host, pinned = simulate(plan).host_peak_bytes, copies.nbytes(pinned=True)
+    return (
+        f"host peak {gb(host)} GB, of which pinned groups {gb(pinned)} GB for {gb(copies.nbytes(pinned=False))} GB of "
+        f"copies (one pinned allocation each: {gb(one_each)} GB)"
+    )
 
 
 # ---------------------------------------------------------------------------
