@@ -56,12 +56,13 @@ def test_copies_are_packed_aligned_without_overlap_and_the_same_in_any_order(cop
     assert all(a[0] < b[0] or a[2] <= b[1] for a, b in zip(spans, spans[1:]))  # no two copies share a byte
     assert all(end <= groups.sizes[g] <= capacity for g, _, end in spans)
     assert groups.nbytes == sum(aligned(max(n, 1)) for n in copies.values())  # a group asks for what it holds
+    assert groups.pinned_bytes <= sum(reserved_bytes(aligned(max(n, 1))) for n in copies.values())  # one each
     shuffled = list(copies.items())
     random.Random(0).shuffle(shuffled)
     assert group_copies(dict(shuffled)) == groups  # the layout depends on the copies only
 
 
-def test_llama_2_7b_parameters_pin_a_few_percent_above_their_bytes_where_one_allocation_each_pins_31():
+def test_llama_2_7b_parameters_pin_3_percent_above_their_bytes_where_one_allocation_each_pins_31():
     """The thesis' case (section 4.7.2): the 7B model's parameters, as its configuration
     makes them, kept in host memory (AdamW's states, twice as many bytes, in the same shapes)."""
     from llama2_7b import config
@@ -75,7 +76,7 @@ def test_llama_2_7b_parameters_pin_a_few_percent_above_their_bytes_where_one_all
     grouped = group_copies(sizes).pinned_bytes
     assert total == 26_953_662_464  # 6.74 B fp32 parameters, no tied head
     assert one_each / total > 1.31
-    assert grouped / total < 1.04
+    assert grouped / total < 1.03
 
 
 def _gpu(plan):

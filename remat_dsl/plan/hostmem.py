@@ -19,7 +19,10 @@ Here the copies of one kind are packed into groups, first fit by decreasing size
 group at most `capacity` = the larger of the next power of two of the largest copy and
 GROUP_BYTES (the next power of two of all of them, when that is smaller), every copy at a
 multiple of PINNED_ALIGN; a group then asks for the bytes it uses, which the allocator
-rounds up to at most `capacity`.  Three kinds, each one layout (`host_copies`):
+rounds up to at most `capacity`.  A group the rounding would leave partly empty (the last
+ones) is packed again at half the capacity, recursively, or split into one group per copy,
+whichever reserves least, so that the groups never pin more than one allocation per copy.
+Three kinds, each one layout (`host_copies`):
 
     pool      what one step offloads (one group set per step in flight, NOTE: [Streams] 5 in
               remat_dsl/codegen/runtime.py), keyed by tensor;
@@ -82,7 +85,8 @@ class HostGroups:
 
 def group_copies(copies: Mapping[str, int]) -> HostGroups:
     """`copies` (name -> bytes) packed into groups, first fit by decreasing size (ties by
-    name, so the layout is the same on any machine), as NOTE: [Pinned host memory] says."""
+    name, so the layout is the same on any machine), as NOTE: [Pinned host memory] says;
+    the pinned bytes of the groups are at most those of one group per copy."""
     if not copies:
         return HostGroups((), {})
     ordered = sorted(((aligned(max(n, 1)), name) for name, n in copies.items()), key=lambda c: (-c[0], c[1]))
@@ -90,13 +94,38 @@ def group_copies(copies: Mapping[str, int]) -> HostGroups:
     capacity = max(reserved_bytes(ordered[0][0]), min(GROUP_BYTES, reserved_bytes(total)))
     used: list[int] = []
     slots: dict[str, tuple[int, int]] = {}
+    for members in _packed(ordered, capacity):
+        offset = 0
+        for size, name in members:
+            slots[name] = (len(used), offset)
+            offset += size
+        used.append(offset)
+    return HostGroups(tuple(used), dict(sorted(slots.items())))
+
+
+Copies = list[tuple[int, str]]  # (aligned bytes, name), by decreasing size
+
+
+def _packed(ordered: Copies, capacity: int) -> list[Copies]:
+    """`ordered` in groups of at most `capacity` bytes, first fit; a group the allocator
+    would round up (its bytes above half its power of two) is packed again at half the
+    capacity, or split into one group per copy, where that reserves less."""
+    groups: list[Copies] = []
+    used: list[int] = []
     for size, name in ordered:
         group = next((g for g, u in enumerate(used) if u + size <= capacity), len(used))
         if group == len(used):
+            groups.append([])
             used.append(0)
-        slots[name] = (group, used[group])
+        groups[group].append((size, name))
         used[group] += size
-    return HostGroups(tuple(used), dict(sorted(slots.items())))
+    result: list[Copies] = []
+    for members, nbytes in zip(groups, used):
+        options = [[members], [[copy] for copy in members]]
+        if capacity // 2 >= reserved_bytes(members[0][0]) and nbytes > capacity // 2:
+            options.append(_packed(members, capacity // 2))
+        result.extend(min(options, key=lambda split: sum(reserved_bytes(sum(s for s, _ in g)) for g in split)))
+    return result
 
 
 def offload_bytes(decl: ir.TensorDecl) -> int:
