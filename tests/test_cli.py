@@ -50,7 +50,7 @@ def test_offload_plan_module_gives_identical_gradients(tmp_path):
     result = remat("codegen", str(PLANS / "tiny_mlp_offload.plan"), "-o", str(out))
     assert result.returncode == 0, result.stderr
     source = out.read_text()
-    assert "_offload(relu, _pool, 0)" in source and "_prefetch(host_relu, event_relu, _device)" in source
+    assert "_offload(relu, _pool, (0, 0))" in source and "_prefetch(host_relu, event_relu, _device)" in source
     comparison = compare_training(load_model_file(TINY), load_generated(out), steps=3)
     assert comparison.identical, comparison.mismatched
 

@@ -44,7 +44,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Callable, ClassVar, Iterable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
 from remat_dsl.plan import ir
 from remat_dsl.plan.errors import RematError
@@ -217,6 +217,28 @@ class Solver:
         """Targets at and a little above the floor whose plans the driver compares for the
         smallest budget: the floor times FLOOR_SWEEP by default."""
         return [math.ceil(self.floor() * factor) for factor in FLOOR_SWEEP]
+
+    def solve_step(self, target: int, step: StepProblem) -> tuple[SolverResult, Any] | None:
+        """The activations and the whole step's placement planned together at `target`
+        bytes, the whole step's budget (NOTE: [Joint candidate] in remat_dsl.solve.driver):
+        (the activations' SolverResult, the parameters' fractions as
+        remat_dsl.solve.solvers.ilp.placement.Fractions), or None when the model has no
+        solution, or, by default, when the solver plans activations only."""
+        return None
+
+
+@dataclass(frozen=True)
+class StepProblem:
+    """What `Solver.solve_step` plans beside the activations: graph, the FB-graph with its
+    gradient lines (its parameters, which of them have a gradient); state_bytes /
+    temp_bytes: the optimizer's state and one update's temporaries, bytes, for a parameter
+    of n bytes; speeds: the device's and the host's update speeds (bytes of parameter per
+    second) and the host's overhead per update (microseconds), thesis eq. 4.20 and 4.23."""
+
+    graph: ir.Graph
+    state_bytes: Callable[[int], int]
+    temp_bytes: Callable[[int], int]
+    speeds: tuple[int, int, int]
 
 
 def say_phase(report, what: str) -> None:

@@ -84,6 +84,7 @@ from remat_dsl.solve.api import (
     Status,
     fallbacks,
     floor_targets,
+    StepProblem,
     header_name,
     say_phase,
 )
@@ -471,58 +472,44 @@ class Planner:
 
     # NOTE: [Joint candidate]
     # The thesis' O-ILP proper (NOTE: [Joint O-ILP] in remat_dsl.solve.solvers.ilp.offmate):
-    # when the activations are planned with offmate (`--solver offmate`, or `auto` on a chain
-    # of small blocks with a host link), the Offmate solver of the activation Planner (built
-    # once, shared with the search) solves the joint model at the whole budget; its
-    # activation part is lowered by Offmate's own lowering, its block fractions become
-    # per-parameter fractions, and the rounding and lowering of the placement LP (`_placed`)
-    # judge it on the exact simulation.  As in NOTE: [Placement candidate], when the rounding
-    # nearest the model's answer peaks above the budget, the model is solved again with its
-    # budget lowered by the excess (at least 2% of the budget), at most JOINT_ROUNDS solves in
-    # all.  The plan joins the candidates only when it fits and is faster than the best so far;
-    # its header's solver then ends in `placement=joint-o-ilp predicted-us=N` (N the model's
-    # objective).  JOINT_ROUNDS = 0 turns the candidate off.
+    # the solver that plans the activations (the one asked for, or `auto`'s pick; built once
+    # by the activation Planner, shared with the search) plans the whole step at its budget
+    # through the solver contract's `solve_step` (remat_dsl.solve.api: StepProblem), which
+    # offmate implements and the others decline; its activation part is lowered by the solver,
+    # its answer is each parameter's fractions, and the rounding and lowering of the placement
+    # LP (`_placed`) judge it on the exact simulation.  As in NOTE: [Placement candidate],
+    # when the rounding nearest the model's answer peaks above the budget, the model is solved
+    # again with its budget lowered by the excess (at least 2% of the budget), at most
+    # JOINT_ROUNDS solves in all.  The plan joins the candidates only when it fits and is
+    # faster than the best so far; its header's solver then ends in `placement=joint-o-ilp
+    # predicted-us=N` (N the model's objective).  JOINT_ROUNDS = 0 turns the candidate off.
     JOINT_ROUNDS = 3
 
     def _joint_oilp(
         self, activations: Planner, name: str | type[Solver], budget: int, optimizer: Optimizer,
         speeds: tuple[int, int, int], fastest: int | None,
     ) -> tuple[int, ir.Plan] | None:  # fmt: skip
-        """(predicted time in us, plan) of the joint O-ILP's fastest fitting plan when it is
+        """(predicted time in us, plan) of the joint model's fastest fitting plan when it is
         faster than `fastest` (us; None: nothing fits yet), else None (NOTE: [Joint
         candidate]).  activations: the Planner of the graph without gradient lines; name:
-        the solver plan_step was asked for, which plans the activations with offmate (named,
-        or `auto`'s choice) for the candidate to run: another solver's plan is that solver's."""
-        from remat_dsl.solve.solvers.ilp.offmate import Offmate, parameter_blocks, parameter_fractions, whole_step
-
-        if not self.JOINT_ROUNDS or activations.chosen(name) != "offmate":
+        the solver plan_step was asked for: the one `auto` picks, or that one, plans the
+        whole step jointly when it can (`Solver.solve_step`: offmate), so that another
+        solver's plan stays that solver's."""
+        if not self.JOINT_ROUNDS:
             return None
-        solver = activations.solver("offmate")
-        assert isinstance(solver, Offmate)
-        graph = self.problem.graph
-        sizes = {p.name: value_nbytes(p) for p in graph.parameters}
-        trainable = {g.parameter for g in graph.gradients if g.value is not None} & set(sizes)
-        block_of = parameter_blocks(graph, solver.part)
-        if not block_of:
-            return None
+        solver = activations.solver(activations.chosen(name))
         cpu = self.problem.device == "cpu"
-        whole = whole_step(
-            block_of, len(solver.part.blocks), sizes=sizes, trainable=trainable, state_bytes=optimizer.state_bytes,
-            temp_bytes=lambda n: optimizer.temp_bytes(n, cpu), speeds=speeds,
-        )  # fmt: skip
+        step = StepProblem(self.problem.graph, optimizer.state_bytes, lambda n: optimizer.temp_bytes(n, cpu), speeds)
         best: tuple[int, ir.Plan] | None = None
         target = budget
         for _ in range(self.JOINT_ROUNDS):
-            say_phase(self.problem.report, "solving the joint O-ILP")
-            solved = solver.solve_joint(target, whole)
+            solved = solver.solve_step(target, step)
             if solved is None:
                 break
-            result, solution = solved
-            assert solution.placement is not None
+            result, answer = solved
             label = header_name(solver)
             label = f"auto: {label}" if name == "auto" else label
             activation = activations._lowered(result, label, Status.FEASIBLE, budget)
-            answer = parameter_fractions(solution.placement, block_of, sizes, trainable, solution.time_us)
             best, nearest = self._rounded(activation, answer, budget, optimizer, speeds, best, fastest, "joint-o-ilp")
             if nearest is None or nearest <= budget:
                 break

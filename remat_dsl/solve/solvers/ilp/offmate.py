@@ -170,6 +170,7 @@ from remat_dsl.solve.api import (
     SolverInfo,
     SolverResult,
     Status,
+    StepProblem,
     Transfer,
     say_phase,
     setting,
@@ -1076,6 +1077,29 @@ class Offmate(Solver):
         other = f", Rockmate's {format_duration(plan.header.time_us)}" if theirs is not None else ""
         note = f"offmate: O-ILP plan kept (predicted {format_duration(ours.header.time_us)}{other})"
         return self._result(order, note, decisions, transfers, len(transfers) - planned)
+
+    def solve_step(self, target: int, step: StepProblem):
+        """NOTE: [Joint O-ILP]: the Solver contract's joint plan of the whole step: the
+        O-ILP with `step`'s terms (`whole_step` over `parameter_blocks`) at `target` bytes;
+        (the activations' result, the block fractions as each parameter's, placement.Fractions)
+        or None when the model has no solution or no block reads a parameter."""
+        graph = step.graph
+        sizes = {p.name: math.prod(p.shape) * ir.DTYPE_ITEMSIZE[p.dtype] for p in graph.parameters}
+        trainable = {g.parameter for g in graph.gradients if g.value is not None} & set(sizes)
+        block_of = parameter_blocks(graph, self.part)
+        if not block_of:
+            return None
+        whole = whole_step(
+            block_of, len(self.part.blocks), sizes=sizes, trainable=trainable, state_bytes=step.state_bytes,
+            temp_bytes=step.temp_bytes, speeds=step.speeds,
+        )  # fmt: skip
+        say_phase(self.problem.report, "solving the joint O-ILP")
+        solved = self.solve_joint(target, whole)
+        if solved is None:
+            return None
+        result, solution = solved
+        assert solution.placement is not None
+        return result, parameter_fractions(solution.placement, block_of, sizes, trainable, solution.time_us)
 
     def solve_joint(self, target: int, whole: WholeStep) -> tuple[SolverResult, OilpSolution] | None:
         """NOTE: [Joint O-ILP]: the O-ILP with the whole step's terms `whole` at `target`
