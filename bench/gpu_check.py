@@ -94,7 +94,8 @@ WHOLE_STEP_OPTIMIZER = "adamw lr=0.0001 weight_decay=0.01"
 WHOLE_STEP_STEPS = 3
 
 
-def WHOLE_STEP_TORCH(params):  # noqa: N802 (a constant's partner: the same optimizer, made by torch)
+def eager_adamw(params):
+    """WHOLE_STEP_OPTIMIZER as eager PyTorch makes it."""
     return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01)
 
 
@@ -684,7 +685,7 @@ class Check:
             for verb in ("update", "host_update", "prefetch_states", "prefetch", "offload")
         )
         row = Row(subject.name, "step", run, shown, plan.header.peak_bytes, None, plan.header.time_us / 1000)
-        make = WHOLE_STEP_TORCH
+        make = eager_adamw
         try:
             with clock.part(f"{subject.name}: whole step {run}: eager and the module ({placed})", needs["step"]):
                 eager = copy.deepcopy(model)

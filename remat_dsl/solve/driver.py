@@ -82,9 +82,9 @@ from remat_dsl.solve.api import (
     SolverInfo,
     SolverResult,
     Status,
+    StepProblem,
     fallbacks,
     floor_targets,
-    StepProblem,
     header_name,
     say_phase,
 )
@@ -107,7 +107,6 @@ REPAIR_PLANS = 3  # the fastest near misses repaired, per solver
 SMALLEST_KIND = "smallest"  # cache entries: a solver's smallest feasible budget (NOTE: [Budgets below the bound])
 
 
-
 def _placed_step(
     activations: ir.Plan, optimizer: Optimizer, speeds: tuple[int, int, int], budget: int, on_host, streamed,
     paged, lead: int, lag: int,
@@ -122,6 +121,7 @@ def _placed_step(
     if paged:
         plan = add_paged_states(plan, paged, lead)
     return replace(plan, header=replace(plan.header, budget=budget))
+
 
 class Planner:
     """Plans for one FB-graph (see the module docstring).
@@ -458,16 +458,13 @@ class Planner:
             if answer is not None:
                 answers.append((answer.predicted_us, number, answer, activation, timeline))
         best: tuple[int, ir.Plan] | None = None
-        for _, _, answer, activation, timeline in sorted(answers, key=lambda a: a[:2])[: self.PLACEMENT_PLANS]:
-            target = budget
-            for _ in range(self.PLACEMENT_ROUNDS):
-                best, nearest = self._rounded(activation, answer, budget, optimizer, speeds, best, fastest, "o-ilp")
-                if nearest is None or nearest <= budget:
-                    break
-                target -= max(nearest - budget, budget // 50)
-                answer = fractions(activation, timeline, target)
-                if answer is None:
-                    break
+        for _, _, first, activation, timeline in sorted(answers, key=lambda a: a[:2])[: self.PLACEMENT_PLANS]:
+
+            def solve(target: int, first=first, activation=activation, timeline=timeline):
+                answer = first if target == budget else fractions(activation, timeline, target)
+                return None if answer is None else (activation, answer)
+
+            best = self._refined(solve, self.PLACEMENT_ROUNDS, budget, optimizer, speeds, best, fastest, "o-ilp")
         return best
 
     # NOTE: [Joint candidate]
@@ -500,41 +497,48 @@ class Planner:
         solver = activations.solver(activations.chosen(name))
         cpu = self.problem.device == "cpu"
         step = StepProblem(self.problem.graph, optimizer.state_bytes, lambda n: optimizer.temp_bytes(n, cpu), speeds)
-        best: tuple[int, ir.Plan] | None = None
-        target = budget
-        for _ in range(self.JOINT_ROUNDS):
+        label = header_name(solver)
+        label = f"auto: {label}" if name == "auto" else label
+
+        def solve(target: int):
             solved = solver.solve_step(target, step)
             if solved is None:
-                break
+                return None
             result, answer = solved
-            label = header_name(solver)
-            label = f"auto: {label}" if name == "auto" else label
-            activation = activations._lowered(result, label, Status.FEASIBLE, budget)
-            best, nearest = self._rounded(activation, answer, budget, optimizer, speeds, best, fastest, "joint-o-ilp")
+            return activations._lowered(result, label, Status.FEASIBLE, budget), answer
+
+        return self._refined(solve, self.JOINT_ROUNDS, budget, optimizer, speeds, None, fastest, "joint-o-ilp")
+
+    def _refined(
+        self, solve, rounds: int, budget: int, optimizer: Optimizer, speeds: tuple[int, int, int],
+        best: tuple[int, ir.Plan] | None, fastest: int | None, source: str,
+    ) -> tuple[int, ir.Plan] | None:  # fmt: skip
+        """NOTE: [Placement candidate], for the placement LP and the joint O-ILP alike: at
+        most `rounds` solves, `solve(target)` -> (activation plan, placement.Fractions) or
+        None, the first at `budget`; each answer's roundings (THRESHOLDS, section 4.6) placed
+        on its activation plan (`_placed`); while the rounding nearest the answer
+        (THRESHOLDS[0]) peaks above `budget`, the next target is lower by the excess, at
+        least 2% of the budget.  Returns `best` (us, plan), or the fastest placed plan that
+        fits and is faster than it (than `fastest` while `best` is None)."""
+        from remat_dsl.solve.solvers.ilp.placement import THRESHOLDS, round_placement
+
+        target = budget
+        for _ in range(rounds):
+            solved = solve(target)
+            if solved is None:
+                break
+            activation, answer = solved
+            nearest = None
+            for placement in dict.fromkeys(round_placement(answer, *t) for t in THRESHOLDS):
+                bar = best[0] if best else fastest
+                plan, peak = self._placed(activation, placement, budget, optimizer, speeds, bar, source)
+                if plan is not None:
+                    best = (plan.header.time_us, plan)
+                nearest = peak if nearest is None else nearest
             if nearest is None or nearest <= budget:
                 break
             target -= max(nearest - budget, budget // 50)
         return best
-
-    def _rounded(
-        self, activation: ir.Plan, answer, budget: int, optimizer: Optimizer, speeds: tuple[int, int, int],
-        best: tuple[int, ir.Plan] | None, fastest: int | None, source: str,
-    ) -> tuple[tuple[int, ir.Plan] | None, int | None]:  # fmt: skip
-        """The roundings of an ILP's `answer` (placement.Fractions; THRESHOLDS, section 4.6)
-        placed on `activation` (`_placed`): (`best`, or the fastest of them that fits and is
-        faster than it, or than `fastest` while `best` is None; the peak of the rounding
-        nearest the answer, THRESHOLDS[0], bytes: above `budget`, the ILP is solved again
-        lower)."""
-        from remat_dsl.solve.solvers.ilp.placement import THRESHOLDS, round_placement
-
-        nearest = None
-        for placement in dict.fromkeys(round_placement(answer, *t) for t in THRESHOLDS):
-            bar = best[0] if best else fastest
-            plan, peak = self._placed(activation, placement, budget, optimizer, speeds, bar, source)
-            if plan is not None:
-                best = (plan.header.time_us, plan)
-            nearest = peak if nearest is None else nearest
-        return best, nearest
 
     def _placed(
         self, activation: ir.Plan, placement, budget: int, optimizer: Optimizer, speeds: tuple[int, int, int],

@@ -1080,9 +1080,12 @@ class Offmate(Solver):
 
     def solve_step(self, target: int, step: StepProblem):
         """NOTE: [Joint O-ILP]: the Solver contract's joint plan of the whole step: the
-        O-ILP with `step`'s terms (`whole_step` over `parameter_blocks`) at `target` bytes;
-        (the activations' result, the block fractions as each parameter's, placement.Fractions)
-        or None when the model has no solution or no block reads a parameter."""
+        O-ILP with `step`'s terms (`whole_step` over `parameter_blocks`) at `target` bytes,
+        the whole step's budget; (its activation part lowered as `solve` lowers the O-ILP's,
+        NOTE: [Whole tensors], without the shaving and Rockmate's plan, since the exact
+        simulation of the whole step judges it; the block fractions as each parameter's,
+        placement.Fractions), or None when the model has no solution or no block reads a
+        parameter."""
         graph = step.graph
         sizes = {p.name: math.prod(p.shape) * ir.DTYPE_ITEMSIZE[p.dtype] for p in graph.parameters}
         trainable = {g.parameter for g in graph.gradients if g.value is not None} & set(sizes)
@@ -1094,25 +1097,14 @@ class Offmate(Solver):
             temp_bytes=step.temp_bytes, speeds=step.speeds,
         )  # fmt: skip
         say_phase(self.problem.report, "solving the joint O-ILP")
-        solved = self.solve_joint(target, whole)
-        if solved is None:
-            return None
-        result, solution = solved
-        assert solution.placement is not None
-        return result, parameter_fractions(solution.placement, block_of, sizes, trainable, solution.time_us)
-
-    def solve_joint(self, target: int, whole: WholeStep) -> tuple[SolverResult, OilpSolution] | None:
-        """NOTE: [Joint O-ILP]: the O-ILP with the whole step's terms `whole` at `target`
-        bytes (the whole step's budget), and its activation part lowered as `solve` lowers
-        the O-ILP's (NOTE: [Whole tensors]), without the shaving and Rockmate's plan: the
-        exact simulation of the whole step, parameters placed, judges it.  None when the
-        model has no solution."""
         solution = self.oilp.solve(target, self.problem.time_limit, whole=whole)
         if solution is None:
             return None
+        assert solution.placement is not None
         order, decisions, transfers = self._lowerable(solution)
         note = f"offmate: joint O-ILP, parameters placed (predicted {format_duration(round(solution.time_us))})"
-        return SolverResult(order, self.info, (Decision(0, note), *decisions), transfers), solution
+        result = SolverResult(order, self.info, (Decision(0, note), *decisions), transfers)
+        return result, parameter_fractions(solution.placement, block_of, sizes, trainable, solution.time_us)
 
     def _result(self, order, note: str, decisions, transfers, shaved: int | None = None) -> SolverResult:
         """The SolverResult, with a comment above the compute of each tensor the shaving
